@@ -1,0 +1,256 @@
+"""The whole configuration, and how it is assembled.
+
+Precedence: command-line flag > environment variable > YAML file > default.
+Environment variables are ``KAME_`` + the setting's dotted path in upper case
+with ``__`` between levels (``KAME_SERVER__PORT=9000``,
+``KAME_FRONTEND__SAMPLING__TEMP=0.6``); top-level keys need no ``__``
+(``KAME_CACHE_DIR``, ``KAME_DEVICE``). A few short aliases exist
+(:data:`ENV_ALIASES`). Values are parsed as YAML scalars, so ``8``, ``true``
+and ``[a, b]`` mean what they look like.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from kame.asr.config import AsrConfig
+from kame.backend.config import BackendConfig
+from kame.frontend.config import FrontendConfig
+from kame.oracle.config import OracleConfig
+from kame.server.config import ServerConfig
+
+ENV_PREFIX = "KAME_"
+#: Short environment names for settings that people set by hand.
+ENV_ALIASES: dict[str, str] = {
+    "KAME_AUTH_TOKEN": "server.auth_token",
+    "KAME_CHECKPOINT": "frontend.checkpoint",
+}
+#: KAME_ variables that are not settings of this model (read elsewhere).
+ENV_NOT_SETTINGS = frozenset(
+    {
+        "KAME_CONFIG",  # path of the YAML file
+        "KAME_LLM_BASE_URL",  # the default back-end, see kame.backend
+        "KAME_LLM_MODEL",
+        "KAME_LLM_API_KEY",
+        "KAME_TORCH_SPEC",  # scripts/install.sh
+        "KAME_TORCH_INDEX",
+        "KAME_PYTHON",
+        "KAME_VENV_SYSTEM_SITE",
+    }
+)
+SECRET_MASK = "***"
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.path.expanduser("~/.cache/kame"))
+
+
+class LogConfig(BaseModel):
+    """Logging. Transcript text is only logged at ``debug``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: str = Field("info", description="debug, info, warning or error.")
+    json_format: bool = Field(False, description="One JSON object per log line.")
+
+
+class KameConfig(BaseModel):
+    """Every setting of kame."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Where tiny checkpoints and other generated files live (env KAME_CACHE_DIR).",
+    )
+    device: str = Field("auto", description="auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")
+    frontend: FrontendConfig = Field(default_factory=FrontendConfig)
+    asr: AsrConfig = Field(default_factory=AsrConfig)
+    oracle: OracleConfig = Field(default_factory=OracleConfig)
+    backends: dict[str, BackendConfig] = Field(
+        default_factory=dict, description="Named LLM back-ends; clients pick them by name."
+    )
+    default_backend: str | None = Field(
+        None, description="Name of the back-end new sessions use (None: the first, or the one from KAME_LLM_*)."
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the key."""
+
+
+# --------------------------------------------------------------------------- assembling
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Settings found in ``environ`` as a nested dict (unknown KAME_ names raise)."""
+    tree: dict[str, Any] = {}
+    top_fields = set(KameConfig.model_fields)
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
+            continue
+        if name in ENV_ALIASES:
+            dotted = ENV_ALIASES[name]
+        else:
+            rest = name[len(ENV_PREFIX) :].lower()
+            dotted = rest.replace("__", ".")
+            if dotted.split(".")[0] not in top_fields:
+                raise ConfigError(f"environment variable {name}: no such setting '{dotted}'")
+        _set_path(tree, dotted, _parse_scalar(raw))
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p}: not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise ConfigError(f"config file {p}{where}: invalid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p}: the top level must be a mapping")
+    return data
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    else:
+        msg = err["msg"]
+        if "input" in err and not isinstance(err["input"], (dict, list)):
+            msg += f" (got {err['input']!r})"
+    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{source}: {key}: {msg}{more}"
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> KameConfig:
+    """Build the effective config: defaults < YAML file < environment < ``overrides``.
+
+    ``overrides`` maps dotted keys (``"server.port"``) to values from flags.
+    ``path`` None falls back to ``$KAME_CONFIG``. Names of built-in configs
+    (``default``, ``cpu-demo``) are accepted as well as paths.
+    """
+    environ = os.environ if environ is None else environ
+    if path is None:
+        path = environ.get("KAME_CONFIG") or None
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        resolved = resolve_config_path(path)
+        data = read_yaml(resolved)
+        source = f"config {resolved}"
+    env_tree = env_overrides(environ)
+    flag_tree: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_path(flag_tree, dotted, value)
+    # Validate each layer on its own first so an error names where it came from.
+    for layer, where in ((data, source), (env_tree, "environment"), (flag_tree, "command line")):
+        if layer:
+            try:
+                KameConfig.model_validate(layer)
+            except ValidationError as exc:
+                raise ConfigError(_format_error(exc, where)) from None
+    merged = _deep_merge(_deep_merge(data, env_tree), flag_tree)
+    try:
+        return KameConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, "config")) from None
+
+
+def builtin_config_dir() -> Path:
+    import kame.configs
+
+    return Path(kame.configs.__file__).parent
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A path, or the name of a built-in config such as ``cpu-demo``."""
+    p = Path(path)
+    if p.exists():
+        return p
+    if p.suffix == "" and p.parent == Path("."):
+        builtin = builtin_config_dir() / f"{p.name}.yaml"
+        if builtin.exists():
+            return builtin
+    raise ConfigError(f"config file {p}: not found")
+
+
+# --------------------------------------------------------------------------- showing
+
+
+def _is_secret_name(name: str) -> bool:
+    lowered = name.lower()
+    return any(s in lowered for s in ("api_key", "token", "secret", "password", "authorization"))
+
+
+def masked_dump(cfg: BaseModel) -> dict[str, Any]:
+    """The config as plain data with every secret replaced by ``***``."""
+
+    def walk(value: Any, name: str = "") -> Any:
+        if isinstance(value, SecretStr):
+            return SECRET_MASK if value.get_secret_value() else ""
+        if isinstance(value, BaseModel):
+            return {k: walk(getattr(value, k), k) for k in type(value).model_fields}
+        if isinstance(value, dict):
+            return {k: (SECRET_MASK if _is_secret_name(str(k)) and v else walk(v, str(k))) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v, name) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, str) and _is_secret_name(name) and value:
+            return SECRET_MASK
+        return value
+
+    return walk(cfg)
+
+
+def dump_yaml(cfg: KameConfig) -> str:
+    return yaml.safe_dump(masked_dump(cfg), sort_keys=False, default_flow_style=False)

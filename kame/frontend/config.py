@@ -1,0 +1,45 @@
+"""Settings of the Moshi/KAME front-end: checkpoint, batch, precision, sampling."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingConfig(BaseModel):
+    """Sampling defaults. ``None`` takes the checkpoint's ``lm_gen_config`` value,
+    then moshi's own default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temp: float | None = Field(None, ge=0, description="Audio sampling temperature (batch-wide).")
+    temp_text: float | None = Field(None, ge=0, description="Text sampling temperature.")
+    top_k: int | None = Field(None, ge=1, description="Audio top-k (batch-wide).")
+    top_k_text: int | None = Field(None, ge=1, description="Text top-k.")
+    use_sampling: bool = Field(True, description="False decodes greedily (argmax).")
+
+
+class FrontendConfig(BaseModel):
+    """The speech-to-speech front-end (Mimi codec + Moshi LM with the oracle input)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str = Field(
+        "SakanaAI/kame",
+        description="Hub repo id or local directory (a local directory wins over a Hub id).",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model.")
+    cuda_graphs: bool = Field(True, description="Use CUDA graphs on GPU (fixed batch size).")
+    oracle_idle: Literal["auto", "pad", "zero"] = Field(
+        "auto",
+        description="Oracle token when idle: pad (3) for KAME checkpoints, zero (-1, exact vanilla Moshi) "
+        "for plain Moshi ones; auto picks by whether the checkpoint has oracle_emb.",
+    )
+    oracle_fifo_size: int = Field(256, ge=8, description="Per-slot oracle token queue bound.")
+    seed: int | None = Field(None, description="Seed for sampling (None: random).")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)

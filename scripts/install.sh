@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Create .venv/ in the checkout and install kame into it (idempotent).
+#
+# Install strategy (README "Install strategy"):
+#  * torch: an existing torch in .venv is never replaced. Otherwise
+#    $KAME_TORCH_SPEC is installed (default: torch==2.13.0; on a machine with
+#    an NVIDIA driver pip's default Linux build is CUDA-enabled). Pass
+#    KAME_TORCH_INDEX to use another index (e.g. a CPU-only one).
+#    KAME_VENV_SYSTEM_SITE=1 creates the venv with --system-site-packages so a
+#    torch already installed in the system Python is used as is.
+#  * moshi==0.2.13 is installed with --no-deps (its torch<2.10 pin would swap
+#    torch); its other runtime dependencies are kame's own dependencies.
+#  * everything else is pinned by requirements/constraints.txt, plus a
+#    constraint torch==<installed version> so no package can swap torch.
+# Usage: scripts/install.sh [--test]   (--test adds test tools and Debian packages)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+WITH_TEST=0
+for a in "$@"; do
+  case "$a" in
+    --test) WITH_TEST=1 ;;
+    *) echo "install.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+PY=${KAME_PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  opts=()
+  if [ "${KAME_VENV_SYSTEM_SITE:-0}" = "1" ]; then opts+=(--system-site-packages); fi
+  "$PY" -m venv "${opts[@]}" "$VENV"
+fi
+VPY="$VENV/bin/python"
+PIP=("$VPY" -m pip install --disable-pip-version-check -q)
+
+if [ "$WITH_TEST" = "1" ]; then
+  need=()
+  command -v espeak-ng >/dev/null || need+=(espeak-ng)
+  command -v sox >/dev/null || need+=(sox)
+  if [ ${#need[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+    echo "install.sh: installing Debian packages: ${need[*]}"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+
+if "$VPY" -c "import torch" 2>/dev/null; then
+  echo "install.sh: keeping installed torch $("$VPY" -c 'import torch; print(torch.__version__)')"
+else
+  spec=${KAME_TORCH_SPEC:-torch==2.13.0}
+  idx=()
+  if [ -n "${KAME_TORCH_INDEX:-}" ]; then idx=(--index-url "$KAME_TORCH_INDEX"); fi
+  echo "install.sh: installing $spec"
+  "${PIP[@]}" "${idx[@]}" "$spec"
+fi
+TORCH_VERSION=$("$VPY" -c 'import torch; print(torch.__version__)')
+CONS="$VENV/kame-constraints.txt"
+{ cat requirements/constraints.txt; echo "torch==$TORCH_VERSION"; } > "$CONS"
+
+"${PIP[@]}" -c "$CONS" --no-deps "moshi==0.2.13"
+extras=""
+[ "$WITH_TEST" = "1" ] && extras="[test]"
+"${PIP[@]}" -c "$CONS" -e ".$extras"
+echo "install.sh: ready: $VENV/bin/kame (torch $TORCH_VERSION)"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's test command: install everything (venv, Python and Debian
+# packages) from scratch if needed, then run the whole test suite.
+# Extra arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+./scripts/install.sh --test || { echo "test.sh: installation failed" >&2; exit 1; }
+t1=$(date +%s)
+export NO_TORCH_COMPILE=1
+export KAME_TEST_ARTIFACTS=${KAME_TEST_ARTIFACTS:-$PWD/artifacts}
+.venv/bin/python -m pytest -ra "$@"
+rc=$?
+t2=$(date +%s)
+echo "test.sh: install $((t1 - t0)) s, tests $((t2 - t1)) s, total $((t2 - t0)) s (exit $rc)"
+exit $rc
