@@ -1,0 +1,219 @@
+"""Finding a checkpoint's files: a local directory or a Hub repo, in moshi's layout.
+
+A checkpoint is a directory (or Hub repo) with ``config.json`` in the format
+``moshi``'s ``CheckpointInfo`` reads (``moshi_name``, ``mimi_name``,
+``mimi_config_name``, ``tokenizer_name``, ``model_type``, ``lm_gen_config``;
+every other key is an ``LMModel`` keyword). Without ``config.json`` a
+directory is read with moshi's default file names and the 7B config.
+A local path always wins over a Hub id of the same spelling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kame.errors import CheckpointError
+
+#: Keys of config.json that are not LMModel keywords (moshi pops the same ones).
+NON_LM_KEYS = (
+    "moshi_name",
+    "mimi_name",
+    "mimi_config_name",
+    "tokenizer_name",
+    "lora_name",
+    "model_type",
+    "lm_gen_config",
+    "tts_config",
+    "stt_config",
+    "model_id",
+)
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """Resolved local paths and the parsed config of one checkpoint."""
+
+    source: str
+    lm_weights: Path
+    mimi_weights: Path
+    tokenizer: Path
+    mimi_config_path: Path | None = None
+    raw_config: dict[str, Any] | None = None
+    lm_kwargs: dict[str, Any] | None = None  # None = moshi's 7B defaults
+    lm_gen_config: dict[str, Any] = field(default_factory=dict)
+    stt_config: dict[str, Any] = field(default_factory=dict)
+    model_type: str = "moshi"
+
+    @property
+    def mimi_config(self) -> dict[str, Any] | None:
+        if self.mimi_config_path is None:
+            return None
+        return _read_json(self.mimi_config_path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint file {path}: cannot be read as JSON ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"checkpoint file {path}: expected a JSON object")
+    return data
+
+
+def _default_names() -> dict[str, str]:
+    from moshi.models import loaders
+
+    return {
+        "moshi_name": loaders.MOSHI_NAME,
+        "mimi_name": loaders.MIMI_NAME,
+        "tokenizer_name": loaders.TEXT_TOKENIZER_NAME,
+    }
+
+
+def _split_config(raw: dict[str, Any] | None) -> tuple[dict[str, str | None], dict[str, Any] | None, dict[str, Any]]:
+    names: dict[str, str | None] = dict(_default_names())
+    names["mimi_config_name"] = None
+    if raw is None:
+        return names, None, {}
+    lm_kwargs = {k: v for k, v in raw.items() if k not in NON_LM_KEYS}
+    for key in ("moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"):
+        if raw.get(key):
+            names[key] = raw[key]
+    extra = {k: raw[k] for k in ("model_type", "lm_gen_config", "stt_config") if k in raw}
+    return names, lm_kwargs, extra
+
+
+def _local_file(directory: Path, name: str, what: str) -> Path:
+    path = Path(name) if os.path.isabs(name) else directory / name
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path}: missing ({what})")
+    return path
+
+
+def resolve_local(directory: Path) -> CheckpointFiles:
+    """Read a checkpoint directory; every missing file is one sentence naming it."""
+    config_path = directory / "config.json"
+    raw = _read_json(config_path) if config_path.is_file() else None
+    names, lm_kwargs, extra = _split_config(raw)
+    mimi_cfg = names["mimi_config_name"]
+    return CheckpointFiles(
+        source=str(directory),
+        lm_weights=_local_file(directory, str(names["moshi_name"]), "LM weights"),
+        mimi_weights=_local_file(directory, str(names["mimi_name"]), "Mimi weights"),
+        tokenizer=_local_file(directory, str(names["tokenizer_name"]), "SentencePiece tokenizer"),
+        mimi_config_path=_local_file(directory, mimi_cfg, "Mimi config") if mimi_cfg else None,
+        raw_config=raw,
+        lm_kwargs=lm_kwargs,
+        lm_gen_config=dict(extra.get("lm_gen_config") or {}),
+        stt_config=dict(extra.get("stt_config") or {}),
+        model_type=str(extra.get("model_type", "moshi")),
+    )
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _missing_hint(repo: str) -> str:
+    return (
+        f"run `kame download --checkpoint {repo}` on a machine with network access "
+        f"(or set frontend.checkpoint to a local directory)"
+    )
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """One quick TCP connect to the Hub endpoint, so a machine without network
+    fails at once instead of after huggingface_hub's retries with backoff."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_file(repo: str, filename: str, revision: str | None, *, required: bool = True) -> Path | None:
+    """One file of a Hub repo: from the local cache, else downloaded (unless offline)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo, filename, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, EntryNotFoundError, FileNotFoundError, OSError):
+        pass
+    if hub_offline():
+        if not required:
+            return None
+        raise CheckpointError(
+            f"model {repo} ({filename}) is not in the local cache and HF_HUB_OFFLINE is set: {_missing_hint(repo)}"
+        )
+    if not hub_reachable():
+        raise CheckpointError(
+            f"model {repo} ({filename}) is not in the local cache and the Hub cannot be reached: {_missing_hint(repo)}"
+        )
+    try:
+        return Path(hf_hub_download(repo, filename, revision=revision))
+    except EntryNotFoundError:
+        if not required:
+            return None
+        raise CheckpointError(f"checkpoint {repo}: the repo has no file {filename}") from None
+    except Exception as exc:  # network errors, unknown repo, gated repo...
+        if not required and exc.__class__.__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+            return None
+        raise CheckpointError(
+            f"model {repo} ({filename}) could not be downloaded ({exc.__class__.__name__}): {_missing_hint(repo)}"
+        ) from None
+
+
+def resolve_hub(repo: str, revision: str | None = None) -> CheckpointFiles:
+    config_path = _hub_file(repo, "config.json", revision, required=False)
+    raw = _read_json(config_path) if config_path is not None else None
+    names, lm_kwargs, extra = _split_config(raw)
+
+    def get(name: str | None) -> Path:
+        assert name is not None
+        if name.startswith("hf://"):
+            parts = name.removeprefix("hf://").split("/")
+            got = _hub_file("/".join(parts[:2]), "/".join(parts[2:]), revision)
+        else:
+            got = _hub_file(repo, name, revision)
+        assert got is not None
+        return got
+
+    mimi_cfg = names["mimi_config_name"]
+    return CheckpointFiles(
+        source=repo,
+        lm_weights=get(names["moshi_name"]),
+        mimi_weights=get(names["mimi_name"]),
+        tokenizer=get(names["tokenizer_name"]),
+        mimi_config_path=get(mimi_cfg) if mimi_cfg else None,
+        raw_config=raw,
+        lm_kwargs=lm_kwargs,
+        lm_gen_config=dict(extra.get("lm_gen_config") or {}),
+        stt_config=dict(extra.get("stt_config") or {}),
+        model_type=str(extra.get("model_type", "moshi")),
+    )
+
+
+def resolve_checkpoint(spec: str | Path, revision: str | None = None) -> CheckpointFiles:
+    """A local directory if one exists at ``spec``, else a Hub repo id."""
+    path = Path(os.path.expanduser(str(spec)))
+    if path.is_dir():
+        return resolve_local(path)
+    if path.exists():
+        raise CheckpointError(f"checkpoint {path}: is a file, expected a directory or a Hub repo id")
+    text = str(spec)
+    if text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"checkpoint {text}: no such directory, and not a Hub repo id (owner/name)")
+    return resolve_hub(text, revision)

@@ -1,0 +1,273 @@
+"""The batched streaming core: one Mimi + one LM stepping B independent slots.
+
+Whoever holds an :class:`EngineCore` must call it from one thread only (the
+server's :class:`~kame.frontend.engine_thread.EngineThread` owns it; the
+offline runner and tests call it directly). Each :meth:`EngineCore.tick`
+steps exactly the slots given a frame; the others are masked out with
+moshi's exec mask and keep their streaming state untouched. The LMGen runs
+with ``support_out_of_sync=True`` so resetting one slot never costs another
+slot a frame; rows still inside the acoustic delay come back as -2 and are
+turned into silence here, never decoded.
+
+Sampling in moshi is batch-wide (audio temperature and top-k, and the
+default text ones). Per slot we honour the text temperature and text top-k
+through the text-logits hook: logits are rescaled by
+``temp_text / slot_temp`` and cut to the slot's top-k before moshi samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kame.frontend.config import FrontendConfig
+from kame.frontend.models import FrontendModels
+from kame.frontend.oracle_fifo import OracleFifo
+from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
+
+log = logging.getLogger(__name__)
+
+UNGENERATED = -2
+MOSHI_SAMPLING_DEFAULTS = {"temp": 0.8, "temp_text": 0.7, "top_k": 250, "top_k_text": 25}
+
+
+@dataclass(frozen=True)
+class SlotOutput:
+    """What one slot produced in one tick."""
+
+    slot: int
+    step: int  # index of this slot's step since it was attached (0-based)
+    pcm: np.ndarray  # float32 [frame_size]; zeros while nothing is generated yet
+    text_id: int | None  # sampled text token, None while inside the acoustic delay
+    oracle_id: int  # the oracle token fed at this step
+
+
+class EngineStepError(RuntimeError):
+    """A model step failed; every slot stepped in that tick is affected."""
+
+    def __init__(self, slots: list[int], cause: BaseException) -> None:
+        super().__init__(f"engine step failed for slots {slots}: {cause.__class__.__name__}: {cause}")
+        self.slots = slots
+        self.cause = cause
+
+
+@dataclass
+class _SlotState:
+    fifo: OracleFifo
+    attached: bool = False
+    steps: int = 0
+    temp_text: float | None = None
+    top_k_text: int | None = None
+    # moshi text-token ids of this slot's text, for debugging/inspection
+    last_text_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_sampling(cfg: FrontendConfig, lm_gen_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Sampling kwargs for LMGen: config > checkpoint's lm_gen_config > moshi defaults."""
+    out: dict[str, Any] = {}
+    for key, default in MOSHI_SAMPLING_DEFAULTS.items():
+        value = getattr(cfg.sampling, key)
+        if value is None:
+            value = lm_gen_config.get(key, default)
+        out[key] = value
+    out["use_sampling"] = cfg.sampling.use_sampling
+    return out
+
+
+class EngineCore:
+    """Mimi + LM in streaming mode for ``batch_size`` slots, plus their oracle FIFOs."""
+
+    def __init__(self, models: FrontendModels, cfg: FrontendConfig, batch_size: int | None = None) -> None:
+        from moshi.models.lm import LMGen
+
+        self.models = models
+        self.cfg = cfg
+        self.batch_size = int(batch_size or cfg.batch_size)
+        self.device = models.device
+        self.frame_size = models.frame_size
+        self.idle_id = models.idle_id(cfg.oracle_idle)
+        self.start_id = models.start_id
+        self.sampling = resolve_sampling(cfg, models.files.lm_gen_config)
+        self.oracle_input: OracleTextEmbedding = install_oracle_input(
+            models.lm, models.oracle_weight, self.batch_size, self.idle_id
+        )
+        self.lm_gen = LMGen(
+            models.lm,
+            use_sampling=self.sampling["use_sampling"],
+            temp=self.sampling["temp"],
+            temp_text=self.sampling["temp_text"],
+            top_k=self.sampling["top_k"],
+            top_k_text=self.sampling["top_k_text"],
+            support_out_of_sync=True,
+            on_text_logits_hook=self._text_logits_hook,
+        )
+        self._compile_guard = self._no_compile_context()
+        self.slots = [_SlotState(fifo=OracleFifo(self.start_id, self.idle_id, cfg.oracle_fifo_size)) for _ in range(self.batch_size)]
+        self._oracle_host = torch.full((self.batch_size,), self.idle_id, dtype=torch.long)
+        self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
+        self._pcm_host = torch.zeros(self.batch_size, 1, self.frame_size, dtype=torch.float32)
+        self._temp_scale = torch.ones(self.batch_size, 1, device=self.device)
+        self._topk = torch.zeros(self.batch_size, dtype=torch.long)
+        self._per_slot_sampling = False
+        self.ticks = 0
+        with self._compile_guard():
+            models.mimi.streaming_forever(self.batch_size)
+            self.lm_gen.streaming_forever(self.batch_size)
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _no_compile_context(self) -> Any:
+        """torch.compile only pays off on GPU; on CPU it costs ~20 s and gains nothing."""
+        if self.device.type == "cuda":
+            return contextlib.nullcontext
+        from moshi.utils.compile import no_compile
+
+        return no_compile
+
+    @property
+    def mimi(self) -> Any:
+        return self.models.mimi
+
+    # ------------------------------------------------------------------ slot lifecycle
+    def attach(self, slot: int) -> None:
+        """Give ``slot`` to a new session: reset its Mimi and LM state and its FIFO only."""
+        self._check_slot(slot)
+        mask = torch.zeros(self.batch_size, dtype=torch.bool)
+        mask[slot] = True
+        mask_dev = mask.to(self.device)
+        with self._compile_guard():
+            self.mimi.reset_streaming(mask_dev)
+            self.lm_gen.reset_streaming(mask_dev)
+        state = self.slots[slot]
+        state.fifo.clear()
+        state.attached = True
+        state.steps = 0
+        state.last_text_id = None
+        self.set_slot_sampling(slot, None, None)
+
+    def detach(self, slot: int) -> None:
+        self._check_slot(slot)
+        state = self.slots[slot]
+        state.attached = False
+        state.fifo.clear()
+        self.set_slot_sampling(slot, None, None)
+
+    def attached_slots(self) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s.attached]
+
+    # ------------------------------------------------------------------ oracle
+    def oracle_reset(self, slot: int, first_ids: list[int]) -> None:
+        self._check_slot(slot)
+        self.slots[slot].fifo.reset(first_ids)
+
+    def oracle_push(self, slot: int, ids: list[int]) -> None:
+        self._check_slot(slot)
+        self.slots[slot].fifo.push(ids)
+
+    def oracle_clear(self, slot: int) -> None:
+        self._check_slot(slot)
+        self.slots[slot].fifo.clear()
+
+    def fifo(self, slot: int) -> OracleFifo:
+        return self.slots[slot].fifo
+
+    # ------------------------------------------------------------------ sampling per slot
+    def set_slot_sampling(self, slot: int, temp_text: float | None, top_k_text: int | None) -> None:
+        """Per-slot text temperature / top-k (None = the engine-wide value)."""
+        state = self.slots[slot]
+        state.temp_text = temp_text
+        state.top_k_text = top_k_text
+        base_t = float(self.sampling["temp_text"])
+        t = base_t if temp_text is None else float(temp_text)
+        self._temp_scale[slot, 0] = 1.0 if t <= 0 or base_t <= 0 else base_t / t
+        self._topk[slot] = 0 if top_k_text is None else int(top_k_text)
+        self._per_slot_sampling = any(s.temp_text is not None or s.top_k_text is not None for s in self.slots)
+
+    def _text_logits_hook(self, logits: torch.Tensor) -> None:
+        """Apply per-slot text temperature and top-k in place, before moshi samples."""
+        if not self._per_slot_sampling:
+            return
+        flat = logits.view(logits.shape[0], -1)
+        flat.mul_(self._temp_scale.to(flat.dtype))
+        ks = self._topk.tolist()
+        for slot, k in enumerate(ks):
+            if 0 < k < flat.shape[1]:
+                row = flat[slot]
+                kth = torch.topk(row, k).values[-1]
+                row.masked_fill_(row < kth, float("-inf"))
+
+    # ------------------------------------------------------------------ stepping
+    def tick(self, frames: Mapping[int, np.ndarray]) -> dict[int, SlotOutput]:
+        """Step every slot in ``frames`` (one ``frame_size`` float32 frame each) once.
+
+        Raises :class:`EngineStepError` if the model fails; the caller ends
+        those slots. Slots not in ``frames`` are left exactly as they were.
+        """
+        if not frames:
+            return {}
+        stepped = sorted(frames)
+        for slot in stepped:
+            self._check_slot(slot)
+            if not self.slots[slot].attached:
+                raise ValueError(f"slot {slot} is not attached")
+        self._mask_host.zero_()
+        self._pcm_host.zero_()
+        for slot in stepped:
+            pcm = np.asarray(frames[slot], dtype=np.float32).reshape(-1)
+            if pcm.shape[0] != self.frame_size:
+                raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
+            self._pcm_host[slot, 0].copy_(torch.from_numpy(pcm))
+            self._mask_host[slot] = True
+            self._oracle_host[slot] = self.slots[slot].fifo.pop()
+        try:
+            with self._compile_guard(), torch.no_grad():
+                out_tokens, pcm_out = self._model_step()
+        except Exception as exc:  # noqa: BLE001 - report and keep the engine alive
+            log.exception("engine step failed for slots %s", stepped)
+            raise EngineStepError(stepped, exc) from exc
+        self.ticks += 1
+        results: dict[int, SlotOutput] = {}
+        for slot in stepped:
+            state = self.slots[slot]
+            text = int(out_tokens[slot, 0])
+            generated = text != UNGENERATED and bool((out_tokens[slot, 1:] != UNGENERATED).all())
+            pcm = pcm_out[slot] if generated and pcm_out is not None else np.zeros(self.frame_size, np.float32)
+            results[slot] = SlotOutput(
+                slot=slot,
+                step=state.steps,
+                pcm=pcm,
+                text_id=text if text != UNGENERATED else None,
+                oracle_id=int(self._oracle_host[slot]),
+            )
+            state.steps += 1
+            state.last_text_id = results[slot].text_id
+        return results
+
+    def _model_step(self) -> tuple[np.ndarray, np.ndarray | None]:
+        mask = self._mask_host.to(self.device, non_blocking=True)
+        mimi = self.mimi
+        mimi.set_exec_mask(mask)
+        codes = mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
+        self.oracle_input.set_tokens(self._oracle_host.to(self.device, non_blocking=True))
+        self.lm_gen.set_exec_mask(mask)
+        out = self.lm_gen.step(codes)
+        assert out is not None  # support_out_of_sync: never None
+        audio = out[:, 1:, :]
+        generated = (out != UNGENERATED).all(dim=2).all(dim=1) & mask
+        pcm_np: np.ndarray | None = None
+        if bool(generated.any()):
+            mimi.set_exec_mask(generated)
+            safe = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
+            pcm = mimi.decode(safe)  # [B, 1, frame]
+            pcm_np = pcm[:, 0, :].float().cpu().numpy()
+        return out[:, :, 0].cpu().numpy(), pcm_np
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.batch_size:
+            raise IndexError(f"slot {slot} out of range 0..{self.batch_size - 1}")

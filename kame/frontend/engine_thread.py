@@ -1,0 +1,338 @@
+"""The engine thread: the only thread that touches the model and its streaming state.
+
+Sessions talk to it through thread-safe, non-blocking calls: :meth:`feed`
+appends PCM to the slot's input buffer, the ``oracle_*`` calls and
+:meth:`set_sampling` queue commands that the thread applies before its next
+tick, and every output frame is handed to the slot's ``on_output`` callback
+(from the engine thread: asyncio users wrap it with
+``loop.call_soon_threadsafe``, see :class:`AsyncSlot`).
+
+Batching policy: the thread ticks as soon as every *live* slot (one that
+received audio recently) has a full frame, or when the oldest waiting frame
+has waited ``max_batch_wait_s``; each tick steps all slots with a frame, so
+sessions whose audio arrives at different phases of the 80 ms cadence still
+share ticks instead of costing one tick each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+import numpy as np
+
+from kame.frontend.engine import EngineCore, EngineStepError, SlotOutput
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[SlotOutput], None]
+ErrorCallback = Callable[[str], None]
+
+
+class EngineFull(RuntimeError):
+    """Every slot is taken."""
+
+
+@dataclass
+class TickStats:
+    """Handed to ``on_tick`` after every tick (for metrics)."""
+
+    duration_s: float
+    slots: int
+    waited_s: float  # how long the oldest stepped frame waited before the tick
+
+
+@dataclass
+class _SlotIO:
+    on_output: OutputCallback
+    on_error: ErrorCallback
+    buffer: list[np.ndarray] = field(default_factory=list)
+    buffered: int = 0
+    first_ready_t: float | None = None
+    last_feed_t: float = 0.0
+    dropped_samples: int = 0
+
+
+class EngineThread:
+    """Owns an :class:`EngineCore` and steps it in a dedicated thread."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        max_batch_wait_s: float = 0.05,
+        live_window_s: float = 0.5,
+        max_buffer_s: float = 2.0,
+        on_tick: Callable[[TickStats], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.frame_size = core.frame_size
+        self.sample_rate = core.models.sample_rate
+        self.max_batch_wait_s = max_batch_wait_s
+        self.live_window_s = live_window_s
+        self.max_buffer_samples = int(max_buffer_s * self.sample_rate)
+        self.on_tick = on_tick
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._io: dict[int, _SlotIO] = {}
+        self._free = list(range(core.batch_size))
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.ticks = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="kame-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def free_slots(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    @property
+    def active_slots(self) -> int:
+        with self._lock:
+            return len(self._io)
+
+    # ------------------------------------------------------------------ slot API (any thread)
+    def attach(self, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None]) -> int:
+        """Reserve a slot now; the engine thread resets it and then calls ``on_ready(slot)``."""
+        with self._wake:
+            if not self._free:
+                raise EngineFull("all engine slots are taken")
+            slot = self._free.pop(0)
+            self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
+
+            def do_attach() -> None:
+                self.core.attach(slot)
+                on_ready(slot)
+
+            self._commands.put(do_attach)
+            self._wake.notify_all()
+        return slot
+
+    def detach(self, slot: int) -> None:
+        with self._wake:
+            if self._io.pop(slot, None) is None:
+                return
+
+            def do_detach() -> None:
+                self.core.detach(slot)
+                with self._lock:
+                    self._free.append(slot)
+
+            self._commands.put(do_detach)
+            self._wake.notify_all()
+
+    def feed(self, slot: int, pcm: np.ndarray) -> None:
+        """Append PCM (float32, any length) to the slot's input; never blocks on the model."""
+        data = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if data.size == 0:
+            return
+        with self._wake:
+            io = self._io.get(slot)
+            if io is None:
+                return
+            io.buffer.append(data)
+            io.buffered += data.size
+            io.last_feed_t = time.monotonic()
+            while io.buffered > self.max_buffer_samples and len(io.buffer) > 1:
+                old = io.buffer.pop(0)
+                io.buffered -= old.size
+                io.dropped_samples += old.size
+            if io.first_ready_t is None and io.buffered >= self.frame_size:
+                io.first_ready_t = io.last_feed_t
+            self._wake.notify_all()
+
+    def dropped_samples(self, slot: int) -> int:
+        with self._lock:
+            io = self._io.get(slot)
+            return io.dropped_samples if io else 0
+
+    def _command(self, slot: int, fn: Callable[[], None]) -> None:
+        with self._wake:
+            if slot not in self._io:
+                return
+            self._commands.put(fn)
+            self._wake.notify_all()
+
+    def oracle_reset(self, slot: int, first_ids: list[int]) -> None:
+        ids = list(first_ids)
+        self._command(slot, lambda: self.core.oracle_reset(slot, ids))
+
+    def oracle_push(self, slot: int, ids: list[int]) -> None:
+        ids = list(ids)
+        self._command(slot, lambda: self.core.oracle_push(slot, ids))
+
+    def oracle_clear(self, slot: int) -> None:
+        self._command(slot, lambda: self.core.oracle_clear(slot))
+
+    def set_sampling(self, slot: int, temp_text: float | None, top_k_text: int | None) -> None:
+        self._command(slot, lambda: self.core.set_slot_sampling(slot, temp_text, top_k_text))
+
+    # ------------------------------------------------------------------ engine thread
+    def _take_frames(self, now: float) -> tuple[dict[int, np.ndarray], float] | None:
+        """Under the lock: the frames to step now, or None to keep waiting."""
+        ready = [s for s, io in self._io.items() if io.buffered >= self.frame_size]
+        if not ready:
+            return None
+        live_waiting = [
+            s
+            for s, io in self._io.items()
+            if io.buffered < self.frame_size and now - io.last_feed_t < self.live_window_s
+        ]
+        oldest = min(self._io[s].first_ready_t or now for s in ready)
+        waited = now - oldest
+        if live_waiting and waited < self.max_batch_wait_s:
+            return None
+        frames: dict[int, np.ndarray] = {}
+        for s in ready:
+            io = self._io[s]
+            joined = np.concatenate(io.buffer) if len(io.buffer) > 1 else io.buffer[0]
+            frames[s] = joined[: self.frame_size]
+            rest = joined[self.frame_size :]
+            io.buffer = [rest] if rest.size else []
+            io.buffered = int(rest.size)
+            io.first_ready_t = now if io.buffered >= self.frame_size else None
+        return frames, waited
+
+    def _next_deadline(self, now: float) -> float | None:
+        waits = [io.first_ready_t for io in self._io.values() if io.first_ready_t is not None]
+        if not waits:
+            return None
+        return max(0.0, min(waits) + self.max_batch_wait_s - now)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                fn = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a bad command must not kill the engine
+                log.exception("engine command failed")
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while True:
+                    if self._stop:
+                        return
+                    if not self._commands.empty():
+                        taken = None
+                        break
+                    now = time.monotonic()
+                    taken = self._take_frames(now)
+                    if taken is not None:
+                        break
+                    self._wake.wait(self._next_deadline(now))
+                callbacks = {s: self._io[s] for s in (taken[0] if taken else {}) if s in self._io}
+            self._drain_commands()
+            if taken is None:
+                continue
+            frames, waited = taken
+            # A slot detached since its frames were taken must not be stepped.
+            frames = {s: f for s, f in frames.items() if self.core.slots[s].attached and s in callbacks}
+            if not frames:
+                continue
+            t0 = time.perf_counter()
+            try:
+                outputs = self.core.tick(frames)
+            except EngineStepError as exc:
+                self._fail_slots(exc.slots, str(exc.cause.__class__.__name__))
+                continue
+            duration = time.perf_counter() - t0
+            self.ticks += 1
+            for slot, out in outputs.items():
+                try:
+                    callbacks[slot].on_output(out)
+                except Exception:  # noqa: BLE001
+                    log.exception("output callback of slot %d failed", slot)
+            if self.on_tick is not None:
+                self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
+
+    def _fail_slots(self, slots: list[int], reason: str) -> None:
+        for slot in slots:
+            with self._lock:
+                io = self._io.get(slot)
+            if io is not None:
+                try:
+                    io.on_error(f"engine step failed ({reason})")
+                except Exception:  # noqa: BLE001
+                    log.exception("error callback of slot %d failed", slot)
+            self.detach(slot)
+
+
+class AsyncSlot:
+    """An engine slot seen from asyncio: outputs arrive on an ``asyncio.Queue``."""
+
+    def __init__(self, engine: EngineThread, max_queued: int = 64) -> None:
+        self.engine = engine
+        self.loop = asyncio.get_running_loop()
+        self.outputs: asyncio.Queue[SlotOutput | Exception] = asyncio.Queue(max_queued)
+        self.slot: int | None = None
+        self.dropped_outputs = 0
+        self._ready = self.loop.create_future()
+
+    def _put(self, item: SlotOutput | Exception) -> None:
+        try:
+            self.outputs.put_nowait(item)
+        except asyncio.QueueFull:  # a consumer that does not read loses frames, not the engine
+            self.dropped_outputs += 1
+
+    async def attach(self) -> int:
+        def on_output(out: SlotOutput) -> None:
+            self.loop.call_soon_threadsafe(self._put, out)
+
+        def on_error(msg: str) -> None:
+            self.loop.call_soon_threadsafe(self._put, RuntimeError(msg))
+
+        def on_ready(slot: int) -> None:
+            self.loop.call_soon_threadsafe(lambda: self._ready.done() or self._ready.set_result(slot))
+
+        self.slot = self.engine.attach(on_output, on_error, on_ready)
+        await self._ready
+        return self.slot
+
+    def feed(self, pcm: np.ndarray) -> None:
+        if self.slot is not None:
+            self.engine.feed(self.slot, pcm)
+
+    def detach(self) -> None:
+        if self.slot is not None:
+            self.engine.detach(self.slot)
+            self.slot = None
+
+    def oracle_reset(self, first_ids: list[int]) -> None:
+        if self.slot is not None:
+            self.engine.oracle_reset(self.slot, first_ids)
+
+    def oracle_push(self, ids: list[int]) -> None:
+        if self.slot is not None:
+            self.engine.oracle_push(self.slot, ids)
+
+    def oracle_clear(self) -> None:
+        if self.slot is not None:
+            self.engine.oracle_clear(self.slot)
+
+    def set_sampling(self, temp_text: float | None, top_k_text: int | None) -> None:
+        if self.slot is not None:
+            self.engine.set_sampling(self.slot, temp_text, top_k_text)

@@ -1,0 +1,73 @@
+"""Everything the front-end needs from a checkpoint, loaded once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
+from kame.frontend.config import FrontendConfig
+from kame.frontend.loading import (
+    load_lm,
+    load_mimi,
+    load_tokenizer,
+    lm_num_codebooks,
+    resolve_dtype,
+)
+
+PAD_ID = 3
+
+
+@dataclass
+class FrontendModels:
+    """Mimi, the LM (oracle input not yet installed), its oracle table and the tokenizer."""
+
+    files: CheckpointFiles
+    device: torch.device
+    lm: Any
+    mimi: Any
+    tokenizer: Any
+    oracle_weight: torch.Tensor
+    has_oracle: bool
+
+    @property
+    def start_id(self) -> int:
+        return int(self.lm.text_initial_token_id)
+
+    def idle_id(self, policy: str = "auto") -> int:
+        """pad (3) for KAME weights, -1 (exact vanilla Moshi) for plain Moshi ones."""
+        if policy == "pad":
+            return int(self.lm.text_padding_token_id)
+        if policy == "zero":
+            return -1
+        return int(self.lm.text_padding_token_id) if self.has_oracle else -1
+
+    @property
+    def frame_size(self) -> int:
+        return int(self.mimi.sample_rate / self.mimi.frame_rate)
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.mimi.sample_rate)
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+
+def load_frontend(cfg: FrontendConfig, device: torch.device, *, mimi_codebooks: int | None = None) -> FrontendModels:
+    """Resolve ``cfg.checkpoint`` (local dir or Hub id) and load its three parts."""
+    files = resolve_checkpoint(cfg.checkpoint, cfg.revision)
+    dtype = resolve_dtype(cfg.dtype, device)
+    loaded = load_lm(files, device, dtype)
+    mimi = load_mimi(files, device, mimi_codebooks or lm_num_codebooks(files))
+    return FrontendModels(
+        files=files,
+        device=device,
+        lm=loaded.lm,
+        mimi=mimi,
+        tokenizer=load_tokenizer(files),
+        oracle_weight=loaded.oracle_weight,
+        has_oracle=loaded.has_oracle,
+    )
