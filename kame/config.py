@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from kame.asr.config import AsrConfig
-from kame.backend.config import BackendConfig
+from kame.backend.config import BackendConfig, LlmConfig
 from kame.frontend.config import FrontendConfig
 from kame.oracle.config import OracleConfig
 from kame.server.config import ServerConfig
@@ -79,6 +79,7 @@ class KameConfig(BaseModel):
     default_backend: str | None = Field(
         None, description="Name of the back-end new sessions use (None: the first, or the one from KAME_LLM_*)."
     )
+    llm: LlmConfig = Field(default_factory=LlmConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 

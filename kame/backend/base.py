@@ -1,0 +1,101 @@
+"""The one protocol every LLM back-end speaks.
+
+A back-end turns a chat (system/user/assistant messages) into a stream of
+text chunks. KAME asks again every time the user's transcript grows and
+throws the old answer away, so cancellation is part of the contract:
+cancelling the consuming task, or closing the iterator (``aclose()``, or
+leaving an ``async with contextlib.aclosing(...)`` block), must close the
+underlying HTTP stream at once so the provider stops generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, Union, runtime_checkable
+
+Role = Literal["system", "user", "assistant"]
+HealthStatus = Literal["ok", "unreachable", "auth_error", "error"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of the conversation."""
+
+    role: Role
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+#: What ``stream`` accepts: ChatMessage objects or ``{"role": ..., "content": ...}`` dicts.
+MessageLike = Union[ChatMessage, Mapping[str, str]]
+
+_ROLES = ("system", "user", "assistant")
+
+
+def normalize_messages(messages: Sequence[MessageLike]) -> list[dict[str, str]]:
+    """Plain ``{"role", "content"}`` dicts, checked, so every back-end sees the same thing."""
+    out: list[dict[str, str]] = []
+    for i, msg in enumerate(messages):
+        if isinstance(msg, ChatMessage):
+            role, content = msg.role, msg.content
+        else:
+            role, content = msg.get("role"), msg.get("content")  # type: ignore[assignment]
+        if role not in _ROLES:
+            raise ValueError(f"message {i}: role must be one of {', '.join(_ROLES)} (got {role!r})")
+        if not isinstance(content, str):
+            raise ValueError(f"message {i}: content must be a string")
+        out.append({"role": role, "content": content})
+    if not out:
+        raise ValueError("at least one message is needed")
+    return out
+
+
+def last_user_text(messages: Sequence[Mapping[str, str]]) -> str:
+    for msg in reversed(messages):
+        if msg.get("role") == "user":
+            return msg.get("content", "")
+    return ""
+
+
+@dataclass(frozen=True)
+class BackendHealth:
+    """Result of a reachability check (safe to show to clients: no key, no headers)."""
+
+    name: str
+    kind: str
+    status: HealthStatus
+    reason: str = ""
+    latency_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@runtime_checkable
+class LlmBackend(Protocol):
+    """An LLM that streams its reply as text chunks."""
+
+    name: str
+    kind: str
+
+    def stream(
+        self,
+        messages: Sequence[MessageLike],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncIterator[str]:
+        """Stream the reply; raises :class:`kame.backend.errors.BackendError` subclasses."""
+        ...
+
+    async def check(self) -> BackendHealth:
+        """Is the back-end reachable (a short, cheap request; never raises)?"""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
