@@ -25,3 +25,19 @@ def artifacts_dir() -> Path:
     path = Path(os.environ.get("KAME_TEST_ARTIFACTS") or (Path(__file__).resolve().parent.parent / "artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_kame_ckpt(kame_cache_dir: Path) -> Path:
+    """A tiny KAME-format checkpoint (with oracle_emb), made once per run."""
+    from kame.frontend.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(kame_cache_dir, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_moshi_ckpt(kame_cache_dir: Path) -> Path:
+    """A tiny plain-Moshi checkpoint (no oracle_emb)."""
+    from kame.frontend.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(kame_cache_dir, seed=0, with_oracle=False)

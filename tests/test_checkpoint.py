@@ -1,0 +1,189 @@
+"""Checkpoints: tiny ones are deterministic and atomic; real layout; clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kame.errors import CheckpointError
+from kame.frontend.checkpoint import resolve_checkpoint
+from kame.frontend.config import FrontendConfig
+from kame.frontend.loading import load_lm, load_mimi
+from kame.frontend.models import load_frontend
+from kame.frontend.tiny import make_tiny_checkpoint
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_tiny_checkpoint_deterministic_per_seed(tmp_path: Path) -> None:
+    a = make_tiny_checkpoint(tmp_path / "a", seed=5)
+    b = make_tiny_checkpoint(tmp_path / "b", seed=5)
+    c = make_tiny_checkpoint(tmp_path / "c", seed=6)
+    assert _files(a) == _files(b)
+    assert _files(a)["model.safetensors"] != _files(c)["model.safetensors"]
+    cfg = json.loads((a / "config.json").read_text())
+    for key in ("moshi_name", "mimi_name", "mimi_config_name", "tokenizer_name", "model_type", "lm_gen_config"):
+        assert key in cfg
+
+
+def test_tiny_checkpoint_race_is_atomic(tmp_path: Path) -> None:
+    target = tmp_path / "race"
+    code = "import sys; from kame.frontend.tiny import make_tiny_checkpoint; make_tiny_checkpoint(sys.argv[1], 1)"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(target)]) for _ in range(3)]
+    assert all(p.wait(120) == 0 for p in procs)
+    assert (target / "config.json").is_file()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "race"]
+    assert leftovers == []
+    load_frontend(FrontendConfig(checkpoint=str(target)), torch.device("cpu"))
+
+
+def test_tiny_tokenizer_special_ids(tiny_kame_ckpt: Path) -> None:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_kame_ckpt / "tokenizer.model"))
+    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, 3)
+    cfg = json.loads((tiny_kame_ckpt / "config.json").read_text())
+    assert sp.vocab_size() <= cfg["text_card"]
+
+
+def test_kame_checkpoint_loads_oracle_table(tiny_kame_ckpt: Path) -> None:
+    from safetensors.torch import load_file
+
+    files = resolve_checkpoint(str(tiny_kame_ckpt))
+    loaded = load_lm(files, "cpu", torch.float32)
+    assert loaded.has_oracle
+    raw = load_file(str(tiny_kame_ckpt / "model.safetensors"))
+    assert torch.equal(loaded.oracle_weight, raw["oracle_emb.weight"])
+    assert not torch.equal(loaded.oracle_weight, loaded.lm.text_emb.weight)
+    assert loaded.lm.text_initial_token_id == json.loads((tiny_kame_ckpt / "config.json").read_text())["text_card"]
+
+
+def test_plain_moshi_checkpoint_copies_text_table(tiny_moshi_ckpt: Path) -> None:
+    models = load_frontend(FrontendConfig(checkpoint=str(tiny_moshi_ckpt)), torch.device("cpu"))
+    assert not models.has_oracle
+    assert torch.equal(models.oracle_weight, models.lm.text_emb.weight)
+    assert models.idle_id() == -1
+
+
+def test_moshi_own_loader_reads_the_layout(tiny_moshi_ckpt: Path) -> None:
+    """moshi's CheckpointInfo reads our config.json; its models match ours."""
+    from moshi.models import loaders
+
+    d = tiny_moshi_ckpt
+    info = loaders.CheckpointInfo.from_hf_repo(
+        "local/unused",
+        moshi_weights=d / "model.safetensors",
+        mimi_weights=d / "mimi.safetensors",
+        tokenizer=d / "tokenizer.model",
+        config_path=d / "config.json",
+        mimi_config_path=d / "mimi_config.json",
+    )
+    lm = info.get_moshi(device="cpu", dtype=torch.float32)
+    ours = load_frontend(FrontendConfig(checkpoint=str(d)), torch.device("cpu"))
+    for key, value in lm.state_dict().items():
+        assert torch.equal(value, ours.lm.state_dict()[key]), key
+    mimi = info.get_mimi("cpu")
+    assert mimi.num_codebooks == ours.mimi.num_codebooks == 8
+
+
+def test_mimi_with_32_codebooks(tiny_kame_ckpt: Path) -> None:
+    files = resolve_checkpoint(str(tiny_kame_ckpt))
+    mimi32 = load_mimi(files, "cpu", 32)
+    mimi8 = load_mimi(files, "cpu", 8)
+    pcm = torch.randn(1, 1, 1920 * 3) * 0.1
+    with torch.no_grad():
+        c32 = mimi32.encode(pcm)
+        c8 = mimi8.encode(pcm)
+    assert c32.shape[1] == 32 and c8.shape[1] == 8
+    assert torch.equal(c32[:, :8], c8)
+    assert len(set(c32.flatten().tolist())) > 4  # codebooks initialised: not all zeros
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_file_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    (d / "mimi.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"mimi\.safetensors: missing"):
+        resolve_checkpoint(str(d))
+
+
+def test_wrong_shape_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["dim"] = 96
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: key .* has shape"):
+        load_frontend(FrontendConfig(checkpoint=str(d)), torch.device("cpu"))
+
+
+def test_unknown_key_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    state = load_file(str(d / "model.safetensors"))
+    state["surprise.weight"] = torch.zeros(2)
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: unknown keys surprise\.weight"):
+        load_frontend(FrontendConfig(checkpoint=str(d)), torch.device("cpu"))
+
+
+def test_corrupt_weights_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    (d / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors"):
+        load_frontend(FrontendConfig(checkpoint=str(d)), torch.device("cpu"))
+
+
+def test_directory_without_config_uses_moshi_defaults(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    from moshi.models import loaders
+
+    d = tmp_path / "legacy"
+    d.mkdir()
+    with pytest.raises(CheckpointError, match=loaders.MOSHI_NAME):
+        resolve_checkpoint(str(d))
+    shutil.copy(tiny_kame_ckpt / "model.safetensors", d / loaders.MOSHI_NAME)
+    shutil.copy(tiny_kame_ckpt / "mimi.safetensors", d / loaders.MIMI_NAME)
+    shutil.copy(tiny_kame_ckpt / "tokenizer.model", d / loaders.TEXT_TOKENIZER_NAME)
+    files = resolve_checkpoint(str(d))
+    assert files.lm_kwargs is None  # the 7B config
+    with pytest.raises(CheckpointError, match="missing keys|has shape"):  # tiny weights vs the 7B config
+        load_lm(files, "cpu", torch.float32)
+
+
+def test_hub_offline_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointError, match="kame download --checkpoint SakanaAI/kame"):
+        resolve_checkpoint("SakanaAI/kame")
+    assert time.monotonic() - t0 < 5
+
+
+def test_hub_unreachable_fails_fast(tmp_path: Path) -> None:
+    """Without HF_HUB_OFFLINE and without network: one sentence, no retry loop."""
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9")
+    env.pop("HF_HUB_OFFLINE", None)
+    code = "from kame.frontend.checkpoint import resolve_checkpoint; resolve_checkpoint('SakanaAI/kame')"
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert time.monotonic() - t0 < 20
+    assert "CheckpointError" in res.stderr and "cannot be reached" in res.stderr
+
+
+def test_not_a_repo_id(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no such directory"):
+        resolve_checkpoint(str(tmp_path / "missing-dir"))

@@ -1,0 +1,145 @@
+"""The engine thread seen from asyncio: slots, batching, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kame.frontend.config import FrontendConfig
+from kame.frontend.engine import EngineCore, SlotOutput
+from kame.frontend.engine_thread import AsyncSlot, EngineFull, EngineThread, TickStats
+from kame.frontend.models import load_frontend
+
+
+def make_engine(ckpt: Path, batch: int, ticks: list[TickStats] | None = None) -> EngineThread:
+    cfg = FrontendConfig(checkpoint=str(ckpt), batch_size=batch)
+    core = EngineCore(load_frontend(cfg, torch.device("cpu")), cfg)
+    eng = EngineThread(core, on_tick=ticks.append if ticks is not None else None)
+    eng.start()
+    return eng
+
+
+async def _session(eng: EngineThread, n_frames: int, chunk: int) -> list[SlotOutput]:
+    s = AsyncSlot(eng)
+    await s.attach()
+    pcm = (0.05 * np.random.default_rng(s.slot).standard_normal(1920 * n_frames)).astype(np.float32)
+    outs: list[SlotOutput] = []
+
+    async def reader() -> None:
+        while len(outs) < n_frames:
+            item = await asyncio.wait_for(s.outputs.get(), 10)
+            assert not isinstance(item, Exception)
+            outs.append(item)
+
+    task = asyncio.create_task(reader())
+    for i in range(0, pcm.size, chunk):  # odd-sized chunks, faster than real time
+        s.feed(pcm[i : i + chunk])
+        await asyncio.sleep(0.005)
+    await task
+    s.detach()
+    return outs
+
+
+def test_sessions_share_ticks_and_get_every_frame(tiny_kame_ckpt: Path) -> None:
+    ticks: list[TickStats] = []
+    eng = make_engine(tiny_kame_ckpt, 4, ticks)
+    try:
+
+        async def main() -> list[list[SlotOutput]]:
+            return await asyncio.gather(*[_session(eng, 12, c) for c in (1920, 1000, 3000, 777)])
+
+        results = asyncio.run(main())
+    finally:
+        eng.stop()
+    for outs in results:
+        assert [o.step for o in outs] == list(range(12))
+        assert all(o.pcm.shape == (1920,) for o in outs)
+    assert max(t.slots for t in ticks) >= 2  # batched, not one slot per tick
+    assert eng.free_slots == 4
+
+
+def test_full_engine_refuses_and_slots_are_reused(tiny_kame_ckpt: Path) -> None:
+    eng = make_engine(tiny_kame_ckpt, 1)
+    try:
+
+        async def main() -> None:
+            a = AsyncSlot(eng)
+            await a.attach()
+            with pytest.raises(EngineFull):
+                await AsyncSlot(eng).attach()
+            a.detach()
+            for _ in range(50):
+                if eng.free_slots:
+                    break
+                await asyncio.sleep(0.01)
+            b = AsyncSlot(eng)
+            assert await b.attach() == 0
+            b.detach()
+
+        asyncio.run(main())
+    finally:
+        eng.stop()
+
+
+def test_step_failure_ends_the_slots_not_the_engine(tiny_kame_ckpt: Path) -> None:
+    eng = make_engine(tiny_kame_ckpt, 2)
+    core = eng.core
+    original = core._model_step
+    calls = {"n": 0}
+
+    def flaky() -> object:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated device error")
+        return original()
+
+    core._model_step = flaky  # type: ignore[method-assign]
+    try:
+
+        async def main() -> None:
+            s = AsyncSlot(eng)
+            await s.attach()
+            got_error = False
+            for _ in range(6):
+                s.feed(np.zeros(1920, np.float32))
+                item = await asyncio.wait_for(s.outputs.get(), 5)
+                if isinstance(item, Exception):
+                    got_error = True
+                    assert "engine step failed" in str(item)
+                    break
+            assert got_error
+            t = AsyncSlot(eng)  # the engine still serves new sessions
+            await t.attach()
+            t.feed(np.zeros(1920 * 2, np.float32))
+            out = await asyncio.wait_for(t.outputs.get(), 5)
+            assert isinstance(out, SlotOutput)
+            t.detach()
+
+        asyncio.run(main())
+    finally:
+        eng.stop()
+
+
+def test_feed_never_blocks_on_the_model(tiny_kame_ckpt: Path) -> None:
+    eng = make_engine(tiny_kame_ckpt, 1)
+    try:
+
+        async def main() -> float:
+            s = AsyncSlot(eng)
+            await s.attach()
+            t0 = time.perf_counter()
+            for _ in range(500):  # 40 s of audio at once: buffered (bounded), not stepped inline
+                s.feed(np.zeros(1920, np.float32))
+            elapsed = time.perf_counter() - t0
+            assert eng.dropped_samples(s.slot) > 0  # bounded: the oldest audio is dropped and counted
+            s.detach()
+            return elapsed
+
+        assert asyncio.run(main()) < 0.5
+    finally:
+        eng.stop()
