@@ -46,6 +46,7 @@ class SlotOutput:
     pcm: np.ndarray  # float32 [frame_size]; zeros while nothing is generated yet
     text_id: int | None  # sampled text token, None while inside the acoustic delay
     oracle_id: int  # the oracle token fed at this step
+    audio_codes: tuple[int, ...] | None = None  # the LM's audio tokens (None while ungenerated)
 
 
 class EngineStepError(RuntimeError):
@@ -116,6 +117,10 @@ class EngineCore:
         self._temp_scale = torch.ones(self.batch_size, 1, device=self.device)
         self._topk = torch.zeros(self.batch_size, dtype=torch.long)
         self._per_slot_sampling = False
+        # Last exec masks given to Mimi and the LM: setting one walks every
+        # streaming module, so it is only done when the mask changes.
+        self._mimi_mask: torch.Tensor | None = None
+        self._lm_mask: torch.Tensor | None = None
         self.ticks = 0
         with self._compile_guard():
             models.mimi.streaming_forever(self.batch_size)
@@ -144,6 +149,7 @@ class EngineCore:
         with self._compile_guard():
             self.mimi.reset_streaming(mask_dev)
             self.lm_gen.reset_streaming(mask_dev)
+        self._mimi_mask = self._lm_mask = None  # reset re-enables the slot's exec mask
         state = self.slots[slot]
         state.fifo.clear()
         state.attached = True
@@ -244,29 +250,41 @@ class EngineCore:
                 pcm=pcm,
                 text_id=text if text != UNGENERATED else None,
                 oracle_id=int(self._oracle_host[slot]),
+                audio_codes=tuple(int(x) for x in out_tokens[slot, 1:]) if generated else None,
             )
             state.steps += 1
             state.last_text_id = results[slot].text_id
         return results
 
+    def _set_mimi_mask(self, mask: torch.Tensor) -> None:
+        if self._mimi_mask is None or not torch.equal(self._mimi_mask, mask):
+            self.mimi.set_exec_mask(mask.to(self.device))
+            self._mimi_mask = mask.clone()
+
+    def _set_lm_mask(self, mask: torch.Tensor) -> None:
+        if self._lm_mask is None or not torch.equal(self._lm_mask, mask):
+            self.lm_gen.set_exec_mask(mask.to(self.device))
+            self._lm_mask = mask.clone()
+
     def _model_step(self) -> tuple[np.ndarray, np.ndarray | None]:
-        mask = self._mask_host.to(self.device, non_blocking=True)
-        mimi = self.mimi
-        mimi.set_exec_mask(mask)
-        codes = mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
+        mask = self._mask_host
+        self._set_mimi_mask(mask)
+        codes = self.mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
         self.oracle_input.set_tokens(self._oracle_host.to(self.device, non_blocking=True))
-        self.lm_gen.set_exec_mask(mask)
+        self._set_lm_mask(mask)
         out = self.lm_gen.step(codes)
         assert out is not None  # support_out_of_sync: never None
-        audio = out[:, 1:, :]
-        generated = (out != UNGENERATED).all(dim=2).all(dim=1) & mask
+        tokens = out[:, :, 0].cpu()
+        generated = (tokens != UNGENERATED).all(dim=1) & mask
         pcm_np: np.ndarray | None = None
         if bool(generated.any()):
-            mimi.set_exec_mask(generated)
-            safe = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
-            pcm = mimi.decode(safe)  # [B, 1, frame]
+            self._set_mimi_mask(generated)
+            audio = out[:, 1:, :]
+            if not bool(generated.all()):
+                audio = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
+            pcm = self.mimi.decode(audio)  # [B, 1, frame]
             pcm_np = pcm[:, 0, :].float().cpu().numpy()
-        return out[:, :, 0].cpu().numpy(), pcm_np
+        return tokens.numpy(), pcm_np
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.batch_size:
