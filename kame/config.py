@@ -79,7 +79,7 @@ class KameConfig(BaseModel):
     default_backend: str | None = Field(
         None, description="Name of the back-end new sessions use (None: the first, or the one from KAME_LLM_*)."
     )
-    llm: LlmConfig = Field(default_factory=LlmConfig)
+    llm: LlmConfig = Field(default_factory=LlmConfig, description="Caps over all LLM back-ends together.")
     server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 

@@ -119,13 +119,13 @@ class BackendConfig(BaseModel):
     max_retries: int = Field(
         0, ge=0, le=5, description="Client-side retries of failed requests (0: a newer request comes soon anyway)."
     )
-    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    caps: CapsConfig = Field(default_factory=CapsConfig)
-    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig, description="Time limits of one request.")
+    caps: CapsConfig = Field(default_factory=CapsConfig, description="Concurrency and rate caps of this back-end.")
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="Circuit breaker of this back-end.")
     fallback: str | None = Field(
         None, description="Back-end used when this one's breaker is open or it fails before its first token."
     )
-    scripted: ScriptedConfig = Field(default_factory=ScriptedConfig)
+    scripted: ScriptedConfig = Field(default_factory=ScriptedConfig, description="Replies of a scripted back-end.")
 
     @model_validator(mode="after")
     def _check(self) -> BackendConfig:
