@@ -39,9 +39,10 @@ class Reply:
     """How the server answers one ``POST /v1/chat/completions``.
 
     The text goes out as ``chunks`` if given, else split into words (each
-    word keeps its leading space). ``hang_after_chunks`` N sends N chunks
-    and then goes silent until the client leaves (0: right after the
-    headers); ``hang_before_headers`` never even sends headers.
+    word keeps its leading space). ``hang_after_chunks`` N sends N text
+    chunks and then goes silent until the client leaves (0: no text at all;
+    the role-only first delta is still sent unless ``role_chunk`` is False);
+    ``hang_before_headers`` never even sends headers.
     """
 
     text: str = "Hello there, how can I help you today?"

@@ -112,13 +112,13 @@ class OpenAIBackend:
     def model(self) -> str | None:
         return self.cfg.model or self._discovered_model
 
-    def _key(self) -> tuple[str | None, str | None]:
-        """(key, name of the variable it came from), read now from the environment."""
+    def _key(self) -> str | None:
+        """The key, read now from the first of the configured variables that is set."""
         for env_name in self.cfg.key_env_names():
             value = self._environ.get(env_name)
             if value:
-                return value, env_name
-        return None, None
+                return value
+        return None
 
     def _secrets(self) -> list[str]:
         return [v for n in self.cfg.key_env_names() if (v := self._environ.get(n))]
@@ -130,7 +130,7 @@ class OpenAIBackend:
 
     def _missing_key_hint(self) -> str:
         names = self.cfg.key_env_names()
-        if not names or self._key()[0]:
+        if not names or self._key():
             return ""
         return " (no API key: " + " / ".join(f"${n}" for n in names) + " not set)"
 
@@ -209,7 +209,7 @@ class OpenAIBackend:
         t = self.cfg.timeouts
         start = loop.time()
         first_deadline, total_deadline = start + t.first_token_s, start + t.total_s
-        key, _ = self._key()
+        key = self._key()
         got_first = False
         phase = "connect"
         stream: Any = None
@@ -232,7 +232,7 @@ class OpenAIBackend:
 
         try:
             model = await self._model_name(first_deadline, key)
-            body = {k: v for k, v in self.cfg.extra_body.items()}
+            body = dict(self.cfg.extra_body)
             kwargs: dict[str, Any] = {
                 "model": model,
                 "messages": msgs,
@@ -278,7 +278,7 @@ class OpenAIBackend:
 
     async def check(self) -> BackendHealth:
         """``GET {base_url}/models`` within ``timeouts.check_s``; never raises."""
-        key, _ = self._key()
+        key = self._key()
         started = time.monotonic()
         limit = self.cfg.timeouts.check_s
         status, reason = "ok", "reachable"
