@@ -25,15 +25,13 @@ MARKUP = [
 SEPS = [" ", " ", " ", " ", "\n", "\n\n", "  ", "\t", " \n", ""]
 
 fragment = st.one_of(st.sampled_from(WORDS), st.sampled_from(MARKUP), st.sampled_from(SEPS), st.sampled_from(SEPS))
-texts = st.lists(fragment, max_size=40).map("".join) | st.text(
-    alphabet="ab .,?!-*#_`[]()\n:;'—1", max_size=60
-)
+texts = st.lists(fragment, max_size=40).map("".join) | st.text(alphabet="ab .,?!-*#_`[]()\n:;'—1", max_size=60)
 
 OPTIONS = [
     SanitizeOptions(),
     SanitizeOptions(keep_question=True, keep_exclamation=True, case="lower", numbers="spell", spell_symbols=False),
 ]
-PROPERTY = settings(max_examples=150, deadline=None)
+PROPERTY = settings(max_examples=300, deadline=None)
 _ATTACHED_TAIL = re.compile(r"^[.,?!]( |$)")
 
 

@@ -49,7 +49,9 @@ class OracleConfig(BaseModel):
         "keep", description="When the user starts speaking while the assistant speaks: keep or clear the queued answer."
     )
     barge_in_idle_steps: int = Field(
-        12, ge=1, description="The assistant counts as speaking until this many steps (80 ms) pass without a text piece."
+        12,
+        ge=1,
+        description="The assistant counts as speaking until this many steps (80 ms) pass without a text piece.",
     )
     min_new_words: int = Field(2, ge=1, description="Restart the LLM when the user's word count grew by this much.")
     max_restarts: int = Field(5, ge=1, description="At most this many LLM starts per restart_window_s.")
@@ -60,20 +62,26 @@ class OracleConfig(BaseModel):
         "the text of the last start.",
     )
     poll_s: float = Field(
-        0.5, gt=0, description="Period of the loop's fallback tick (events are handled at once; a rate-limited "
-        "start is retried at its retry time or on this tick)."
+        0.5,
+        gt=0,
+        description="Period of the loop's fallback tick (events are handled at once; a rate-limited "
+        "start is retried at its retry time or on this tick).",
     )
     max_answer_words: int = Field(30, ge=1, description="Reply length the prompt asks the LLM for (words).")
     max_fed_words: int | None = Field(
         45, ge=1, description="Hard cap on words fed per answer (null: no cap); the LLM stream is cancelled there."
     )
     tokenizer_lookahead_words: int = Field(
-        0, ge=0, description="Commit a word's tokens only once this many more words are known and its encoding "
-        "is stable (0: at once; SentencePiece with split_by_whitespace needs none)."
+        0,
+        ge=0,
+        description="Commit a word's tokens only once this many more words are known and its encoding "
+        "is stable (0: at once; SentencePiece with split_by_whitespace needs none).",
     )
     word_end_pad_steps: int | None = Field(
-        3, ge=1, description="Steps without a piece that end the assistant's current word (null: only the next "
-        "word ends it); decides when the assistant 'has spoken' for freeze_when_speaking."
+        3,
+        ge=1,
+        description="Steps without a piece that end the assistant's current word (null: only the next "
+        "word ends it); decides when the assistant 'has spoken' for freeze_when_speaking.",
     )
     history_max_turns: int = Field(40, ge=1, description="Most conversation turns kept and sent to the LLM.")
     history_max_chars: int = Field(8000, ge=100, description="Most characters of conversation sent to the LLM.")

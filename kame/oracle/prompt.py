@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kame.oracle.transcript import Turn, TranscriptView, tail_words
+from kame.oracle.transcript import TranscriptView, Turn, tail_words
 
 if TYPE_CHECKING:
     from kame.oracle.config import OracleConfig
