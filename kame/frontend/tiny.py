@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the tiny layout changes, so stale cached copies are not reused.
-TINY_FORMAT = 1
+TINY_FORMAT = 2
 TEXT_CARD = 200
 
 LM_OVERRIDES: dict[str, Any] = {
@@ -132,9 +132,12 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, 
         state["oracle_emb.weight"] = torch.randn(weight.shape, generator=gen, dtype=weight.dtype)
     save_file(state, str(directory / "model.safetensors"))
 
+    # Mimi depends on the seed only, not on the LM shape: like the real models,
+    # the tiny front-end and the tiny STT of one seed share one Mimi.
+    torch.manual_seed(seed + 1_000_003)
     mimi_cfg = tiny_mimi_config()
     mimi = loaders.get_mimi(None, mimi_cfg, device="cpu", num_codebooks=32)
-    _init_mimi_codebooks(mimi, gen)
+    _init_mimi_codebooks(mimi, torch.Generator().manual_seed(seed + 1_000_003))
     save_file({k: v.contiguous() for k, v in mimi.state_dict().items()}, str(directory / "mimi.safetensors"))
     (directory / "mimi_config.json").write_text(json.dumps(mimi_cfg, indent=1))
 

@@ -1,0 +1,217 @@
+"""``asr.kind: kyutai``: Kyutai STT for many sessions on one batched model.
+
+One :class:`KyutaiRecognizer` per server loads the STT model once. Each
+session's :class:`~kame.asr.stream.AsrStream` only queues audio; one engine
+thread takes 80 ms from every open stream that has it, steps them all as one
+batch and emits each stream's events (see :mod:`kame.asr.kyutai_turns`).
+The silence prefix the checkpoint asks for is fed when a stream opens, and a
+closing stream is flushed with the model's delay of silence, so its last
+words are not lost. For offline use (``kame transcribe``)
+:meth:`KyutaiRecognizer.new_transcriber` runs a batch-1 model in the caller's
+thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kame.asr.config import AsrConfig
+from kame.asr.events import Emission
+from kame.asr.kyutai_core import SttCore
+from kame.asr.kyutai_turns import SttTurns
+from kame.asr.recognizer import AsrUnavailableError, Recognizer
+from kame.asr.stream import AsrStream, EventCallback
+from kame.asr.transcriber import Transcriber, TranscriberStats
+from kame.errors import UserError
+
+log = logging.getLogger(__name__)
+
+FRAME = 1920
+DEFAULT_MODEL = "kyutai/stt-1b-en_fr"
+FLUSH_EXTRA_FRAMES = 4
+
+
+def _device(cfg: AsrConfig) -> torch.device:
+    from kame.frontend.loading import resolve_device
+
+    return resolve_device(cfg.device)
+
+
+def _turns(core: SttCore, cfg: AsrConfig) -> SttTurns:
+    silence = max(2, round(cfg.turn.end_silence_s * 12.5))
+    return SttTurns(core.piece_of, silence_frames=silence)
+
+
+def _load(cfg: AsrConfig, batch: int) -> SttCore:
+    try:
+        return SttCore.from_spec(cfg.model or DEFAULT_MODEL, _device(cfg), batch)
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise AsrUnavailableError(str(exc)) from None
+
+
+class KyutaiTranscriber(Transcriber):
+    """Batch-1 Kyutai STT driven synchronously (offline transcription)."""
+
+    def __init__(self, core: SttCore, cfg: AsrConfig) -> None:
+        self.core = core
+        self.stats = TranscriberStats()
+        self.turns = _turns(core, cfg)
+        self._buf = np.zeros(0, np.float32)
+        core.attach(0)
+        self._pending_silence = core.silence_prefix_frames
+
+    def _step(self, frame: np.ndarray) -> list[Emission]:
+        out = self.core.step_pcm({0: frame})[0]
+        return self.turns.feed(out.text_id, out.end_prob)
+
+    def push(self, pcm: np.ndarray) -> list[Emission]:
+        ems: list[Emission] = []
+        while self._pending_silence > 0:
+            self._pending_silence -= 1
+            ems += self._step(np.zeros(FRAME, np.float32))
+        self._buf = np.concatenate([self._buf, np.asarray(pcm, np.float32).reshape(-1)])
+        while self._buf.size >= FRAME:
+            frame, self._buf = self._buf[:FRAME], self._buf[FRAME:]
+            ems += self._step(frame)
+        return ems
+
+    def pending(self) -> bool:
+        return False
+
+    def work(self) -> list[Emission]:
+        return []
+
+    def finish(self) -> list[Emission]:
+        ems: list[Emission] = []
+        if self._buf.size:
+            ems += self._step(np.pad(self._buf, (0, FRAME - self._buf.size)))
+            self._buf = np.zeros(0, np.float32)
+        for _ in range(self.core.delay_frames + FLUSH_EXTRA_FRAMES):
+            ems += self._step(np.zeros(FRAME, np.float32))
+        return ems + self.turns.end_turn()
+
+
+@dataclass
+class _Slot:
+    stream: AsrStream
+    turns: SttTurns
+    buf: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    silence_left: int = 0
+    flush_left: int | None = None  # frames of silence still to feed after close
+
+
+class KyutaiRecognizer(Recognizer):
+    """Loads the STT model once; one engine thread steps every open stream."""
+
+    kind = "kyutai"
+
+    def __init__(self, cfg: AsrConfig, *, batch_size: int = 8) -> None:
+        super().__init__(cfg)
+        self.batch_size = batch_size
+        self.core = _load(cfg, batch_size)
+        self._lock = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._attach_pending: set[int] = set()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="kame-kyutai-stt", daemon=True)
+        self._thread.start()
+
+    def new_transcriber(self) -> Transcriber:
+        return KyutaiTranscriber(_load(self.cfg, 1), self.cfg)
+
+    def open_stream(self, *, on_event: EventCallback | None = None) -> AsrStream:
+        stream = AsrStream(self._stream_name(), max_queued_s=self.cfg.max_queued_s, max_events=self.cfg.max_events,
+                           on_event=on_event)
+        with self._lock:
+            free = [i for i in range(self.batch_size) if i not in self._slots]
+            if not free:
+                stream.fail("all Kyutai STT slots are taken")
+                return stream
+            slot = free[0]
+            self._slots[slot] = _Slot(stream=stream, turns=_turns(self.core, self.cfg),
+                                      silence_left=self.core.silence_prefix_frames)
+            self._attach_pending.add(slot)
+            self._lock.notify_all()
+        return stream
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        self._thread.join(5)
+
+    # ------------------------------------------------------------------ engine thread
+    def _collect(self) -> dict[int, np.ndarray]:
+        frames: dict[int, np.ndarray] = {}
+        for slot, s in list(self._slots.items()):
+            if s.flush_left is None:
+                chunks, end = s.stream.inbox.take(False)
+                if chunks:
+                    s.buf = np.concatenate([s.buf, *chunks])
+                if end is not None:  # closed: pad the tail, then flush with silence
+                    s.flush_left = self.core.delay_frames + FLUSH_EXTRA_FRAMES if end else 0
+                    if s.buf.size % FRAME:
+                        s.buf = np.pad(s.buf, (0, FRAME - s.buf.size % FRAME))
+            if s.silence_left > 0:
+                s.silence_left -= 1
+                frames[slot] = np.zeros(FRAME, np.float32)
+            elif s.buf.size >= FRAME:
+                frames[slot], s.buf = s.buf[:FRAME], s.buf[FRAME:]
+            elif s.flush_left:
+                s.flush_left -= 1
+                frames[slot] = np.zeros(FRAME, np.float32)
+        return frames
+
+    def _finish_closed(self) -> None:
+        for slot, s in list(self._slots.items()):
+            if s.flush_left == 0 and s.buf.size < FRAME and s.silence_left == 0:
+                for em in s.turns.end_turn():
+                    s.stream.emit(em)
+                s.stream.mark_done()
+                del self._slots[slot]
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # noqa: BLE001 - never leave streams hanging
+            log.exception("Kyutai STT engine thread died")
+            with self._lock:
+                for s in self._slots.values():
+                    s.stream.fail(f"Kyutai STT engine failed: {type(exc).__name__}")
+                self._slots.clear()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop:
+                    return
+                for slot in self._attach_pending:
+                    self.core.attach(slot)
+                self._attach_pending.clear()
+                self._finish_closed()
+                frames = self._collect()
+                if not frames:
+                    self._lock.wait(0.02)
+                    continue
+                slots = {k: self._slots[k] for k in frames}
+            try:
+                outs = self.core.step_pcm(frames)
+            except Exception as exc:  # noqa: BLE001 - end these streams, keep the engine
+                log.exception("Kyutai STT step failed")
+                with self._lock:
+                    for slot, s in slots.items():
+                        s.stream.fail(f"Kyutai STT step failed: {type(exc).__name__}")
+                        self._slots.pop(slot, None)
+                continue
+            for slot, out in outs.items():
+                for em in slots[slot].turns.feed(out.text_id, out.end_prob):
+                    slots[slot].stream.emit(em)
+            time.sleep(0)

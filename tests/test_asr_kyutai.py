@@ -1,0 +1,107 @@
+"""Kyutai STT path on a tiny random STT-shaped checkpoint in the real on-disk format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kame.asr.config import AsrConfig
+from kame.asr.events import EventType
+from kame.asr.kyutai_core import SttCore
+from kame.asr.kyutai_turns import SttTurns
+from kame.frontend.checkpoint import resolve_checkpoint
+from kame.frontend.loading import load_mimi
+
+
+@pytest.fixture(scope="module")
+def stt_ckpt(kame_cache_dir: Path) -> Path:
+    from kame.frontend.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(kame_cache_dir, seed=0, stt=True)
+
+
+def test_stt_checkpoint_layout(stt_ckpt: Path) -> None:
+    cfg = json.loads((stt_ckpt / "config.json").read_text())
+    assert cfg["dep_q"] == 0 and cfg["n_q"] == 32 and set(cfg["delays"]) == {0}
+    assert "stt_config" in cfg
+
+
+def test_core_steps_slots_independently(stt_ckpt: Path) -> None:
+    core = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2)
+    assert core.delay_frames == round(0.5 * 12.5)
+    rng = np.random.default_rng(0)
+    frames = [(0.1 * rng.standard_normal(1920)).astype(np.float32) for _ in range(8)]
+    core.attach(0)
+    core.attach(1)
+    both = [core.step_pcm({0: f, 1: f}) for f in frames]
+    assert all(set(o) == {0, 1} for o in both)
+    assert all(o[0].text_id == o[1].text_id for o in both)  # same input, greedy: same text
+    assert all(o[0].end_prob is not None and 0.0 <= o[0].end_prob <= 1.0 for o in both)
+    solo = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2)
+    solo.attach(1)
+    ref = [solo.step_pcm({1: f})[1].text_id for f in frames]
+    assert [o[1].text_id for o in both] == ref
+
+
+def test_shared_mimi_codes_equal_separate_encodes(stt_ckpt: Path, tiny_kame_ckpt: Path) -> None:
+    """One 32-codebook encode serves both: its first 8 codes are the front-end's encode,
+    and stepping the STT with them equals stepping it with its own encode."""
+    front = load_mimi(resolve_checkpoint(str(tiny_kame_ckpt)), "cpu", 8)
+    shared = load_mimi(resolve_checkpoint(str(tiny_kame_ckpt)), "cpu", 32)
+    stt_own = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 1)
+    stt_fed = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 1, own_mimi=False)
+    stt_own.attach(0)
+    stt_fed.attach(0)
+    rng = np.random.default_rng(1)
+    with torch.no_grad():
+        front.streaming_forever(1)
+        shared.streaming_forever(1)
+        for _ in range(6):
+            pcm = torch.from_numpy((0.1 * rng.standard_normal(1920)).astype(np.float32))[None, None]
+            c32 = shared.encode(pcm)
+            c8 = front.encode(pcm)
+            assert torch.equal(c32[:, :8], c8)
+            a = stt_own.step_pcm({0: pcm[0, 0].numpy()})[0]
+            b = stt_fed.step_codes(c32, torch.tensor([True]))[0]
+            assert a == b
+
+
+def test_turns_rebuild_words_and_end_turns() -> None:
+    pieces = {10: "▁hel", 11: "lo", 12: "▁there", 13: "▁again"}
+    turns = SttTurns(lambda i: pieces.get(i, ""), silence_frames=3, eot_threshold=0.5, eot_frames=2)
+    evs = []
+    for tok, p in [(3, 0.0), (10, 0.0), (11, 0.0), (3, 0.0), (12, 0.0), (3, 0.9), (3, 0.9), (13, 0.0), (3, 0.0), (3, 0.0), (3, 0.0)]:
+        evs += turns.feed(tok, p)
+    kinds = [e.type for e in evs]
+    assert kinds[0] is EventType.SPEECH_STARTED
+    partials = [e.text for e in evs if e.type is EventType.PARTIAL]
+    assert partials[:3] == ["hel", "hello", "hello there"]
+    finals = [e.text for e in evs if e.type is EventType.FINAL]
+    assert finals == ["hello there", "again"]  # end-of-turn head, then silence
+    assert [e.utterance for e in evs if e.type is EventType.FINAL] == [0, 1]
+
+
+def test_recognizer_streams_and_flushes(stt_ckpt: Path) -> None:
+    from kame.asr.kyutai_recognizer import KyutaiRecognizer
+
+    cfg = AsrConfig(kind="kyutai", model=str(stt_ckpt), device="cpu")
+    rec = KyutaiRecognizer(cfg, batch_size=2)
+    try:
+        streams = [rec.open_stream(), rec.open_stream()]
+        rng = np.random.default_rng(2)
+        for s in streams:
+            s.feed((0.1 * rng.standard_normal(1920 * 10 + 500)).astype(np.float32))
+            s.close()
+        for s in streams:
+            assert s.join(30)
+            events = list(s)
+            assert all(e.type is not EventType.ERROR for e in events)
+        third = rec.open_stream()  # slots are reused after close
+        third.close()
+        assert third.join(30) and third.error is None
+    finally:
+        rec.close()
