@@ -105,3 +105,29 @@ def test_recognizer_streams_and_flushes(stt_ckpt: Path) -> None:
         assert third.join(30) and third.error is None
     finally:
         rec.close()
+
+
+def test_engine_with_shared_stt_encodes_once(stt_ckpt: Path, tiny_kame_ckpt: Path) -> None:
+    """In one engine tick the front-end and the STT share one 32-codebook encode: the
+    front-end's output equals an 8-codebook engine, the STT's equals its own-Mimi run."""
+    from kame.frontend.config import FrontendConfig, SamplingConfig
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.models import load_frontend
+
+    cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=2, sampling=SamplingConfig(use_sampling=False))
+    stt = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2, own_mimi=False)
+    shared = EngineCore(load_frontend(cfg, torch.device("cpu"), mimi_codebooks=32), cfg, stt=stt)
+    plain = EngineCore(load_frontend(cfg, torch.device("cpu")), cfg)
+    own = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2)
+    for core in (shared, plain):
+        core.attach(1)
+    shared.stt_attach(1)
+    own.attach(1)
+    for _ in range(own.silence_prefix_frames):
+        own.step_pcm({1: np.zeros(1920, np.float32)})
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        f = (0.1 * rng.standard_normal(1920)).astype(np.float32)
+        a, b = shared.tick({1: f})[1], plain.tick({1: f})[1]
+        assert a.text_id == b.text_id and np.array_equal(a.pcm, b.pcm)
+        assert a.stt == own.step_pcm({1: f})[1]

@@ -47,6 +47,7 @@ class SlotOutput:
     text_id: int | None  # sampled text token, None while inside the acoustic delay
     oracle_id: int  # the oracle token fed at this step
     audio_codes: tuple[int, ...] | None = None  # the LM's audio tokens (None while ungenerated)
+    stt: Any = None  # kame.asr.kyutai_core.SttStep when a shared Kyutai STT listens to this slot
 
 
 class EngineStepError(RuntimeError):
@@ -85,7 +86,12 @@ def resolve_sampling(cfg: FrontendConfig, lm_gen_config: Mapping[str, Any]) -> d
 class EngineCore:
     """Mimi + LM in streaming mode for ``batch_size`` slots, plus their oracle FIFOs."""
 
-    def __init__(self, models: FrontendModels, cfg: FrontendConfig, batch_size: int | None = None) -> None:
+    def __init__(
+        self, models: FrontendModels, cfg: FrontendConfig, batch_size: int | None = None, *, stt: Any = None
+    ) -> None:
+        """``stt``: an optional :class:`~kame.asr.kyutai_core.SttCore` (``own_mimi=False``)
+        stepped in the same tick with the same Mimi codes; Mimi must then encode
+        32 codebooks (the LM uses the first 8)."""
         from moshi.models.lm import LMGen
 
         self.models = models
@@ -110,6 +116,15 @@ class EngineCore:
             on_text_logits_hook=self._text_logits_hook,
         )
         self._compile_guard = self._no_compile_context()
+        self.stt = stt
+        self._stt_mask = torch.zeros(self.batch_size, dtype=torch.bool)
+        self._stt_silence: torch.Tensor | None = None
+        if stt is not None:
+            if models.mimi.num_codebooks < 32:
+                raise ValueError("a shared Kyutai STT needs Mimi with 32 codebooks (load_frontend(mimi_codebooks=32))")
+            if stt.batch_size != self.batch_size:
+                raise ValueError("the shared STT must have as many slots as the engine")
+            self._stt_silence = self._silence_codes(stt.silence_prefix_frames)
         self.slots = [_SlotState(fifo=OracleFifo(self.start_id, self.idle_id, cfg.oracle_fifo_size)) for _ in range(self.batch_size)]
         self._oracle_host = torch.full((self.batch_size,), self.idle_id, dtype=torch.long)
         self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
@@ -150,6 +165,7 @@ class EngineCore:
             self.mimi.reset_streaming(mask_dev)
             self.lm_gen.reset_streaming(mask_dev)
         self._mimi_mask = self._lm_mask = None  # reset re-enables the slot's exec mask
+        self._stt_mask[slot] = False
         state = self.slots[slot]
         state.fifo.clear()
         state.attached = True
@@ -163,6 +179,32 @@ class EngineCore:
         state.attached = False
         state.fifo.clear()
         self.set_slot_sampling(slot, None, None)
+
+    def stt_attach(self, slot: int) -> None:
+        """Start the shared STT on ``slot`` (after :meth:`attach`), silence prefix included."""
+        if self.stt is None:
+            raise RuntimeError("this engine has no shared STT")
+        self.stt.attach(slot)
+        self._stt_mask[slot] = True
+        if self._stt_silence is not None and self._stt_silence.shape[-1]:
+            mask = torch.zeros(self.batch_size, dtype=torch.bool)
+            mask[slot] = True
+            for i in range(self._stt_silence.shape[-1]):
+                codes = self._stt_silence[..., i : i + 1].expand(self.batch_size, -1, -1)
+                self.stt.step_codes(codes, mask)
+
+    def stt_detach(self, slot: int) -> None:
+        self._stt_mask[slot] = False
+
+    def _silence_codes(self, frames: int) -> torch.Tensor:
+        """Codes of ``frames`` frames of silence from a fresh Mimi (the STT's silence prefix)."""
+        codes = []
+        with self._compile_guard(), torch.no_grad(), self.mimi.streaming(1):
+            for _ in range(frames):
+                codes.append(self.mimi.encode(torch.zeros(1, 1, self.frame_size, device=self.device)))
+        if not codes:
+            return torch.zeros(1, self.mimi.num_codebooks, 0, dtype=torch.long, device=self.device)
+        return torch.cat(codes, dim=-1)
 
     def attached_slots(self) -> list[int]:
         return [i for i, s in enumerate(self.slots) if s.attached]
@@ -233,7 +275,7 @@ class EngineCore:
             self._oracle_host[slot] = self.slots[slot].fifo.pop()
         try:
             with self._compile_guard(), torch.no_grad():
-                out_tokens, pcm_out = self._model_step()
+                out_tokens, pcm_out, stt_out = self._model_step()
         except Exception as exc:  # noqa: BLE001 - report and keep the engine alive
             log.exception("engine step failed for slots %s", stepped)
             raise EngineStepError(stepped, exc) from exc
@@ -251,6 +293,7 @@ class EngineCore:
                 text_id=text if text != UNGENERATED else None,
                 oracle_id=int(self._oracle_host[slot]),
                 audio_codes=tuple(int(x) for x in out_tokens[slot, 1:]) if generated else None,
+                stt=stt_out.get(slot),
             )
             state.steps += 1
             state.last_text_id = results[slot].text_id
@@ -266,14 +309,19 @@ class EngineCore:
             self.lm_gen.set_exec_mask(mask.to(self.device))
             self._lm_mask = mask.clone()
 
-    def _model_step(self) -> tuple[np.ndarray, np.ndarray | None]:
+    def _model_step(self) -> tuple[np.ndarray, np.ndarray | None, dict[int, Any]]:
         mask = self._mask_host
         self._set_mimi_mask(mask)
         codes = self.mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
         self.oracle_input.set_tokens(self._oracle_host.to(self.device, non_blocking=True))
         self._set_lm_mask(mask)
-        out = self.lm_gen.step(codes)
+        out = self.lm_gen.step(codes)  # moshi slices the 8 codebooks it needs
         assert out is not None  # support_out_of_sync: never None
+        stt_out: dict[int, Any] = {}
+        if self.stt is not None:
+            stt_mask = mask & self._stt_mask
+            if bool(stt_mask.any()):
+                stt_out = self.stt.step_codes(codes, stt_mask)
         tokens = out[:, :, 0].cpu()
         generated = (tokens != UNGENERATED).all(dim=1) & mask
         pcm_np: np.ndarray | None = None
@@ -284,7 +332,7 @@ class EngineCore:
                 audio = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
             pcm = self.mimi.decode(audio)  # [B, 1, frame]
             pcm_np = pcm[:, 0, :].float().cpu().numpy()
-        return tokens.numpy(), pcm_np
+        return tokens.numpy(), pcm_np, stt_out
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.batch_size:
