@@ -1,0 +1,182 @@
+"""The per-session recognition state machine, independent of threads and clocks.
+
+A :class:`Transcriber` splits its work in two so one loop can drive it
+from a worker thread, a worker process or a simulated clock alike:
+``push`` is cheap (resample, VAD, bookkeeping) and takes every chunk as it
+comes; ``work`` does at most one expensive step (a decode). A driver pushes
+everything that has arrived before calling ``work``, so a slow decoder
+always decodes the newest audio instead of falling behind.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kame.asr.agreement import LocalAgreement
+from kame.asr.config import AsrConfig
+from kame.asr.events import Emission, EventType
+from kame.asr.resample import ASR_RATE, StreamResampler
+from kame.asr.vad import TurnAudio, TurnDetector, TurnEnd, TurnSignal, TurnStart
+
+
+@dataclass
+class TranscriberStats:
+    """Counters a bench or a metrics endpoint can read."""
+
+    partial_decodes: int = 0
+    final_decodes: int = 0
+    decode_s: float = 0.0  #: wall time spent decoding
+
+
+class Transcriber(ABC):
+    """Recognition state of one session. Driven by one thread at a time, never shared."""
+
+    stats: TranscriberStats
+
+    @abstractmethod
+    def push(self, pcm: np.ndarray) -> list[Emission]:
+        """Take 24 kHz mono float32 audio of any length; cheap, never decodes."""
+
+    @abstractmethod
+    def pending(self) -> bool:
+        """Whether :meth:`work` has something to do now."""
+
+    @abstractmethod
+    def work(self) -> list[Emission]:
+        """Do the most urgent expensive step (a final first, else a partial)."""
+
+    @abstractmethod
+    def finish(self) -> list[Emission]:
+        """End of input: close the open turn and emit every final still owed."""
+
+    def close(self) -> None:
+        """Release resources (idempotent)."""
+
+
+@dataclass
+class Utterance:
+    """Audio of one turn at 16 kHz and its stabiliser."""
+
+    index: int
+    agreement: LocalAgreement
+    chunks: list[np.ndarray] = field(default_factory=list)
+    samples: int = 0
+    decoded_at: int = 0  #: utterance length at the last partial decode
+    last_partial: str = ""
+
+    def append(self, x: np.ndarray) -> None:
+        if x.size:
+            self.chunks.append(x)
+            self.samples += len(x)
+
+    def audio(self) -> np.ndarray:
+        if len(self.chunks) != 1:
+            self.chunks = [np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)]
+        return self.chunks[0]
+
+    def truncate(self, n: int) -> None:
+        if n < self.samples:
+            self.chunks = [self.audio()[: max(0, n)]]
+            self.samples = len(self.chunks[0])
+
+
+class SegmentingTranscriber(Transcriber):
+    """Turn detection, partial cadence, local agreement and finals for any decoder.
+
+    Subclasses say how to decode: :meth:`partial_text` (the turn so far,
+    called at most every ``partial_interval_s`` of new audio) and
+    :meth:`final_text` (the whole turn, once, after it ended).
+    """
+
+    def __init__(self, cfg: AsrConfig) -> None:
+        self.cfg = cfg
+        self.stats = TranscriberStats()
+        self._resampler = StreamResampler()
+        self._turns = TurnDetector(cfg.turn)
+        self._interval = max(1, int(cfg.partial_interval_s * ASR_RATE))
+        self._min_partial = int(cfg.min_partial_s * ASR_RATE)
+        self._tail = int(cfg.turn.tail_s * ASR_RATE)
+        self._current: Utterance | None = None
+        self._ended: deque[Utterance] = deque()
+        self._count = 0
+
+    # ------------------------------------------------------------------ decoder hooks
+
+    @abstractmethod
+    def partial_text(self, utt: Utterance) -> str:
+        """Hypothesis for the turn so far (``utt.audio()`` keeps growing)."""
+
+    @abstractmethod
+    def final_text(self, utt: Utterance) -> str:
+        """The committed text of a finished turn."""
+
+    def on_turn_start(self, utt: Utterance) -> None:
+        """Hook for decoders that keep per-turn state."""
+
+    # ------------------------------------------------------------------ Transcriber
+
+    def push(self, pcm: np.ndarray) -> list[Emission]:
+        return self._route(self._turns.push(self._resampler.push(pcm)))
+
+    def pending(self) -> bool:
+        return bool(self._ended) or self._partial_due()
+
+    def work(self) -> list[Emission]:
+        if self._ended:
+            utt = self._ended.popleft()
+            t0 = time.perf_counter()
+            text = self.final_text(utt)
+            self.stats.decode_s += time.perf_counter() - t0
+            self.stats.final_decodes += 1
+            return [Emission(EventType.FINAL, text, text, utt.index)]
+        utt = self._current
+        if utt is None or not self._partial_due():
+            return []
+        utt.decoded_at = utt.samples
+        t0 = time.perf_counter()
+        hyp = self.partial_text(utt)
+        self.stats.decode_s += time.perf_counter() - t0
+        self.stats.partial_decodes += 1
+        partial, stable = utt.agreement.update(hyp)
+        if partial == utt.last_partial:
+            return []
+        utt.last_partial = partial
+        return [Emission(EventType.PARTIAL, partial, stable, utt.index)]
+
+    def finish(self) -> list[Emission]:
+        out = self._route(self._turns.push(self._resampler.flush()))
+        out += self._route(self._turns.finish())
+        while self._ended:
+            out += self.work()
+        return out
+
+    # ------------------------------------------------------------------ internals
+
+    def _partial_due(self) -> bool:
+        u = self._current
+        return u is not None and u.samples >= self._min_partial and u.samples - u.decoded_at >= self._interval
+
+    def _route(self, signals: list[TurnSignal]) -> list[Emission]:
+        out: list[Emission] = []
+        for s in signals:
+            if isinstance(s, TurnStart):
+                utt = Utterance(self._count, LocalAgreement(self.cfg.agreement))
+                self._count += 1
+                utt.append(s.audio)
+                self._current = utt
+                self.on_turn_start(utt)
+                out.append(Emission(EventType.SPEECH_STARTED, utterance=utt.index))
+            elif isinstance(s, TurnAudio):
+                if self._current is not None:
+                    self._current.append(s.audio)
+            elif isinstance(s, TurnEnd) and self._current is not None:
+                utt, self._current = self._current, None
+                utt.truncate(utt.samples - max(0, s.trailing - self._tail))
+                self._ended.append(utt)
+                out.append(Emission(EventType.SPEECH_STOPPED, utterance=utt.index))
+        return out
