@@ -176,10 +176,10 @@ def test_first_token_timeout_on_a_hung_server(llm_server: LlmServer, reply: Repl
     t0 = time.monotonic()
     with pytest.raises(BackendTimeout) as info:
         asyncio.run(collect(backend))
-    elapsed = time.monotonic() - t0
+    raised_at = time.monotonic()
     assert info.value.phase == "first_token" and info.value.seconds == 0.3
-    assert 0.25 <= elapsed < 1.0
-    _assert_disconnect_seen(llm_server, t0 + 0.3)
+    assert 0.25 <= raised_at - t0 < 2.5  # far below the 5 s total timeout
+    _assert_disconnect_seen(llm_server, raised_at)
 
 
 def test_total_timeout_after_some_chunks(llm_server: LlmServer) -> None:
@@ -194,11 +194,11 @@ def test_total_timeout_after_some_chunks(llm_server: LlmServer) -> None:
     t0 = time.monotonic()
     with pytest.raises(BackendTimeout) as info:
         asyncio.run(main())
-    elapsed = time.monotonic() - t0
+    raised_at = time.monotonic()
     assert info.value.phase == "total"
-    assert 0.55 <= elapsed < 1.2
+    assert 0.55 <= raised_at - t0 < 2.5
     assert 2 <= len(got) < 50
-    _assert_disconnect_seen(llm_server, t0 + 0.6)
+    _assert_disconnect_seen(llm_server, raised_at)
 
 
 def test_total_timeout_wins_when_shorter_than_first_token(llm_server: LlmServer) -> None:

@@ -149,7 +149,7 @@ def test_concurrency_cap_rejects_after_short_wait_and_frees_on_close(llm_server:
         t0 = time.monotonic()
         with pytest.raises(BackendBusy):
             await reg.stream("a", USER).text()
-        assert 0.09 <= time.monotonic() - t0 < 0.5
+        assert 0.09 <= time.monotonic() - t0 < 1.0
         assert len(llm_server.chat_requests()) == 2  # the refused request never reached the server
         # A request waiting within max_wait_s gets the slot freed by a finished one.
         waiter = asyncio.create_task(first_chunk_then_hold(reg, "a", started, release))
@@ -201,8 +201,9 @@ def test_rate_cap_spaces_requests_and_rejects_beyond_the_wait_bound(llm_server: 
     asyncio.run(main())
     times = [r.received_at for r in llm_server.chat_requests()]
     assert len(times) == 4  # 3 spaced + 1 strict; the refused one never left
+    # 5/s with a burst of 1: about 0.2 s apart (less a little network jitter; unlimited would be ~ms).
     gaps = [b - a for a, b in zip(times[:3], times[1:3])]
-    assert all(g >= 0.17 for g in gaps), gaps
+    assert all(g >= 0.1 for g in gaps) and times[2] - times[0] >= 0.3, gaps
 
 
 def test_rate_limiter_token_bucket_with_fake_clock() -> None:

@@ -61,10 +61,10 @@ def test_first_token_delay_and_rate() -> None:
 
     times = asyncio.run(main())
     assert len(times) == 10
-    assert 0.19 <= times[0] < 0.3
-    assert 0.19 + 9 * 0.05 <= times[-1] < 0.2 + 9 * 0.05 + 0.15
+    assert 0.19 <= times[0] < 0.45
+    assert 0.19 + 9 * 0.05 <= times[-1] < 0.2 + 9 * 0.05 + 0.3
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert sum(gaps) / len(gaps) == pytest.approx(0.05, abs=0.015)
+    assert sum(gaps) / len(gaps) == pytest.approx(0.05, abs=0.02)
 
 
 def test_cancellation_stops_at_once() -> None:
@@ -89,7 +89,7 @@ def test_cancellation_stops_at_once() -> None:
         assert len(got) == n  # nothing more arrives
         return stop
 
-    assert asyncio.run(main()) < 0.05
+    assert asyncio.run(main()) < 0.2
     assert 3 <= len(got) <= 7
 
 
