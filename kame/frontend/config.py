@@ -42,4 +42,10 @@ class FrontendConfig(BaseModel):
     )
     oracle_fifo_size: int = Field(256, ge=8, description="Per-slot oracle token queue bound.")
     seed: int | None = Field(None, description="Seed for sampling (None: random).")
+    cpu_threads: int | None = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads when running on CPU (process-wide; null: torch's default). "
+        "1 avoids OpenMP spin contention with the server's other threads.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

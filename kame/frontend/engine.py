@@ -96,6 +96,8 @@ class EngineCore:
 
         self.models = models
         self.cfg = cfg
+        if models.device.type == "cpu" and cfg.cpu_threads is not None:
+            torch.set_num_threads(cfg.cpu_threads)
         self.batch_size = int(batch_size or cfg.batch_size)
         self.device = models.device
         self.frame_size = models.frame_size

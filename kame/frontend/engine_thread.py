@@ -300,10 +300,12 @@ class AsyncSlot:
 
     async def attach(self) -> int:
         def on_output(out: SlotOutput) -> None:
-            self.loop.call_soon_threadsafe(self._put, out)
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self._put, out)
 
         def on_error(msg: str) -> None:
-            self.loop.call_soon_threadsafe(self._put, RuntimeError(msg))
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self._put, RuntimeError(msg))
 
         def on_ready(slot: int) -> None:
             self.loop.call_soon_threadsafe(lambda: self._ready.done() or self._ready.set_result(slot))

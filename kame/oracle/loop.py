@@ -1,0 +1,364 @@
+"""The oracle loop of one session: ASR events -> LLM requests -> oracle tokens.
+
+Pure decisions live elsewhere (:mod:`~kame.oracle.debounce`,
+:mod:`~kame.oracle.switch`, :mod:`~kame.oracle.prompt`,
+:mod:`~kame.oracle.word_tokenizer`); this class wires them to the clock, the
+back-ends and the session's engine slot:
+
+* every user event is judged at once by the debouncer; a start cancels the
+  running request (its HTTP stream is closed) and sends a new one built from
+  the transcript;
+* the answer streams in its own task; its settled words are tokenized
+  word-stably and, once the answer-switch policy accepts it, reach the slot as
+  ``reset(start + first word)`` then ``push(next words)``; until then the old
+  answer keeps playing;
+* an answer for an earlier user turn is dropped;
+* back-end failures are reported (``llm.error``, ``backend.down``), counted,
+  and retried on the next trigger after a backoff; the audio never waits on
+  any of it (nothing here runs in the engine thread, and the slot calls only
+  queue commands).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from kame.backend.errors import BackendError, UnknownBackend
+from kame.backend.registry import BackendRegistry
+from kame.oracle.config import OracleConfig
+from kame.oracle.debounce import Debouncer, Trigger
+from kame.oracle.prompt import build_messages_from_config
+from kame.oracle.sanitize import settled_words, spoken_words
+from kame.oracle.switch import FeedState, decide_barge_in, decide_switch
+from kame.oracle.transcript import Transcript
+from kame.oracle.word_tokenizer import WordStreamTokenizer
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+class OracleSink(Protocol):
+    """Where oracle tokens go: the session's engine slot (non-blocking calls)."""
+
+    def oracle_reset(self, first_ids: list[int]) -> None: ...
+
+    def oracle_push(self, ids: list[int]) -> None: ...
+
+    def oracle_clear(self) -> None: ...
+
+
+@dataclass
+class SessionOracleSettings:
+    """What a client may change mid-session."""
+
+    backend: str | None = None
+    policy: str = "reset"
+    barge_in: str = "keep"
+    instructions: str | None = None
+    oracle_delay_s: float = 0.0
+
+
+@dataclass
+class _Request:
+    id: int
+    turn_id: int
+    backend: str
+    started: float
+    task: asyncio.Task[None] | None = None
+    first_token_t: float | None = None
+
+
+class OracleLoop:
+    """One per session. Call its ``on_*`` methods from the event loop."""
+
+    def __init__(
+        self,
+        *,
+        config: OracleConfig,
+        registry: BackendRegistry | None,
+        sink: OracleSink,
+        encode: Callable[[str], Sequence[int]],
+        piece_of: Callable[[int], str] | None,
+        emit: Emit,
+        settings: SessionOracleSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.sink = sink
+        self.encode = encode
+        self.emit = emit
+        self.clock = clock
+        self.settings = settings or SessionOracleSettings(
+            policy=config.policy, barge_in=config.barge_in, instructions=config.instructions,
+            oracle_delay_s=config.oracle_delay_s,
+        )
+        self.transcript = Transcript.from_config(config, piece_of=piece_of)
+        self.debouncer = Debouncer.from_config(config)
+        self.feed = FeedState()
+        self._feed_tokenizer: WordStreamTokenizer | None = None
+        self._ids = itertools.count(1)
+        self._current: _Request | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._backoff_until = 0.0
+        self._failures = 0
+        self._down = False
+        self.closed = False
+        self.counters = {"requests": 0, "cancelled": 0, "errors": 0, "dropped": 0, "resets": 0, "tokens": 0}
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def enabled(self) -> bool:
+        return self.registry is not None and bool(self.registry.names)
+
+    def set_backend(self, name: str | None) -> str:
+        """Switch back-end (by name only); the next request goes there. Raises UnknownBackend."""
+        if self.registry is None:
+            raise UnknownBackend(name, [])
+        resolved = self.registry.resolve_name(name)
+        self.settings.backend = resolved
+        return resolved
+
+    def update(self, **changes: Any) -> None:
+        for key, value in changes.items():
+            if key == "backend":
+                self.set_backend(value)
+            elif hasattr(self.settings, key):
+                setattr(self.settings, key, value)
+            else:
+                raise ValueError(f"unknown oracle setting {key!r}")
+
+    # ------------------------------------------------------------------ inputs
+    def on_user_partial(self, text: str) -> None:
+        update = self.transcript.user_partial(text)
+        if update is None:
+            return
+        if update.new_turn:
+            self._new_user_turn()
+        self._judge(self.debouncer.on_partial(self.clock(), update.turn_id, update.text))
+
+    def on_user_final(self, text: str) -> None:
+        was_open = self.transcript.user_open
+        update = self.transcript.user_final(text)
+        if update.new_turn and not was_open:
+            self._new_user_turn()
+        if update.text:
+            self._judge(self.debouncer.on_final(self.clock(), update.turn_id, update.text))
+
+    def on_assistant_token(self, token_id: int | None) -> None:
+        """The front-end's text token of one step (None while nothing is generated)."""
+        if token_id is None:
+            self.transcript.assistant_idle()
+        else:
+            self.transcript.assistant_token(token_id)
+        if self.feed.turn_id is not None and self.transcript.assistant_spoke != self.feed.assistant_spoke:
+            self.feed = replace(self.feed, assistant_spoke=self.transcript.assistant_spoke)
+
+    def _new_user_turn(self) -> None:
+        speaking = self.transcript.assistant_speaking(self.config.barge_in_idle_steps)
+        decision = decide_barge_in(self.settings.barge_in, new_user_turn=True, assistant_speaking=speaking)  # type: ignore[arg-type]
+        if decision.clear_queue:
+            self.sink.oracle_clear()
+            self.emit("oracle.cleared", {"reason": decision.reason})
+        if self._current is not None and self._current.turn_id != self.transcript.user_turn_id:
+            self._cancel_current("a new user turn began")
+
+    # ------------------------------------------------------------------ requests
+    def _judge(self, trigger: Trigger) -> None:
+        if self.closed or not self.enabled:
+            return
+        if trigger.start:
+            self._start(trigger)
+        elif trigger.pending and trigger.retry_at is not None:
+            self._schedule_poll(trigger.retry_at)
+
+    def _schedule_poll(self, at: float) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+        loop = asyncio.get_running_loop()
+        self._retry = loop.call_later(max(0.0, at - self.clock()), self._poll)
+
+    def _poll(self) -> None:
+        self._retry = None
+        self._judge(self.debouncer.poll(self.clock()))
+
+    def _start(self, trigger: Trigger) -> None:
+        now = self.clock()
+        if now < self._backoff_until:
+            self._schedule_poll_after_backoff()
+            return
+        assert self.registry is not None
+        self._cancel_current("superseded by a newer request")
+        backend = self.registry.resolve_name(self.settings.backend)
+        req = _Request(id=next(self._ids), turn_id=trigger.turn_id or self.transcript.user_turn_id, backend=backend, started=now)
+        messages = build_messages_from_config(self.transcript.view(), self.config, instructions=self.settings.instructions)
+        self.counters["requests"] += 1
+        self.emit("llm.request_started", {"request_id": req.id, "backend": backend, "turn_id": req.turn_id,
+                                          "reason": trigger.reason})
+        req.task = asyncio.get_running_loop().create_task(self._consume(req, messages), name=f"kame-llm-{req.id}")
+        self._current = req
+
+    def _schedule_poll_after_backoff(self) -> None:
+        # A trigger during backoff is not lost: the debouncer keeps no pending start for it,
+        # so retry with the latest transcript when the backoff ends.
+        if self._retry is None:
+            loop = asyncio.get_running_loop()
+            self._retry = loop.call_later(max(0.0, self._backoff_until - self.clock()), self._retry_after_backoff)
+
+    def _retry_after_backoff(self) -> None:
+        self._retry = None
+        if self.closed:
+            return
+        view = self.transcript.view()
+        text = view.pending_user or (view.turns[-1].text if view.turns and view.turns[-1].role == "user" else "")
+        if text:
+            self._start(Trigger(True, "words", self.transcript.user_turn_id))
+
+    def _cancel_current(self, reason: str) -> None:
+        req = self._current
+        self._current = None
+        if req is not None and req.task is not None and not req.task.done():
+            req.task.cancel()
+            self.counters["cancelled"] += 1
+            self.emit("llm.cancelled", {"request_id": req.id, "reason": reason})
+
+    async def _consume(self, req: _Request, messages: list[dict[str, str]]) -> None:
+        assert self.registry is not None
+        raw = ""
+        tokenizer: WordStreamTokenizer | None = None
+        owns_stream = False
+        try:
+            reply = self.registry.stream(req.backend, messages, max_tokens=max(64, 4 * self.config.max_answer_words))
+            async with reply:
+                async for chunk in reply:
+                    if req.first_token_t is None:
+                        req.first_token_t = self.clock()
+                        self.emit("llm.first_token", {"request_id": req.id, "backend": reply.backend or req.backend,
+                                                      "ttft_s": req.first_token_t - req.started})
+                        self._succeeded()
+                        if self.settings.oracle_delay_s > 0:
+                            await asyncio.sleep(self.settings.oracle_delay_s)
+                    raw += chunk
+                    if not owns_stream:
+                        decision = self._decide(req, settled_words(raw, self._options()), complete=False)
+                        if decision is None:
+                            continue
+                        if decision == "ignore":
+                            return
+                        tokenizer = self._take_stream(req, decision)
+                        owns_stream = True
+                        self._push(req, tokenizer, tokenizer.feed(raw), reset=decision[0] == "reset")
+                    else:
+                        assert tokenizer is not None
+                        self._push(req, tokenizer, tokenizer.feed(chunk))
+                    if tokenizer is not None and tokenizer.done:
+                        break  # enough words fed: closing the stream stops the LLM
+            if not owns_stream:
+                decision = self._decide(req, spoken_words(raw, self._options()), complete=True)
+                if decision is None or decision == "ignore":
+                    return
+                tokenizer = self._take_stream(req, decision)
+                self._push(req, tokenizer, tokenizer.feed(raw), reset=decision[0] == "reset")
+                owns_stream = True
+            assert tokenizer is not None
+            self._push(req, tokenizer, tokenizer.flush())
+            self.emit("llm.done", {"request_id": req.id, "backend": reply.backend or req.backend, "text": raw,
+                                   "duration_s": self.clock() - req.started})
+        except asyncio.CancelledError:
+            raise
+        except BackendError as exc:
+            self._failed(req, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug here must not end the session
+            log.exception("oracle request %d failed", req.id)
+            self._failed(req, BackendError(req.backend, f"internal error ({type(exc).__name__})"))
+        finally:
+            if self._current is req:
+                self._current = None
+
+    def _options(self) -> Any:
+        return self.config.sanitize.options()
+
+    def _decide(self, req: _Request, words: list[str], *, complete: bool) -> Any:
+        """None: wait for more; "ignore"; or ("reset"|"append", skip_words)."""
+        d = decide_switch(
+            self.settings.policy,  # type: ignore[arg-type]
+            self.feed,
+            answer_turn_id=req.turn_id,
+            current_turn_id=self.transcript.user_turn_id,
+            answer_words=words,
+            answer_complete=complete,
+        )
+        if d.action == "wait":
+            return None
+        if d.action == "ignore":
+            self.counters["dropped"] += 1
+            self.emit("llm.dropped", {"request_id": req.id, "reason": d.reason})
+            return "ignore"
+        return (d.action, d.skip_words)
+
+    def _take_stream(self, req: _Request, decision: tuple[str, int]) -> WordStreamTokenizer:
+        action, skip = decision
+        if action == "append" and self._feed_tokenizer is not None:
+            tok = self._feed_tokenizer.continuation(skip)
+        else:
+            tok = WordStreamTokenizer.from_config(self.encode, self.config)
+        self._feed_tokenizer = tok
+        return tok
+
+    def _push(self, req: _Request, tok: WordStreamTokenizer, ids: list[int], *, reset: bool = False) -> None:
+        if self._feed_tokenizer is not tok:
+            return  # a newer answer owns the stream
+        if reset:
+            if not ids:
+                return
+            self.sink.oracle_reset(list(ids))
+            self.counters["resets"] += 1
+            self.feed = FeedState(turn_id=req.turn_id, fed_words=tok.words, assistant_spoke=self.transcript.assistant_spoke)
+            self.emit("oracle.reset", {"request_id": req.id, "tokens": len(ids) + 1, "text": tok.text})
+            self.counters["tokens"] += len(ids) + 1
+            return
+        if ids:
+            self.sink.oracle_push(list(ids))
+            self.counters["tokens"] += len(ids)
+            self.feed = replace(self.feed, turn_id=req.turn_id, fed_words=tok.words)
+            self.emit("oracle.text", {"request_id": req.id, "tokens": len(ids), "text": tok.text})
+
+    # ------------------------------------------------------------------ failures
+    def _succeeded(self) -> None:
+        self._failures = 0
+        self._backoff_until = 0.0
+        if self._down:
+            self._down = False
+            self.emit("backend.up", {"backend": self.settings.backend or ""})
+
+    def _failed(self, req: _Request, exc: BackendError) -> None:
+        self._failures += 1
+        self.counters["errors"] += 1
+        backoff = min(10.0, 0.5 * 2 ** (self._failures - 1))
+        self._backoff_until = self.clock() + backoff
+        kind = getattr(exc, "kind", "error")
+        log.warning("llm request %d to %s failed: %s (%s); retry after %.1f s", req.id, req.backend, kind, exc, backoff)
+        self.emit("llm.error", {"request_id": req.id, "backend": req.backend, "error": kind, "message": str(exc)})
+        if not self._down:
+            self._down = True
+            self.emit("backend.down", {"backend": req.backend, "error": kind, "retry_in_s": backoff})
+
+    # ------------------------------------------------------------------ end
+    async def aclose(self) -> None:
+        self.closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        req = self._current
+        self._cancel_current("session ended")
+        if req is not None and req.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await req.task
