@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         print(f"kame {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyError as exc:  # kame.backend.errors.UnknownBackend: a back-end name that is not configured
+        if type(exc).__name__ != "UnknownBackend":
+            raise
+        print(f"kame {args.command}: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

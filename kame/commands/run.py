@@ -1,14 +1,22 @@
-"""``kame run``: stream a wav file through the front-end offline, optionally with oracle texts."""
+"""``kame run``: stream a wav file through the front-end offline.
+
+Plain: the front-end alone, with optional fixed oracle texts. Tandem
+(``--asr`` and/or ``--backend``): the whole KAME loop at real time, speech in,
+ASR partials, LLM requests, oracle tokens, reply audio out, with a timeline of
+events (``--events-out``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 
 NAME = "run"
-HELP = "Run a wav through the front-end (at real time, or --fast) and write the reply audio and text."
+HELP = "Run a wav through the front-end (or the whole tandem loop) and write the reply audio and text."
 
 log = logging.getLogger("kame.run")
 
@@ -17,17 +25,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="Hub repo id or local checkpoint directory (default: from config).")
     p.add_argument("--input", required=True, type=Path, help="Input audio (any format; converted to 24 kHz mono).")
     p.add_argument("--output", required=True, type=Path, help="Reply wav (24 kHz mono, same length as the input).")
-    p.add_argument(
-        "--oracle",
-        action="append",
-        default=[],
-        metavar="TEXT@SECONDS",
-        help="Inject TEXT into the oracle stream at SECONDS (split on the last @). Repeatable.",
-    )
+    p.add_argument("--oracle", action="append", default=[], metavar="TEXT@SECONDS",
+                   help="Inject TEXT into the oracle stream at SECONDS (split on the last @). Repeatable.")
     p.add_argument("--seed", type=int, default=None, help="Sampling seed (reproducible output).")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: config, auto).")
     p.add_argument("--text-out", type=Path, default=None, help="JSON lines, one per text token: step, t_s, id, piece.")
     p.add_argument("--fast", action="store_true", help="Run as fast as possible instead of at real time.")
+    p.add_argument("--asr", default=None, choices=["kyutai", "whisper", "pocketsphinx", "none"],
+                   help="Tandem mode: transcribe the input with this recogniser and ask the LLM while it plays.")
+    p.add_argument("--backend", default=None, help="Tandem mode: LLM back-end by name (default: the default back-end).")
+    p.add_argument("--oracle-policy", default=None, choices=["reset", "keep_if_same_start", "freeze_when_speaking"],
+                   help="Answer-switch policy (default: config).")
+    p.add_argument("--events-out", type=Path, default=None,
+                   help="Tandem mode: timeline of ASR, LLM, oracle and text events, one JSON object a line.")
+    p.add_argument("--tail", type=float, default=0.0, help="Seconds of silence fed after the input (tandem mode).")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,11 +49,19 @@ def run(args: argparse.Namespace) -> int:
     from kame.frontend.loading import resolve_device
     from kame.frontend.models import load_frontend
     from kame.frontend.runner import OracleInjection, run_offline, write_text_file
+    from kame.oracle.answer_text import encode_answer_text
     from kame.versions import versions_line
 
+    tandem = bool(args.backend) or (args.asr not in (None, "none"))
     cfg = load_config(
         args.config,
-        overrides={"frontend.checkpoint": args.checkpoint, "device": args.device, "frontend.seed": args.seed},
+        overrides={
+            "frontend.checkpoint": args.checkpoint,
+            "device": args.device,
+            "frontend.seed": args.seed,
+            "asr.kind": args.asr if tandem else None,
+            "oracle.policy": args.oracle_policy,
+        },
     )
     try:
         injections = [OracleInjection.parse(spec) for spec in args.oracle]
@@ -54,23 +73,67 @@ def run(args: argparse.Namespace) -> int:
     models = load_frontend(cfg.frontend, device)
     core = EngineCore(models, cfg.frontend, batch_size=1)
 
-    from kame.oracle.answer_text import encode_answer_text
+    def encode_answer(text: str) -> list[int]:
+        return encode_answer_text(text, models.encode_text)
 
     t0 = time.monotonic()
-    result = run_offline(
-        core,
-        pcm,
-        injections=injections,
-        encode_answer=lambda text: encode_answer_text(text, models.encode_text),
-        seed=cfg.frontend.seed,
-        fast=args.fast,
-    )
+    if tandem:
+        result_pcm, outputs = _run_tandem(args, cfg, core, pcm, injections, encode_answer)
+    else:
+        result = run_offline(core, pcm, injections=injections, encode_answer=encode_answer,
+                             seed=cfg.frontend.seed, fast=args.fast)
+        result_pcm, outputs = result.pcm, result.outputs
     wall = time.monotonic() - t0
-    write_wav(args.output, result.pcm, models.sample_rate)
+    write_wav(args.output, result_pcm, models.sample_rate)
     if args.text_out is not None:
-        write_text_file(args.text_out, result.outputs, models.tokenizer)
-    steps = len(result.step_times_s)
-    mean_ms = 1000 * sum(result.step_times_s) / max(1, steps)
-    print(f"kame run: {steps} steps, {pcm.size / models.sample_rate:.2f} s of audio in {wall:.2f} s, mean step {mean_ms:.1f} ms")
-    print(f"kame run: wrote {args.output}" + (f" and {args.text_out}" if args.text_out else ""))
+        write_text_file(args.text_out, outputs, models.tokenizer)
+    print(f"kame run: {len(outputs)} steps, {pcm.size / models.sample_rate:.2f} s of audio in {wall:.2f} s")
+    written = [str(p) for p in (args.output, args.text_out, args.events_out) if p is not None]
+    print(f"kame run: wrote {', '.join(written)}")
     return 0
+
+
+def _run_tandem(args, cfg, core, pcm, injections, encode_answer):  # type: ignore[no-untyped-def]
+    import torch
+
+    from kame.asr.factory import create_recognizer
+    from kame.backend.registry import BackendRegistry
+    from kame.backend.resolve import resolve_backends
+    from kame.frontend.engine_thread import EngineThread
+    from kame.frontend.runner import piece_of
+    from kame.tandem import TandemFactory
+    from kame.tandem_run import run_tandem_file, write_events
+
+    if cfg.frontend.seed is not None:
+        torch.manual_seed(cfg.frontend.seed)
+    registry = None
+    if resolve_backends(cfg, os.environ).backends:
+        registry = BackendRegistry.from_config(cfg, os.environ)
+        if args.backend:
+            registry.resolve_name(args.backend)  # unknown name: one-line error now
+    else:
+        log.warning("no LLM back-end configured (set KAME_LLM_BASE_URL or --config): running without the oracle")
+    recognizer = create_recognizer(cfg.asr)
+    factory = TandemFactory(oracle_config=cfg.oracle, registry=registry, recognizer=recognizer,
+                            encode=core.models.encode_text, piece_of=lambda i: piece_of(core.models.tokenizer, i))
+    engine = EngineThread(core)
+    engine.start()
+    settings = {"backend": args.backend} if args.backend else {}
+
+    async def main():  # type: ignore[no-untyped-def]
+        try:
+            return await run_tandem_file(engine, factory, pcm, settings=settings, injections=injections,
+                                         encode_answer=encode_answer, tail_s=args.tail, fast=args.fast)
+        finally:
+            if registry is not None:
+                await registry.aclose()
+
+    try:
+        result = asyncio.run(main())
+    finally:
+        engine.stop()
+        if recognizer is not None:
+            recognizer.close()
+    if args.events_out is not None:
+        write_events(args.events_out, result.events)
+    return result.pcm, result.outputs
