@@ -81,6 +81,7 @@ class RecordedRequest:
     reply: Reply | None = None
     chunks_sent: int = 0
     first_chunk_at: float | None = None
+    chunk_sent_at: list[float] = field(default_factory=list)  # monotonic time each text chunk was written
     completed: bool = False
     disconnected: bool = False
     disconnected_at: float | None = None
@@ -364,6 +365,7 @@ class LlmServer:
                 await self._wait_or_gone(gone, None)
             if i > 0:
                 await self._wait_or_gone(gone, reply.chunk_delay_s)
+            rec.chunk_sent_at.append(time.monotonic())  # stamped before the write: the client may be faster
             await send(self._chunk(rec, cid, {"content": piece}))
             rec.chunks_sent += 1
             if rec.first_chunk_at is None:
