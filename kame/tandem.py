@@ -97,8 +97,15 @@ class Tandem:
         self._clock = _FeedClock()
         self.closed = False
 
+    @property
+    def shared_stt(self) -> bool:
+        """The ASR is the engine's own Kyutai STT, fed from the engine's outputs."""
+        return bool(getattr(self.asr, "shared_engine", False))
+
     async def start(self) -> None:
         """Start background work (the ASR event consumer)."""
+        if self.shared_stt:
+            self.slot.stt_attach()
         if self.asr is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._asr_events(), name="kame-asr-events"))
 
@@ -114,6 +121,8 @@ class Tandem:
         """Called for every engine output frame of this session (in the event loop)."""
         if self.oracle is not None:
             self.oracle.on_assistant_token(out.text_id)
+        if out.stt is not None and self.shared_stt:
+            self.asr.on_step(out.stt.text_id, out.stt.end_prob)
         if out.text_id is not None and out.text_id not in (0, 3) and self.piece_of is not None:
             self.emit(TandemEvent("assistant.text", {"id": out.text_id, "piece": self.piece_of(out.text_id)}))
 
@@ -167,6 +176,8 @@ class Tandem:
         if self.closed:
             return
         self.closed = True
+        if self.asr is not None and self.shared_stt and flush_asr:
+            await self._flush_shared_stt()
         if self.asr is not None:
             with contextlib.suppress(Exception):
                 await self.asr.aclose(flush=flush_asr, timeout=5.0)
@@ -179,6 +190,25 @@ class Tandem:
         if self.oracle is not None:
             await self.oracle.aclose()
         self.slot.detach()
+
+
+    async def _flush_shared_stt(self, timeout: float = 3.0) -> None:
+        """Text lags audio by the STT's delay: step that much silence so the last words come out."""
+        n = int(self.asr.flush_frames)
+        self.slot.feed(np.zeros(n * 1920, np.float32))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        got = 0
+        while got < n and loop.time() < deadline:
+            try:
+                item = await asyncio.wait_for(self.slot.outputs.get(), max(0.01, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                break
+            if isinstance(item, Exception):
+                break
+            got += 1
+            if item.stt is not None:
+                self.asr.on_step(item.stt.text_id, item.stt.end_prob)
 
 
 class TandemFactory:

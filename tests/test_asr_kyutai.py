@@ -131,3 +131,55 @@ def test_engine_with_shared_stt_encodes_once(stt_ckpt: Path, tiny_kame_ckpt: Pat
         a, b = shared.tick({1: f})[1], plain.tick({1: f})[1]
         assert a.text_id == b.text_id and np.array_equal(a.pcm, b.pcm)
         assert a.stt == own.step_pcm({1: f})[1]
+
+
+def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_ckpt: Path) -> None:
+    """A session on an engine with a shared STT gets the same ASR events as the
+    standalone recogniser on the same audio, and closing flushes the last turn."""
+    import asyncio
+
+    from kame.asr.kyutai_shared import SharedKyutaiAsr
+    from kame.frontend.config import FrontendConfig
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.engine_thread import AsyncSlot, EngineThread
+    from kame.frontend.models import load_frontend
+    from kame.tandem import Tandem, TandemEvent
+
+    cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=2)
+    stt = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2, own_mimi=False)
+    eng = EngineThread(EngineCore(load_frontend(cfg, torch.device("cpu"), mimi_codebooks=32), cfg, stt=stt))
+    eng.start()
+    asr_cfg = AsrConfig(kind="kyutai", model=str(stt_ckpt), device="cpu")
+    shared = SharedKyutaiAsr(asr_cfg, stt.piece_of, delay_frames=stt.delay_frames)
+    rng = np.random.default_rng(5)
+    audio = (0.2 * rng.standard_normal(1920 * 30)).astype(np.float32)
+
+    async def session() -> list[TandemEvent]:
+        events: list[TandemEvent] = []
+        slot = AsyncSlot(eng)
+        await slot.attach()
+        tandem = Tandem(slot, events.append, asr_stream=shared.open_stream())
+        await tandem.start()
+        for i in range(30):
+            tandem.feed_user_audio(audio[i * 1920 : (i + 1) * 1920])
+            while True:
+                out = await asyncio.wait_for(slot.outputs.get(), 5)
+                tandem.on_output(out)
+                if out.step == i:
+                    break
+        await tandem.aclose()
+        await asyncio.sleep(0.05)
+        return events
+
+    try:
+        got = asyncio.run(session())
+    finally:
+        eng.stop()
+    from kame.asr.kyutai_recognizer import KyutaiTranscriber
+
+    ref = KyutaiTranscriber(SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 1), asr_cfg)
+    ems = ref.push(audio) + ref.finish()
+    want = [(e.type.value, e.text) for e in ems]
+    have = [(e.type.removeprefix("asr."), e.data.get("text", "")) for e in got if e.type.startswith("asr.")]
+    assert want, "the tiny STT produced no events at all"
+    assert have == want

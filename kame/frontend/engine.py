@@ -180,6 +180,7 @@ class EngineCore:
         state = self.slots[slot]
         state.attached = False
         state.fifo.clear()
+        self._stt_mask[slot] = False
         self.set_slot_sampling(slot, None, None)
 
     def stt_attach(self, slot: int) -> None:

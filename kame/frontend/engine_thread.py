@@ -187,6 +187,10 @@ class EngineThread:
     def set_sampling(self, slot: int, temp_text: float | None, top_k_text: int | None) -> None:
         self._command(slot, lambda: self.core.set_slot_sampling(slot, temp_text, top_k_text))
 
+    def stt_attach(self, slot: int) -> None:
+        """Start the engine's shared Kyutai STT on this slot (silence prefix included)."""
+        self._command(slot, lambda: self.core.stt_attach(slot))
+
     # ------------------------------------------------------------------ engine thread
     def _take_frames(self, now: float) -> tuple[dict[int, np.ndarray], float] | None:
         """Under the lock: the frames to step now, or None to keep waiting."""
@@ -338,3 +342,7 @@ class AsyncSlot:
     def set_sampling(self, temp_text: float | None, top_k_text: int | None) -> None:
         if self.slot is not None:
             self.engine.set_sampling(self.slot, temp_text, top_k_text)
+
+    def stt_attach(self) -> None:
+        if self.slot is not None:
+            self.engine.stt_attach(self.slot)

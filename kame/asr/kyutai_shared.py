@@ -1,0 +1,89 @@
+"""Kyutai STT sharing the front-end engine's model thread and Mimi encode.
+
+When the STT and the front-end run on one device, the engine thread steps
+both in the same tick on the same 32-codebook Mimi codes (see
+:class:`~kame.frontend.engine.EngineCore` ``stt=``): the STT's text token of
+each frame arrives with the front-end's output (``SlotOutput.stt``). A
+:class:`SharedSttStream` turns those tokens into the usual ASR events, so the
+session sees the same :class:`~kame.asr.stream.AsrStream` API as with any
+other recogniser; its audio was already fed through the engine slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kame.asr.config import AsrConfig
+from kame.asr.kyutai_turns import SttTurns
+from kame.asr.stream import AsrStream
+
+FRAME = 1920
+
+
+class SharedSttStream(AsrStream):
+    """An ASR stream fed with STT steps instead of audio."""
+
+    shared_engine = True
+
+    def __init__(self, name: str, turns: SttTurns, *, flush_frames: int, max_events: int = 1000) -> None:
+        super().__init__(name, max_queued_s=1.0, max_events=max_events, on_event=None)
+        self.turns = turns
+        self.flush_frames = flush_frames
+
+    def feed(self, pcm: np.ndarray) -> bool:
+        """Only advances the audio clock: the engine slot already has this audio."""
+        if self.done:
+            return False
+        self._fed += int(np.asarray(pcm).size)
+        return True
+
+    def on_step(self, text_id: int, end_prob: float | None) -> None:
+        """One STT output frame of this session (called in the session's event loop)."""
+        if self.done:
+            return
+        for em in self.turns.feed(text_id, end_prob):
+            self.emit(em)
+
+    def finish(self) -> None:
+        """End of input (after the flush frames went through): close the open turn."""
+        if self.done:
+            return
+        for em in self.turns.end_turn():
+            self.emit(em)
+        self.mark_done()
+
+    def close(self, flush: bool = True) -> None:
+        if not flush:
+            self.mark_done()
+
+    async def aclose(self, flush: bool = True, timeout: float | None = 30.0) -> bool:
+        self.finish() if flush else self.mark_done()
+        return True
+
+
+class SharedKyutaiAsr:
+    """Opens :class:`SharedSttStream`\\ s for an engine built with a shared STT core."""
+
+    kind = "kyutai"
+    shared_engine = True
+
+    def __init__(self, cfg: AsrConfig, piece_of: Callable[[int], str], *, delay_frames: int) -> None:
+        self.cfg = cfg
+        self.piece_of = piece_of
+        self.delay_frames = delay_frames
+        self._count = 0
+
+    def open_stream(self) -> SharedSttStream:
+        self._count += 1
+        silence = max(2, round(self.cfg.turn.end_silence_s * 12.5))
+        return SharedSttStream(
+            f"asr-kyutai-shared-{self._count}",
+            SttTurns(self.piece_of, silence_frames=silence),
+            flush_frames=self.delay_frames + 4,
+            max_events=self.cfg.max_events,
+        )
+
+    def close(self) -> None:
+        """Nothing to free: the model belongs to the engine."""
