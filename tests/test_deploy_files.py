@@ -61,7 +61,10 @@ def test_ports_and_health_match_the_server() -> None:
     assert int(m.group(1)) >= 300 and int(m.group(2)) == port and m.group(3) == "/health"
     from kame.server.app import create_app
 
-    paths = {getattr(r, "path", None) for r in create_app(KameConfig(), device="cpu", environ={}).routes}
+    paths: set[str] = set()
+    for route in create_app(KameConfig(), device="cpu", environ={}).routes:
+        inner = getattr(route, "original_router", None)  # FastAPI's included routers
+        paths |= {r.path for r in inner.routes} if inner is not None else {getattr(route, "path", "")}
     assert {"/health", "/ready", "/metrics", "/api/chat"} <= paths
 
 
