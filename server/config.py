@@ -1,16 +1,73 @@
-"""Settings of the HTTP/websocket server."""
+"""Settings of the HTTP/websocket server (``server.*``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class ServerConfig(BaseModel):
-    """Where the server listens and how it treats sessions."""
+    """Where the server listens, who may connect, and how long sessions live."""
 
     model_config = ConfigDict(extra="forbid")
 
     host: str = Field("127.0.0.1", description="Listen address.")
     port: int = Field(8998, ge=0, le=65535, description="Listen port.")
-    max_sessions: int | None = Field(None, ge=1, description="Session cap; None = frontend.batch_size.")
-    auth_token: SecretStr | None = Field(None, description="Optional bearer token (env KAME_AUTH_TOKEN).")
+    max_sessions: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Concurrent sessions = engine slots of the server's model (None: frontend.batch_size).",
+    )
+    auth_token: SecretStr | None = Field(
+        None,
+        description="Optional bearer token (env KAME_AUTH_TOKEN): Authorization header, `token` query "
+        "parameter or websocket subprotocol `openai-insecure-api-key.<token>`.",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to open sessions, e.g. https://app.example.com (empty: any).",
+    )
+    idle_timeout_s: float = Field(
+        30.0, gt=0, description="A session that sent no audio for this long is closed."
+    )
+    max_duration_s: float = Field(600.0, gt=0, description="Longest session; it is closed after this.")
+    duration_warning_s: float = Field(
+        30.0, ge=0, description="A metadata message warns the client this long before max_duration_s (at once if the session is shorter)."
+    )
+    drain_timeout_s: float = Field(
+        3.0,
+        ge=0,
+        le=5.0,
+        description="On SIGTERM: how long sessions get to finish their close handshake before the process exits.",
+    )
+    warmup_steps: int = Field(
+        4, ge=0, le=100, description="Engine ticks on every slot at start, before the server reports ready."
+    )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Torch threads for the engine on a CPU device (None: half the cores, at most 4, so the "
+        "event loop and the ASR keep a core).",
+    )
+    send_queue_frames: int = Field(
+        25,
+        ge=2,
+        le=1000,
+        description="Messages buffered per session towards a slow client; beyond it audio frames are dropped.",
+    )
+    slow_client_timeout_s: float = Field(
+        10.0, gt=0, description="A client that accepts no message for this long while output waits is closed."
+    )
+    max_message_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest websocket message accepted from a client."
+    )
+    record_dir: Path | None = Field(
+        None,
+        description="Write each session's audio (user.wav, assistant.wav) and events.jsonl (transcripts) "
+        "under this directory (None: record nothing).",
+    )
+    ssl_certfile: Path | None = Field(None, description="TLS certificate (PEM); together with ssl_keyfile the server speaks https/wss.")
+    ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM).")

@@ -1,0 +1,78 @@
+"""``kame serve``: the websocket server (Moshi protocol on /api/chat) with health, readiness and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+NAME = "serve"
+HELP = "Serve the voice assistant over websockets (Moshi protocol on /api/chat); see docs/server.md."
+
+log = logging.getLogger("kame.serve")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=None, help="Listen address (default 127.0.0.1).")
+    p.add_argument("--port", type=int, default=None, help="Listen port (default 8998).")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: config).")
+    p.add_argument("--max-sessions", type=int, default=None, help="Concurrent sessions = engine slots.")
+    p.add_argument("--ssl-certfile", type=Path, default=None, help="TLS certificate (PEM), with --ssl-keyfile.")
+    p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
+
+
+def _secrets(cfg: object, environ: dict[str, str]) -> list[str]:
+    """Values that must never reach a log line: the auth token and the back-ends' API keys."""
+    from kame.backend.resolve import resolve_backends
+
+    out: list[str] = []
+    token = getattr(cfg, "server").auth_token
+    if token is not None and token.get_secret_value():
+        out.append(token.get_secret_value())
+    for bcfg in resolve_backends(cfg, environ).backends.values():  # type: ignore[arg-type]
+        for name in bcfg.key_env_names():
+            if environ.get(name):
+                out.append(environ[name])
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from kame.config import load_config
+    from kame.errors import UserError
+
+    environ = dict(os.environ)
+    # `kame serve` alone serves the built-in `default` config (unless $KAME_CONFIG names one).
+    config = args.config or (None if environ.get("KAME_CONFIG") else "default")
+    cfg = load_config(
+        config,
+        environ=environ,
+        overrides={
+            "server.host": args.host,
+            "server.port": args.port,
+            "device": args.device,
+            "server.max_sessions": args.max_sessions,
+            "server.ssl_certfile": args.ssl_certfile,
+            "server.ssl_keyfile": args.ssl_keyfile,
+        },
+    )
+    s = cfg.server
+    if (s.ssl_certfile is None) != (s.ssl_keyfile is None):
+        raise UserError("TLS needs both --ssl-certfile and --ssl-keyfile (server.ssl_certfile / server.ssl_keyfile)")
+    for path in (s.ssl_certfile, s.ssl_keyfile):
+        if path is not None and not Path(path).is_file():
+            raise UserError(f"TLS file {path}: not found")
+
+    from kame.server.logs import configure_logging
+
+    configure_logging(cfg.log.level, cfg.log.json_format, secrets=_secrets(cfg, environ))
+
+    from kame.server.host import choose_device
+    from kame.versions import versions_line
+
+    device = choose_device(cfg)
+    log.info("kame serve: %s device=%s", versions_line(), device)
+
+    from kame.server.runner import run_server
+
+    return run_server(cfg, str(device), environ=environ)

@@ -1,0 +1,90 @@
+"""The FastAPI application factory: one :class:`AppState` per app, no module-level state.
+
+``create_app(cfg, device=...)`` wires the model host, the session manager
+and the metrics together. Its lifespan opens the LLM back-ends and starts
+loading the models in a thread (the app answers ``/health`` with
+"starting" meanwhile); at shutdown it drains the sessions and stops the
+engine. :mod:`kame.server.runner` drains *before* uvicorn closes the
+sockets, so clients get 1001 "server shutting down" rather than uvicorn's
+1012.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+
+from kame.server.host import ModelHost
+from kame.server.metrics import ServerMetrics
+from kame.server.sessions import SessionManager
+
+if TYPE_CHECKING:
+    import torch
+
+    from kame.config import KameConfig
+    from kame.server.http_routes import BackendHealthCache
+
+
+@dataclass
+class AppState:
+    """Everything one server instance owns (lives on ``app.state.kame``)."""
+
+    cfg: KameConfig
+    metrics: ServerMetrics
+    host: ModelHost
+    sessions: SessionManager
+    versions: dict[str, str]
+    health_cache: BackendHealthCache
+    started: float = field(default_factory=time.monotonic)
+
+    async def backend_health(self) -> dict[str, Any]:
+        return await self.health_cache.get(self)
+
+    async def drain(self) -> None:
+        await self.sessions.drain(self.cfg.server.drain_timeout_s)
+
+
+def create_app(
+    cfg: KameConfig,
+    *,
+    device: torch.device | str,
+    environ: Mapping[str, str] | None = None,
+    on_failure: Callable[[str], None] | None = None,
+) -> FastAPI:
+    """A server for ``cfg`` on ``device`` (see :func:`kame.server.host.choose_device`)."""
+    from kame.server.chat import router as chat_router
+    from kame.server.http_routes import BackendHealthCache
+    from kame.server.http_routes import router as http_router
+    from kame.versions import runtime_versions
+
+    metrics = ServerMetrics()
+    host = ModelHost(cfg, device, metrics, environ=environ, on_failure=on_failure)
+    state = AppState(
+        cfg=cfg,
+        metrics=metrics,
+        host=host,
+        sessions=SessionManager(metrics),
+        versions=runtime_versions(),
+        health_cache=BackendHealthCache(),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        host.open_backends()
+        host.start_loading()
+        try:
+            yield
+        finally:
+            await state.drain()
+            await host.aclose()
+
+    app = FastAPI(title="kame", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.kame = state
+    app.include_router(http_router)
+    app.include_router(chat_router)
+    return app

@@ -1,0 +1,323 @@
+"""The model host: loads the front-end (and ASR) once, warms the engine up, and builds sessions' pipelines.
+
+Loading runs in a thread so the server answers ``/health`` ("starting")
+meanwhile. Order: resolve the checkpoint (``tiny:SEED`` = the tiny random
+checkpoint for ``SEED``, created in ``cache_dir`` on first use), load Mimi +
+LM + tokenizer, build the batched :class:`EngineCore` with one slot per
+allowed session, tick every slot a few times with silence (on GPU this also
+captures the CUDA graphs) and start the :class:`EngineThread`. Only then is
+the host ``ready``.
+
+:meth:`ModelHost.new_tandem` is the ONE place where a session's
+:class:`~kame.tandem.Tandem` is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kame.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from kame.backend.registry import BackendRegistry
+    from kame.config import KameConfig
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.engine_thread import AsyncSlot, EngineThread
+    from kame.frontend.models import FrontendModels
+    from kame.server.metrics import ServerMetrics
+    from kame.tandem import Emit, Tandem
+
+log = logging.getLogger("kame.server.host")
+
+TINY_PREFIX = "tiny:"
+CPU_DEMO_HINT = "kame serve --config cpu-demo"
+
+STARTING, READY, FAILED, STOPPED = "starting", "ok", "failed", "stopped"
+
+
+def is_tiny(checkpoint: str) -> bool:
+    return checkpoint.startswith(TINY_PREFIX)
+
+
+def tiny_seed(checkpoint: str) -> int:
+    raw = checkpoint[len(TINY_PREFIX) :] or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"frontend.checkpoint {checkpoint!r}: expected tiny:SEED with an integer seed") from None
+
+
+def resolve_checkpoint_spec(checkpoint: str, cache_dir: Path) -> str:
+    """``tiny:SEED`` -> the cached tiny checkpoint directory (made on first use); anything else as is."""
+    if not is_tiny(checkpoint):
+        return checkpoint
+    from kame.frontend.tiny import ensure_tiny_checkpoint
+
+    return str(ensure_tiny_checkpoint(Path(cache_dir), tiny_seed(checkpoint)))
+
+
+def choose_device(cfg: KameConfig) -> torch.device:
+    """The device to serve on, or a one-line :class:`UserError` saying how to run the CPU demo."""
+    import torch
+
+    from kame.frontend.loading import resolve_device
+
+    if is_tiny(cfg.frontend.checkpoint):
+        tiny_seed(cfg.frontend.checkpoint)  # validate early
+    has_cuda = torch.cuda.is_available()
+    wants_cuda = cfg.device.startswith("cuda")
+    if not has_cuda and not is_tiny(cfg.frontend.checkpoint) and (cfg.device == "auto" or wants_cuda):
+        raise UserError(
+            f"no CUDA GPU found: the front-end checkpoint {cfg.frontend.checkpoint} needs one "
+            f"(the real model is slower than real time on CPU); run the CPU demo instead: {CPU_DEMO_HINT}"
+        )
+    device = resolve_device(cfg.device)
+    if device.type == "cpu" and not is_tiny(cfg.frontend.checkpoint):
+        log.warning(
+            "serving %s on the CPU: a real Moshi-sized model runs far slower than real time there",
+            cfg.frontend.checkpoint,
+        )
+    return device
+
+
+def cpu_threads(configured: int | None) -> int:
+    """Torch threads on CPU: as configured, else half the cores (at most 4).
+
+    OpenMP threads that outnumber free cores stall each other at every
+    barrier; on small machines one core must stay free for the event loop
+    (Opus, websockets) and the ASR.
+    """
+    import os
+
+    if configured is not None:
+        return configured
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def engine_batch_size(cfg: KameConfig) -> int:
+    """Slots of the server's engine: ``server.max_sessions`` when set, else ``frontend.batch_size``."""
+    return int(cfg.server.max_sessions or cfg.frontend.batch_size)
+
+
+class ModelHost:
+    """Models, engine and back-ends of one server; the session factory."""
+
+    def __init__(
+        self,
+        cfg: KameConfig,
+        device: torch.device | str,
+        metrics: ServerMetrics,
+        *,
+        environ: Mapping[str, str] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        import os
+
+        self.cfg = cfg
+        self.device = str(device)
+        self.metrics = metrics
+        self.environ = os.environ if environ is None else environ
+        self.on_failure = on_failure
+        self.max_sessions = engine_batch_size(cfg)
+        self.state = STARTING
+        self.error: str | None = None
+        self.models: FrontendModels | None = None
+        self.core: EngineCore | None = None
+        self.engine: EngineThread | None = None
+        self.recognizer: Any = None
+        self.backends: BackendRegistry | None = None
+        self.checkpoint_path: str | None = None
+        self.load_seconds: float | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        metrics.sessions_max.set(self.max_sessions)
+
+    # ------------------------------------------------------------------ start / stop
+    def open_backends(self) -> None:
+        """Build the back-end registry (in the event loop: back-ends own async HTTP clients)."""
+        from kame.backend.registry import BackendRegistry
+
+        self.backends = BackendRegistry.from_config(self.cfg, self.environ)
+        if not self.backends.names:
+            log.warning(
+                "NO LLM BACK-END CONFIGURED: serving the Moshi front-end alone (no oracle answers). "
+                "Set KAME_LLM_BASE_URL (and KAME_LLM_API_KEY) or add `backends:` to the config."
+            )
+        else:
+            log.info("LLM back-ends: %s (default %s)", ", ".join(self.backends.names), self.backends.default_name)
+
+    def start_loading(self) -> None:
+        self._thread = threading.Thread(target=self._load, name="kame-model-loader", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._load_models()
+        except Exception as exc:  # noqa: BLE001 - reported as one line, the server then exits
+            self.state = FAILED
+            self.error = str(exc) if isinstance(exc, UserError) else f"{exc.__class__.__name__}: {exc}"
+            if not isinstance(exc, UserError):
+                log.exception("model loading failed")
+            log.error("cannot serve: %s", self.error)
+            if self.on_failure is not None:
+                self.on_failure(self.error)
+            return
+        if self._stopping.is_set():
+            return
+        self.load_seconds = time.monotonic() - t0
+        self.state = READY
+        self.metrics.ready.set(1)
+        log.info(
+            "ready: %d sessions on %s, loaded and warmed up in %.1f s", self.max_sessions, self.device, self.load_seconds
+        )
+
+    def _load_models(self) -> None:
+        import torch
+
+        from kame.frontend.engine import EngineCore
+        from kame.frontend.engine_thread import EngineThread
+        from kame.frontend.models import load_frontend
+
+        fcfg = self.cfg.frontend
+        device = torch.device(self.device)
+        if device.type == "cpu":
+            threads = cpu_threads(self.cfg.server.cpu_threads)
+            torch.set_num_threads(threads)
+            log.info("engine: %d torch thread(s) on the CPU", threads)
+        if is_tiny(fcfg.checkpoint):
+            log.info("front-end: tiny random checkpoint %s (created in %s on first use)", fcfg.checkpoint, self.cfg.cache_dir)
+        self.checkpoint_path = resolve_checkpoint_spec(fcfg.checkpoint, self.cfg.cache_dir)
+        log.info("loading front-end %s on %s", fcfg.checkpoint, device)
+        self.models = load_frontend(fcfg.model_copy(update={"checkpoint": self.checkpoint_path}), device)
+        if self._stopping.is_set():
+            return
+        if self.cfg.asr.kind != "none":
+            from kame.asr.factory import create_recognizer
+
+            log.info("loading ASR (%s)", self.cfg.asr.kind)
+            self.recognizer = create_recognizer(self.cfg.asr)
+        core = EngineCore(self.models, fcfg, batch_size=self.max_sessions)
+        self._warm_up(core)
+        self.core = core
+        if self._stopping.is_set():
+            return
+        self.engine = EngineThread(core, on_tick=self.metrics.on_tick)
+        self.engine.start()
+
+    def _warm_up(self, core: EngineCore) -> None:
+        """A few ticks of silence on every slot, then leave them detached (attach resets a slot)."""
+        steps = self.cfg.server.warmup_steps
+        if steps <= 0:
+            return
+        t0 = time.monotonic()
+        slots = list(range(core.batch_size))
+        silence = np.zeros(core.frame_size, np.float32)
+        for s in slots:
+            core.attach(s)
+        for _ in range(steps):
+            core.tick({s: silence for s in slots})
+        for s in slots:
+            core.detach(s)
+        log.info("warm-up: %d ticks of %d slots in %.2f s", steps, len(slots), time.monotonic() - t0)
+
+    async def aclose(self) -> None:
+        self._stopping.set()
+        self.state = STOPPED if self.state != FAILED else FAILED
+        self.metrics.ready.set(0)
+        if self.engine is not None:
+            self.engine.stop(timeout=1.0)
+        if self.recognizer is not None and hasattr(self.recognizer, "close"):
+            try:
+                self.recognizer.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the ASR failed")
+        if self.backends is not None:
+            await self.backends.aclose()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def ready(self) -> bool:
+        return self.state == READY and self.engine is not None
+
+    @property
+    def free_slots(self) -> int:
+        return self.engine.free_slots if self.engine is not None else 0
+
+    @property
+    def sample_rate(self) -> int:
+        return self.models.sample_rate if self.models is not None else 24000
+
+    @property
+    def frame_size(self) -> int:
+        return self.models.frame_size if self.models is not None else 1920
+
+    def backend_names(self) -> list[str]:
+        return self.backends.names if self.backends is not None else []
+
+    def oracle_policies(self) -> list[str]:
+        from typing import get_args
+
+        from kame.oracle.config import OracleConfig
+
+        return list(get_args(OracleConfig.model_fields["policy"].annotation))
+
+    def describe_models(self) -> dict[str, Any]:
+        """For ``/health``: what is loaded (no filesystem paths, no URLs)."""
+        fcfg = self.cfg.frontend
+        out: dict[str, Any] = {
+            "frontend": {
+                "checkpoint": fcfg.checkpoint,
+                "batch_size": self.max_sessions,
+                "loaded": self.models is not None,
+            },
+            "asr": {"kind": self.cfg.asr.kind, "model": self.cfg.asr.model, "loaded": self.recognizer is not None},
+        }
+        if self.models is not None:
+            out["frontend"].update(
+                {
+                    "has_oracle": self.models.has_oracle,
+                    "dtype": str(next(iter(self.models.lm.parameters())).dtype).removeprefix("torch."),
+                    "sample_rate": self.models.sample_rate,
+                }
+            )
+        if self.load_seconds is not None:
+            out["load_seconds"] = round(self.load_seconds, 2)
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    # ------------------------------------------------------------------ sessions
+    def new_slot(self) -> AsyncSlot:
+        """An engine slot handle for one session (call ``await slot.attach()``; raises EngineFull)."""
+        from kame.frontend.engine_thread import AsyncSlot
+
+        assert self.engine is not None, "host not ready"
+        return AsyncSlot(self.engine)
+
+    def piece_of(self, text_id: int) -> str:
+        assert self.models is not None
+        return str(self.models.tokenizer.id_to_piece(int(text_id)))
+
+    def new_tandem(self, slot: AsyncSlot, emit: Emit) -> Tandem:
+        """THE factory of a session's pipeline (the only place a Tandem is built).
+
+        ``slot`` is attached; ``emit`` receives the session's TandemEvents
+        (in the event loop). Shared pieces a full Tandem may need live on
+        this host: ``self.cfg``, ``self.models`` (tokenizer: ``models.tokenizer``,
+        ``models.encode_text``), ``self.recognizer`` (None for ``asr.kind: none``)
+        and ``self.backends`` (the BackendRegistry). Per-session choices
+        arrive afterwards through ``tandem.update(backend=..., oracle_policy=...)``.
+        """
+        from kame.tandem import Tandem
+
+        return Tandem(slot, emit, piece_of=self.piece_of)

@@ -1,0 +1,132 @@
+"""Plain HTTP endpoints: ``/health`` (open), ``/ready`` (open), ``/v1/backends`` and ``/metrics`` (token).
+
+``/health`` is liveness: 200 whenever the process serves HTTP, with what it
+is doing. ``/ready`` is for load balancers: 200 only while the models are
+warmed up and a session slot is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from kame.server.auth import http_token, token_ok
+from kame.server.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from kame.server.app import AppState
+
+router = APIRouter()
+
+BACKEND_CHECK_TTL_S = 10.0
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.kame  # type: ignore[no-any-return]
+
+
+def require_token(request: Request) -> None:
+    state = _state(request)
+    if not token_ok(state.cfg.server.auth_token, http_token(request.headers, request.query_params)):
+        raise HTTPException(401, "unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+
+def status_of(state: AppState) -> str:
+    if state.sessions.draining:
+        return "draining"
+    return state.host.state
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    host = state.host
+    backends = host.backends
+    return {
+        "status": status_of(state),
+        "sessions": {"active": state.sessions.active, "max": host.max_sessions, "free": host.free_slots},
+        "device": host.device,
+        "models": host.describe_models(),
+        "backends": {
+            "default": backends.default_name if backends is not None else None,
+            "names": backends.names if backends is not None else [],
+        },
+        "versions": state.versions,
+        "uptime_s": round(time.monotonic() - state.started, 1),
+    }
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    state = _state(request)
+    host = state.host
+    if state.sessions.draining:
+        reason = "draining"
+    elif not host.ready:
+        reason = host.state
+    elif host.free_slots <= 0:
+        reason = "full"
+    else:
+        return JSONResponse({"ready": True, "free": host.free_slots})
+    return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+
+
+@router.get("/v1/backends")
+async def list_backends(request: Request) -> dict[str, Any]:
+    require_token(request)
+    state = _state(request)
+    registry = state.host.backends
+    if registry is None:
+        return {"default": None, "backends": []}
+    health = await state.backend_health()
+    out = []
+    for item in registry.describe():
+        h = health.get(item["name"])
+        out.append(
+            {
+                "name": item["name"],
+                "kind": item["kind"],
+                "description": _URL.sub("<url>", item.get("description") or ""),
+                "model": item.get("model"),
+                "default": item["default"],
+                "fallback": item.get("fallback"),
+                "reachable": None if h is None else h.ok,
+                "status": None if h is None else h.status,
+                "reason": None if h is None else _URL.sub("<url>", h.reason),
+                "latency_s": None if h is None or h.latency_s is None else round(h.latency_s, 3),
+                "breaker": item.get("breaker"),
+            }
+        )
+    return {"default": registry.default_name, "backends": out}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    require_token(request)
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+class BackendHealthCache:
+    """Reachability checks at most every ``ttl_s`` (a check can take seconds)."""
+
+    def __init__(self, ttl_s: float = BACKEND_CHECK_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._at = -1e9
+        self._value: dict[str, Any] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, state: AppState) -> dict[str, Any]:
+        registry = state.host.backends
+        if registry is None:
+            return {}
+        async with self._lock:
+            if time.monotonic() - self._at > self.ttl_s:
+                self._value = await registry.check_all()
+                self._at = time.monotonic()
+            return self._value

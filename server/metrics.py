@@ -1,0 +1,118 @@
+"""Prometheus metrics of one server instance (own registry: two apps in a process never mix).
+
+Engine metrics come from ``EngineThread(on_tick=...)`` (engine thread;
+prometheus_client is thread-safe), LLM/oracle/ASR metrics from the
+sessions' :class:`~kame.tandem.TandemEvent` stream, the rest from the
+session code. Labels carry only bounded values (back-end names from the
+config, fixed reasons), never session ids, text or URLs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:  # both pull in torch; metrics must stay importable without it
+    from kame.frontend.engine_thread import TickStats
+    from kame.tandem import TandemEvent
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_STEP_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0)
+_LATE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.25, 0.5, 1.0, 2.0)
+_LLM_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_ASR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+
+
+class ServerMetrics:
+    """Every metric the server exports, in one :class:`CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.sessions_active = Gauge("kame_sessions_active", "Sessions holding an engine slot now.", registry=r)
+        self.sessions_max = Gauge("kame_sessions_max", "Session cap (engine slots).", registry=r)
+        self.ready = Gauge("kame_ready", "1 once models are loaded and warmed up.", registry=r)
+        self.sessions_total = Counter("kame_sessions", "Sessions started.", registry=r)
+        self.sessions_rejected = Counter(
+            "kame_sessions_rejected",
+            "Websockets refused (full, starting, draining, unauthorized, origin, bad_params).",
+            ["reason"],
+            registry=r,
+        )
+        self.sessions_ended = Counter(
+            "kame_sessions_ended", "Sessions ended, by reason.", ["reason"], registry=r
+        )
+        self.session_seconds = Histogram(
+            "kame_session_seconds",
+            "Session length.",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600),
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "kame_step_seconds", "Duration of one engine tick (all slots stepped together).", buckets=_STEP_BUCKETS, registry=r
+        )
+        self.step_slots = Histogram(
+            "kame_step_slots", "Slots stepped per engine tick.", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
+        )
+        self.frame_lateness = Histogram(
+            "kame_frame_lateness_seconds",
+            "How late each output frame left against its 80 ms schedule (anchored at the session's first frame).",
+            buckets=_LATE_BUCKETS,
+            registry=r,
+        )
+        self.frames_dropped = Counter(
+            "kame_frames_dropped",
+            "Audio frames dropped: out = towards a slow client, engine = engine output queue full.",
+            ["direction"],
+            registry=r,
+        )
+        self.protocol_errors = Counter(
+            "kame_protocol_errors", "Client messages that broke the protocol.", ["kind"], registry=r
+        )
+        self.llm_ttft = Histogram(
+            "kame_llm_ttft_seconds", "LLM time to first token.", ["backend"], buckets=_LLM_BUCKETS, registry=r
+        )
+        self.llm_errors = Counter("kame_llm_errors", "LLM requests that failed.", ["backend"], registry=r)
+        self.oracle_resets = Counter("kame_oracle_resets", "Oracle sequences started (new answers fed).", registry=r)
+        self.oracle_tokens = Counter("kame_oracle_tokens", "Oracle tokens queued for the front-end.", registry=r)
+        self.asr_partial_latency = Histogram(
+            "kame_asr_partial_latency_seconds",
+            "Delay of ASR partial transcripts behind the audio.",
+            buckets=_ASR_BUCKETS,
+            registry=r,
+        )
+
+    # ------------------------------------------------------------------ feeds
+    def on_tick(self, stats: TickStats) -> None:
+        """``EngineThread(on_tick=...)`` callback (engine thread)."""
+        self.step_seconds.observe(stats.duration_s)
+        self.step_slots.observe(stats.slots)
+
+    def on_event(self, event: TandemEvent) -> None:
+        """Count what a session's Tandem reports."""
+        data = event.data
+        if event.type == "llm.first_token":
+            ttft = data.get("ttft_s")
+            if isinstance(ttft, (int, float)):
+                self.llm_ttft.labels(backend=_label(data.get("backend"))).observe(float(ttft))
+        elif event.type == "llm.error":
+            self.llm_errors.labels(backend=_label(data.get("backend"))).inc()
+        elif event.type == "oracle.reset":
+            self.oracle_resets.inc()
+        elif event.type == "oracle.text":
+            tokens = data.get("tokens")
+            if isinstance(tokens, int) and tokens > 0:
+                self.oracle_tokens.inc(tokens)
+        elif event.type == "asr.partial":
+            latency = data.get("latency_s")
+            if isinstance(latency, (int, float)) and latency >= 0:
+                self.asr_partial_latency.observe(float(latency))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _label(value: object) -> str:
+    return value if isinstance(value, str) and value else "unknown"

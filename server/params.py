@@ -1,0 +1,104 @@
+"""Per-session options taken from the ``/api/chat`` query string. No I/O.
+
+Kyutai's web client puts its sampling options in the URL. Moshi samples
+audio with batch-wide settings, so only the text ones can be honoured per
+session (``text_temperature``, ``text_topk``); ``audio_temperature``,
+``audio_topk``, ``text_seed``, ``audio_seed``, ``pad_mult``,
+``repetition_penalty*`` are accepted and ignored. ``backend`` and
+``oracle_policy`` choose the LLM back-end and the answer-switch policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Query parameters known to be ignored (batch-wide in moshi, or client-side only).
+IGNORED_PARAMS = frozenset(
+    {
+        "audio_temperature",
+        "audio_topk",
+        "text_seed",
+        "audio_seed",
+        "seed",
+        "pad_mult",
+        "repetition_penalty",
+        "repetition_penalty_context",
+        "token",  # authentication, handled before
+        "worker_auth_id",
+        "email",
+    }
+)
+
+
+class ParamError(ValueError):
+    """A query parameter with an unusable value (the message names it, never echoes secrets)."""
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    temp_text: float | None = None
+    top_k_text: int | None = None
+    backend: str | None = None
+    oracle_policy: str | None = None
+    ignored: tuple[str, ...] = field(default_factory=tuple)
+
+    def tandem_settings(self) -> dict[str, Any]:
+        """What goes to ``Tandem.update`` (only what the client set)."""
+        out: dict[str, Any] = {}
+        if self.backend is not None:
+            out["backend"] = self.backend
+        if self.oracle_policy is not None:
+            out["oracle_policy"] = self.oracle_policy
+        return out
+
+
+def _float(name: str, raw: str, lo: float, hi: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ParamError(f"query parameter {name}: not a number") from None
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise ParamError(f"query parameter {name}: must be between {lo:g} and {hi:g}")
+    return value
+
+
+def _int(name: str, raw: str, lo: int, hi: int) -> int:
+    try:
+        value = float(raw)  # the web client may send "25.0"
+    except ValueError:
+        raise ParamError(f"query parameter {name}: not an integer") from None
+    if not math.isfinite(value) or value != int(value) or not lo <= value <= hi:
+        raise ParamError(f"query parameter {name}: must be an integer between {lo} and {hi}")
+    return int(value)
+
+
+def parse_session_params(
+    query: Mapping[str, str],
+    *,
+    backends: Collection[str] | None = None,
+    oracle_policies: Collection[str] | None = None,
+) -> SessionParams:
+    """Validate the query string; ``backends``/``oracle_policies`` None accept any name."""
+    temp = query.get("text_temperature")
+    topk = query.get("text_topk")
+    backend = query.get("backend") or None
+    policy = query.get("oracle_policy") or None
+    if backend is not None and backends is not None and backend not in backends:
+        valid = ", ".join(sorted(backends)) or "none configured"
+        raise ParamError(f"query parameter backend: unknown back-end {backend[:64]!r} (available: {valid})")
+    if policy is not None and oracle_policies is not None and policy not in oracle_policies:
+        raise ParamError(
+            f"query parameter oracle_policy: {policy[:64]!r} is not one of {', '.join(sorted(oracle_policies))}"
+        )
+    known = {"text_temperature", "text_topk", "backend", "oracle_policy"}
+    ignored = tuple(sorted(k for k in query if k not in known))
+    return SessionParams(
+        temp_text=None if temp in (None, "") else _float("text_temperature", temp, 0.0, 10.0),
+        top_k_text=None if topk in (None, "") else _int("text_topk", topk, 1, 100_000),
+        backend=backend,
+        oracle_policy=policy,
+        ignored=ignored,
+    )

@@ -1,0 +1,196 @@
+"""Moshi's websocket protocol for ``/api/chat``: message kinds, encoding, validation. No I/O.
+
+Every message is binary; its first byte is the kind. What Kyutai's web
+client and ``moshi``'s Python client exchange:
+
+- ``0x00`` handshake, server -> client, once the session is ready (a single
+  byte, exactly what moshi's Python server sends);
+- ``0x01`` audio, both ways: Ogg/Opus pages, 24 kHz mono;
+- ``0x02`` text, server -> client: one text piece of the model, ``▁`` shown
+  as a space (the special ids 0 and 3 are never sent);
+- ``0x03`` control (one action byte), ``0x04`` metadata (JSON), ``0x05``
+  error (UTF-8 text), ``0x06`` ping and ``0x07`` coloured text are known
+  to the web client, which throws on any other kind. This server sends
+  0x04 (the warning before the maximum duration) and 0x05 (why a session
+  ends on an error) besides the three above.
+
+Client messages are checked here so that a bad one ends its session with a
+clear reason instead of an exception somewhere deeper.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Union
+
+#: SentencePiece's word-start marker, shown to clients as a space.
+WORD_START = "\u2581"
+#: Text ids that are never sent: 0 (end of padding) and 3 (padding).
+SILENT_TEXT_IDS = frozenset({0, 3})
+
+# Close codes (RFC 6455 section 7.4.1) used by this server.
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_INVALID_PAYLOAD = 1007
+CLOSE_POLICY = 1008
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+class Kind(IntEnum):
+    HANDSHAKE = 0x00
+    AUDIO = 0x01
+    TEXT = 0x02
+    CONTROL = 0x03
+    METADATA = 0x04
+    ERROR = 0x05
+    PING = 0x06
+    COLORED_TEXT = 0x07
+
+
+#: Control actions of Kyutai's web client (the byte after kind 0x03).
+CONTROL_ACTIONS: dict[int, str] = {0x00: "start", 0x01: "endTurn", 0x02: "pause", 0x03: "restart"}
+
+#: Kinds only a server sends; a client sending one breaks the protocol.
+_SERVER_ONLY = frozenset({Kind.TEXT, Kind.ERROR, Kind.COLORED_TEXT})
+
+
+class ProtocolError(ValueError):
+    """A client message that breaks the protocol; ``close_code`` says how to close."""
+
+    def __init__(self, message: str, close_code: int = CLOSE_PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.close_code = close_code
+
+    @property
+    def kind(self) -> str:
+        """Short label for metrics."""
+        return {CLOSE_UNSUPPORTED_DATA: "unsupported_data", CLOSE_PROTOCOL_ERROR: "protocol"}.get(
+            self.close_code, "other"
+        )
+
+
+# --------------------------------------------------------------------------- client -> server
+
+
+@dataclass(frozen=True)
+class ClientAudio:
+    """Ogg/Opus bytes (any number of pages, possibly a partial page)."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class ClientControl:
+    action: str
+
+
+@dataclass(frozen=True)
+class ClientMetadata:
+    data: Any
+
+
+@dataclass(frozen=True)
+class ClientPing:
+    pass
+
+
+@dataclass(frozen=True)
+class ClientHandshake:
+    payload: bytes
+
+
+ClientMessage = Union[ClientAudio, ClientControl, ClientMetadata, ClientPing, ClientHandshake]
+
+
+def kind_name(kind: int) -> str:
+    try:
+        return Kind(kind).name.lower()
+    except ValueError:
+        return "unknown"
+
+
+def decode_client_message(message: bytes | str | None) -> ClientMessage:
+    """Parse one websocket message from a client, or raise :class:`ProtocolError`."""
+    if message is None:
+        raise ProtocolError("empty websocket message")
+    if isinstance(message, str):
+        raise ProtocolError(
+            "text websocket frames are not part of the protocol: send binary messages (first byte = kind)",
+            CLOSE_UNSUPPORTED_DATA,
+        )
+    if len(message) == 0:
+        raise ProtocolError("empty message: the first byte must be the message kind")
+    kind, payload = message[0], bytes(message[1:])
+    if kind == Kind.AUDIO:
+        return ClientAudio(payload)
+    if kind == Kind.PING:
+        return ClientPing()
+    if kind == Kind.CONTROL:
+        if len(payload) != 1 or payload[0] not in CONTROL_ACTIONS:
+            raise ProtocolError(
+                f"control message: expected one action byte 0x00-0x03, got {len(payload)} byte(s)"
+            )
+        return ClientControl(CONTROL_ACTIONS[payload[0]])
+    if kind == Kind.METADATA:
+        try:
+            return ClientMetadata(json.loads(payload.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ProtocolError("metadata message: payload is not UTF-8 JSON") from None
+    if kind == Kind.HANDSHAKE:
+        return ClientHandshake(payload)
+    if kind in _SERVER_ONLY:
+        raise ProtocolError(f"message kind 0x{kind:02x} ({kind_name(kind)}) is sent by the server only")
+    raise ProtocolError(f"unknown message kind 0x{kind:02x} (known: 0x00-0x07)")
+
+
+# --------------------------------------------------------------------------- server -> client
+
+
+def encode_handshake() -> bytes:
+    return bytes([Kind.HANDSHAKE])
+
+
+def encode_audio(ogg: bytes) -> bytes:
+    return bytes([Kind.AUDIO]) + ogg
+
+
+def piece_text(piece: str) -> str:
+    """A SentencePiece piece as clients show it (``▁`` -> space)."""
+    return piece.replace(WORD_START, " ")
+
+
+def encode_text(text: str) -> bytes:
+    return bytes([Kind.TEXT]) + text.encode("utf-8")
+
+
+def text_message(text_id: int | None, piece: str) -> bytes | None:
+    """The 0x02 message for one sampled text token, None for ids that are not sent."""
+    if text_id is None or text_id in SILENT_TEXT_IDS or text_id < 0:
+        return None
+    text = piece_text(piece)
+    return encode_text(text) if text else None
+
+
+def encode_metadata(data: Any) -> bytes:
+    return bytes([Kind.METADATA]) + json.dumps(data, separators=(",", ":")).encode("utf-8")
+
+
+def encode_error(message: str) -> bytes:
+    return bytes([Kind.ERROR]) + message.encode("utf-8")
+
+
+def encode_ping() -> bytes:
+    return bytes([Kind.PING])
+
+
+def close_reason(text: str, limit: int = 120) -> str:
+    """A close reason that fits the 123-byte limit of a close frame."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", errors="ignore") + "..."

@@ -1,0 +1,334 @@
+"""One ``/api/chat`` session: its engine slot, its Tandem, its socket, and how it ends.
+
+Four tasks run per session, none of which waits on another's work:
+
+- *receive*: websocket -> protocol check -> Opus decode -> 1920-sample
+  frames -> ``tandem.feed_user_audio`` (never blocks; the engine thread
+  buffers a bounded amount);
+- *pump*: engine output frames -> ``tandem.on_output`` (which emits the
+  text) -> Opus encode -> send queue;
+- *send*: send queue -> websocket (the only task that may wait on the
+  network; a slow client makes the queue fill, and beyond
+  ``server.send_queue_frames`` frames are dropped before encoding, counted);
+- *watch*: idle timeout, maximum duration (with a 0x04 warning first) and
+  a client that accepts nothing for ``slow_client_timeout_s``.
+
+The first of them to decide the session is over calls :meth:`end`; ``run``
+then cancels the rest, sends an optional 0x05 error and the close frame,
+and closes the Tandem (which detaches and so resets the slot for reuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kame.server import protocol
+from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
+from kame.server.logs import SessionLogger
+
+if TYPE_CHECKING:
+    from starlette.websockets import WebSocket
+
+    from kame.frontend.engine import SlotOutput
+    from kame.frontend.engine_thread import AsyncSlot
+    from kame.server.config import ServerConfig
+    from kame.server.host import ModelHost
+    from kame.server.metrics import ServerMetrics
+    from kame.server.params import SessionParams
+    from kame.server.recording import SessionRecorder
+    from kame.tandem import Tandem, TandemEvent
+
+FRAME_S = 0.08
+#: Event types whose data holds user or assistant text: logged at debug level only.
+_TEXT_EVENTS = frozenset({"asr.partial", "asr.final", "oracle.text", "assistant.text", "llm.done", "oracle.reset"})
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """Why a session ended and how the socket is closed."""
+
+    label: str  # metrics label: client_closed, idle, max_duration, protocol, bad_audio, engine_error, ...
+    code: int | None  # close code to send; None when the client is gone already
+    reason: str = ""
+    error: str | None = None  # sent as a 0x05 message before the close frame
+
+
+class ChatSession:
+    """Owns one accepted websocket until it closes."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        *,
+        session_id: str,
+        host: ModelHost,
+        metrics: ServerMetrics,
+        cfg: ServerConfig,
+        params: SessionParams,
+        log: SessionLogger,
+        recorder: SessionRecorder | None = None,
+    ) -> None:
+        self.ws = ws
+        self.id = session_id
+        self.host = host
+        self.metrics = metrics
+        self.cfg = cfg
+        self.params = params
+        self.log = log
+        self.recorder = recorder
+        self.slot: AsyncSlot | None = None
+        self.tandem: Tandem | None = None
+        self.done = asyncio.Event()
+        self.ended: SessionEnd | None = None
+        self._end_event = asyncio.Event()
+        self._send_q: asyncio.Queue[tuple[bytes, int | None]] = asyncio.Queue()
+        self._opus_in = OpusIn(host.sample_rate, host.frame_size)
+        self._opus_out = OpusOut(host.sample_rate)
+        self.started = time.monotonic()
+        self.last_audio = self.started
+        self._last_send = self.started
+        self._anchor: float | None = None
+        self.frames_in = 0
+        self.frames_out = 0
+        self.frames_dropped = 0
+        self.texts_out = 0
+
+    # ------------------------------------------------------------------ ending
+    def end(self, label: str, code: int | None, reason: str = "", error: str | None = None) -> None:
+        """Decide the session is over (first call wins; safe from any task of the loop)."""
+        if self.ended is not None:
+            return
+        self.ended = SessionEnd(label, code, protocol.close_reason(reason), error)
+        self._end_event.set()
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.done.set()
+
+    async def _run(self) -> None:
+        from kame.frontend.engine_thread import EngineFull
+
+        self.slot = self.host.new_slot()
+        try:
+            slot_index = await self.slot.attach()
+        except EngineFull:
+            self.metrics.sessions_rejected.labels(reason="full").inc()
+            await self._close_now(protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+            self.ended = SessionEnd("rejected_full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+            return
+        self.log.info("session started", extra={"slot": slot_index})
+        self.metrics.sessions_total.inc()
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            self.tandem = self.host.new_tandem(self.slot, self._on_event)
+            try:
+                settings = self.params.tandem_settings()
+                if settings:
+                    self.tandem.update(**settings)
+            except (ValueError, KeyError) as exc:
+                self.end("bad_params", protocol.CLOSE_POLICY, "invalid session settings", error=str(exc))
+            if self.params.temp_text is not None or self.params.top_k_text is not None:
+                self.slot.set_sampling(self.params.temp_text, self.params.top_k_text)
+            if self.ended is None:
+                await self.tandem.start()
+                await self.ws.send_bytes(protocol.encode_handshake())
+                now = time.monotonic()
+                self.started = self.last_audio = self._last_send = now
+                tasks = [
+                    asyncio.create_task(self._guard(self._receive(), "receive")),
+                    asyncio.create_task(self._guard(self._pump(), "pump")),
+                    asyncio.create_task(self._guard(self._send(), "send")),
+                    asyncio.create_task(self._guard(self._watch(), "watch")),
+                ]
+                await self._end_event.wait()
+        except Exception as exc:  # noqa: BLE001 - a session bug ends that session only
+            self.log.exception("session failed")
+            self.end("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error", error=f"internal error ({exc.__class__.__name__})")
+        finally:
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            await self._finish()
+
+    async def _guard(self, coro: Any, name: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if self.ended is None:
+                self.log.exception("session task %s failed", name)
+                self.end(
+                    "internal", protocol.CLOSE_INTERNAL_ERROR, "internal error", error=f"internal error ({exc.__class__.__name__})"
+                )
+
+    async def _finish(self) -> None:
+        end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
+        if end.code is not None:
+            if end.error:
+                await self._send_now(protocol.encode_error(end.error))
+            await self._close_now(end.code, end.reason)
+        if self.tandem is not None:
+            try:
+                await self.tandem.aclose()
+            except Exception:  # noqa: BLE001
+                self.log.exception("closing the tandem failed")
+        if self.slot is not None:
+            self.slot.detach()  # no-op when the Tandem already detached it
+            if self.slot.dropped_outputs:
+                self.metrics.frames_dropped.labels(direction="engine").inc(self.slot.dropped_outputs)
+        duration = time.monotonic() - self.started
+        self.metrics.sessions_ended.labels(reason=end.label).inc()
+        self.metrics.session_seconds.observe(duration)
+        if self.recorder is not None:
+            self.recorder.close({"reason": end.label, "code": end.code})
+        self.log.info(
+            "session ended",
+            extra={
+                "reason": end.label,
+                "code": end.code,
+                "seconds": round(duration, 2),
+                "frames_in": self.frames_in,
+                "frames_out": self.frames_out,
+                "dropped_out": self.frames_dropped,
+            },
+        )
+
+    async def _send_now(self, data: bytes, timeout: float = 1.0) -> None:
+        try:
+            await asyncio.wait_for(self.ws.send_bytes(data), timeout)
+        except Exception:  # noqa: BLE001 - the client may be gone
+            pass
+
+    async def _close_now(self, code: int, reason: str, timeout: float = 1.0) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ------------------------------------------------------------------ tasks
+    async def _receive(self) -> None:
+        assert self.tandem is not None
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                self.end("client_closed", None)
+                return
+            data = message.get("bytes")
+            payload: bytes | str | None = data if data is not None else message.get("text")
+            try:
+                parsed = protocol.decode_client_message(payload)
+            except protocol.ProtocolError as exc:
+                self.metrics.protocol_errors.labels(kind=exc.kind).inc()
+                self.log.warning("protocol error: %s", exc)
+                self.end("protocol", exc.close_code, "protocol error", error=f"protocol error: {exc}")
+                return
+            if isinstance(parsed, protocol.ClientAudio):
+                self.last_audio = time.monotonic()
+                try:
+                    frames = self._opus_in.decode(parsed.payload)
+                except AudioDecodeError as exc:
+                    self.metrics.protocol_errors.labels(kind="bad_audio").inc()
+                    self.log.warning("bad audio: %s", exc)
+                    self.end("bad_audio", protocol.CLOSE_INVALID_PAYLOAD, "corrupt audio", error=str(exc))
+                    return
+                for frame in frames:
+                    self.frames_in += 1
+                    self.tandem.feed_user_audio(frame)
+                    if self.recorder is not None:
+                        self.recorder.user_audio(frame)
+            elif isinstance(parsed, protocol.ClientControl):
+                self.log.debug("control message %s ignored", parsed.action)
+
+    async def _pump(self) -> None:
+        assert self.slot is not None and self.tandem is not None
+        limit = self.cfg.send_queue_frames
+        while True:
+            item = await self.slot.outputs.get()
+            if isinstance(item, Exception):
+                self.log.error("engine failed this session: %s", item)
+                self.end("engine_error", protocol.CLOSE_INTERNAL_ERROR, "engine error", error="engine error, please reconnect")
+                return
+            self.tandem.on_output(item)
+            self._queue_audio(item, limit)
+
+    def _queue_audio(self, out: SlotOutput, limit: int) -> None:
+        index = self.frames_out
+        self.frames_out += 1
+        if self._send_q.qsize() >= limit:
+            self.frames_dropped += 1
+            self.metrics.frames_dropped.labels(direction="out").inc()
+            return
+        if self.recorder is not None:
+            self.recorder.assistant_audio(out.pcm)
+        ogg = self._opus_out.encode(out.pcm)
+        if ogg:
+            self._send_q.put_nowait((protocol.encode_audio(ogg), index))
+
+    async def _send(self) -> None:
+        while True:
+            if self._send_q.empty():
+                self._last_send = time.monotonic()
+            data, index = await self._send_q.get()
+            await self.ws.send_bytes(data)
+            now = time.monotonic()
+            self._last_send = now
+            if index is not None:
+                if self._anchor is None:
+                    self._anchor = now - index * FRAME_S
+                self.metrics.frame_lateness.observe(max(0.0, now - (self._anchor + index * FRAME_S)))
+
+    async def _watch(self) -> None:
+        cfg = self.cfg
+        period = max(0.02, min(0.25, cfg.idle_timeout_s / 4, cfg.max_duration_s / 8))
+        warn_at = max(0.0, cfg.max_duration_s - cfg.duration_warning_s)
+        warned = cfg.duration_warning_s <= 0
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            age = now - self.started
+            if now - self.last_audio >= cfg.idle_timeout_s:
+                self.end("idle", protocol.CLOSE_NORMAL, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s")
+                return
+            if age >= cfg.max_duration_s:
+                self.end("max_duration", protocol.CLOSE_NORMAL, f"maximum session duration reached ({cfg.max_duration_s:g} s)")
+                return
+            if not warned and age >= warn_at:
+                warned = True
+                left = max(0.0, cfg.max_duration_s - age)
+                self._send_q.put_nowait(
+                    (
+                        protocol.encode_metadata(
+                            {"type": "session.expiring", "reason": "max_duration", "seconds_left": round(left, 1)}
+                        ),
+                        None,
+                    )
+                )
+                self.log.info("session ends in %.1f s (maximum duration)", left)
+            if not self._send_q.empty() and now - self._last_send >= cfg.slow_client_timeout_s:
+                self.end("slow_client", protocol.CLOSE_POLICY, "client is not reading")
+                return
+
+    # ------------------------------------------------------------------ tandem events
+    def _on_event(self, event: TandemEvent) -> None:
+        self.metrics.on_event(event)
+        if self.recorder is not None:
+            self.recorder.event(event.type, dict(event.data))
+        if event.type == "assistant.text":
+            msg = protocol.text_message(event.data.get("id"), str(event.data.get("piece", "")))
+            if msg is not None and self._send_q.qsize() < 2 * self.cfg.send_queue_frames:
+                self.texts_out += 1
+                self._send_q.put_nowait((msg, None))
+        if event.type in _TEXT_EVENTS:
+            self.log.debug("%s %s", event.type, event.data)
+        elif event.type in ("llm.error", "asr.error", "backend.down"):
+            self.log.warning("%s", event.type, extra={k: v for k, v in event.data.items() if k in ("backend", "kind", "error")})
+        elif event.type.startswith(("llm.", "backend.")):
+            self.log.info("%s", event.type, extra={k: v for k, v in event.data.items() if k in ("backend", "ttft_s")})

@@ -1,0 +1,127 @@
+"""Server lifecycle: starting state, idle timeout, maximum duration, SIGTERM drain, the no-GPU message."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from moshi_client import MoshiClient, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("server-lifecycle") / "server.log"
+    srv = ServerProcess(
+        cache_dir=kame_cache_dir,
+        log_path=log,
+        env={
+            "KAME_ASR__KIND": "none",
+            "KAME_SERVER__MAX_SESSIONS": "3",
+            "KAME_SERVER__IDLE_TIMEOUT_S": "1.0",
+            "KAME_SERVER__MAX_DURATION_S": "3.0",
+            "KAME_SERVER__DURATION_WARNING_S": "1.0",
+            # a longer warm-up keeps the "starting" phase observable
+            "KAME_SERVER__WARMUP_STEPS": "30",
+        },
+    ).start()
+    yield srv
+    srv.stop(signal.SIGKILL)
+
+
+def test_server_reports_starting_until_warmed_up(server: ServerProcess) -> None:
+    assert server.statuses_seen[0] == "starting", server.statuses_seen
+    assert server.statuses_seen[-1] == "ok"
+    logs = server.logs()
+    assert logs.index("warm-up: 30 ticks of 3 slots") < logs.index("ready: 3 sessions on cpu")
+
+
+def test_idle_client_is_closed(server: ServerProcess) -> None:
+    async def main() -> tuple[MoshiClient, float]:
+        c = await MoshiClient.connect(server.ws_url)
+        assert await c.wait_handshake(10)
+        await c.send_silence(0.4)
+        t0 = time.monotonic()
+        await c.wait_closed(5)
+        return c, time.monotonic() - t0
+
+    c, waited = asyncio.run(main())
+    assert c.close_code == 1000
+    assert c.close_reason.startswith("idle timeout")
+    assert 0.5 <= waited <= 2.5
+
+
+def test_maximum_duration_warns_then_closes(server: ServerProcess) -> None:
+    async def main() -> tuple[MoshiClient, float]:
+        c = await MoshiClient.connect(server.ws_url)
+        assert await c.wait_handshake(10)
+        t0 = time.monotonic()
+        await c.send_silence(6.0)  # stops by itself once the server closes
+        await c.wait_closed(3)
+        return c, time.monotonic() - t0
+
+    c, lasted = asyncio.run(main())
+    assert c.close_code == 1000
+    assert c.close_reason.startswith("maximum session duration reached")
+    assert 2.5 <= lasted <= 4.5
+    assert [m["type"] for m in c.metadata] == ["session.expiring"]
+    assert 0 < c.metadata[0]["seconds_left"] <= 1.0
+    assert c.stats.audio_received_s > 1.5  # it was a live session until then
+
+
+def test_slots_are_reused_after_timeouts(server: ServerProcess) -> None:
+    status, body = server.get_json("/health")
+    assert status == 200 and body["sessions"]["active"] == 0
+    assert server.metric("kame_sessions_ended_total", 'reason="idle"') >= 1
+    assert server.metric("kame_sessions_ended_total", 'reason="max_duration"') >= 1
+
+
+def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> None:
+    async def main() -> tuple[list[MoshiClient], float]:
+        clients = await asyncio.gather(*[MoshiClient.connect(server.ws_url) for _ in range(2)])
+        assert all(await asyncio.gather(*[c.wait_handshake(10) for c in clients]))
+        senders = [asyncio.create_task(c.send_silence(2.5)) for c in clients]
+        await asyncio.sleep(0.8)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        await asyncio.gather(*[c.wait_closed(8) for c in clients])
+        await asyncio.gather(*senders)
+        return clients, t0
+
+    clients, t0 = asyncio.run(main())
+    for c in clients:
+        assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+    server.proc.wait(timeout=max(0.1, 8.0 - (time.monotonic() - t0)))
+    assert time.monotonic() - t0 < 8.0
+    assert server.proc.returncode is not None
+
+
+def test_default_config_without_gpu_says_how_to_run_the_cpu_demo(kame_cache_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAME_")}
+    env.update({"KAME_CACHE_DIR": str(kame_cache_dir), "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-m", "kame.cli", "serve", "--port", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert "no CUDA GPU" in lines[0] and "kame serve --config cpu-demo" in lines[0]
+
+
+def test_tiny_checkpoint_spec_resolves_in_the_cache(kame_cache_dir: Path) -> None:
+    from kame.errors import UserError
+    from kame.server.host import resolve_checkpoint_spec
+
+    path = Path(resolve_checkpoint_spec("tiny:0", kame_cache_dir))
+    assert path.is_dir() and (path / "config.json").is_file()
+    assert path.is_relative_to(kame_cache_dir)
+    assert resolve_checkpoint_spec("SakanaAI/kame", kame_cache_dir) == "SakanaAI/kame"
+    with pytest.raises(UserError, match="tiny:SEED"):
+        resolve_checkpoint_spec("tiny:x", kame_cache_dir)

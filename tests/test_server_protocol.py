@@ -1,0 +1,201 @@
+"""Pure pieces of the server: protocol codec, query parameters, auth helpers, re-chunking, metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from pydantic import SecretStr
+
+from kame.server import protocol
+from kame.server.auth import origin_ok, redact, token_ok, websocket_credentials
+from kame.server.codec import AudioDecodeError, FrameChunker, OpusIn, OpusOut
+from kame.server.logs import KeyValueFormatter, RedactFilter
+from kame.server.metrics import ServerMetrics
+from kame.server.params import ParamError, parse_session_params
+
+# --------------------------------------------------------------------------- protocol
+
+
+def test_server_messages_are_byte_compatible() -> None:
+    assert protocol.encode_handshake() == b"\x00"
+    assert protocol.encode_audio(b"OggS...") == b"\x01OggS..."
+    assert protocol.encode_text(" hello") == b"\x02 hello"
+    assert protocol.encode_error("bad") == b"\x05bad"
+    assert protocol.encode_ping() == b"\x06"
+    meta = protocol.encode_metadata({"a": 1})
+    assert meta[0] == 0x04 and json.loads(meta[1:]) == {"a": 1}
+
+
+def test_text_message_maps_word_start_and_skips_special_ids() -> None:
+    assert protocol.text_message(57, "\u2581Hello") == b"\x02 Hello"
+    assert protocol.text_message(58, "lo") == b"\x02lo"
+    assert protocol.text_message(0, "<unk>") is None
+    assert protocol.text_message(3, "<pad>") is None
+    assert protocol.text_message(None, "x") is None
+    assert protocol.text_message(-2, "x") is None
+    assert protocol.text_message(12, "\u2581caf\u00e9").decode("utf-8") == "\x02 caf\u00e9"
+
+
+def test_client_audio_control_ping_metadata_accepted() -> None:
+    assert protocol.decode_client_message(b"\x01OggS") == protocol.ClientAudio(b"OggS")
+    assert protocol.decode_client_message(b"\x01") == protocol.ClientAudio(b"")
+    assert protocol.decode_client_message(b"\x06") == protocol.ClientPing()
+    assert protocol.decode_client_message(b"\x03\x01") == protocol.ClientControl("endTurn")
+    assert protocol.decode_client_message(b'\x04{"x": 2}') == protocol.ClientMetadata({"x": 2})
+    assert isinstance(protocol.decode_client_message(b"\x00\x00\x00"), protocol.ClientHandshake)
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "fragment"),
+    [
+        ("hello", protocol.CLOSE_UNSUPPORTED_DATA, "text websocket frames"),
+        (b"", protocol.CLOSE_PROTOCOL_ERROR, "empty message"),
+        (None, protocol.CLOSE_PROTOCOL_ERROR, "empty websocket message"),
+        (b"\x42abc", protocol.CLOSE_PROTOCOL_ERROR, "unknown message kind 0x42"),
+        (b"\x08", protocol.CLOSE_PROTOCOL_ERROR, "unknown message kind 0x08"),
+        (b"\x02hi", protocol.CLOSE_PROTOCOL_ERROR, "sent by the server only"),
+        (b"\x05oops", protocol.CLOSE_PROTOCOL_ERROR, "sent by the server only"),
+        (b"\x03", protocol.CLOSE_PROTOCOL_ERROR, "control message"),
+        (b"\x03\x09", protocol.CLOSE_PROTOCOL_ERROR, "control message"),
+        (b"\x04{not json", protocol.CLOSE_PROTOCOL_ERROR, "not UTF-8 JSON"),
+    ],
+)
+def test_bad_client_messages_raise_clear_errors(message: bytes | str | None, code: int, fragment: str) -> None:
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.decode_client_message(message)
+    assert info.value.close_code == code
+    assert fragment in str(info.value)
+
+
+def test_close_reason_fits_a_close_frame() -> None:
+    long = "\u00e9" * 200
+    out = protocol.close_reason(long)
+    assert len(out.encode("utf-8")) <= 123
+    assert protocol.close_reason("short") == "short"
+
+
+# --------------------------------------------------------------------------- query parameters
+
+
+def test_session_params_parse_and_validate() -> None:
+    p = parse_session_params(
+        {"text_temperature": "0.6", "text_topk": "25.0", "audio_topk": "250", "backend": "a", "oracle_policy": "reset"},
+        backends=["a", "b"],
+        oracle_policies=["reset", "freeze_when_speaking"],
+    )
+    assert (p.temp_text, p.top_k_text, p.backend, p.oracle_policy) == (0.6, 25, "a", "reset")
+    assert p.ignored == ("audio_topk",)
+    assert p.tandem_settings() == {"backend": "a", "oracle_policy": "reset"}
+    assert parse_session_params({}).tandem_settings() == {}
+
+
+@pytest.mark.parametrize(
+    ("query", "fragment"),
+    [
+        ({"text_temperature": "hot"}, "text_temperature: not a number"),
+        ({"text_temperature": "-1"}, "text_temperature: must be between"),
+        ({"text_temperature": "nan"}, "text_temperature"),
+        ({"text_topk": "2.5"}, "text_topk: must be an integer"),
+        ({"text_topk": "0"}, "text_topk"),
+        ({"backend": "nope"}, "unknown back-end 'nope' (available: a)"),
+        ({"oracle_policy": "sometimes"}, "oracle_policy"),
+    ],
+)
+def test_session_params_errors(query: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ParamError, match=None) as info:
+        parse_session_params(query, backends=["a"], oracle_policies=["reset"])
+    assert fragment in str(info.value)
+
+
+# --------------------------------------------------------------------------- auth
+
+
+def test_websocket_credentials_from_header_query_and_subprotocol() -> None:
+    assert websocket_credentials({"authorization": "Bearer abc"}, {}, []).token == "abc"
+    assert websocket_credentials({}, {"token": "q"}, []).token == "q"
+    c = websocket_credentials({}, {}, ["openai-insecure-api-key.sub", "realtime"])
+    assert (c.token, c.subprotocol) == ("sub", "realtime")
+    c = websocket_credentials({}, {}, ["openai-insecure-api-key.sub"])
+    assert (c.token, c.subprotocol) == ("sub", None)  # the key protocol itself is never echoed
+    assert websocket_credentials({"authorization": "Basic abc"}, {}, []).token is None
+
+
+def test_token_check_and_origin_allow_list() -> None:
+    secret = SecretStr("s3cret")
+    assert token_ok(None, None)
+    assert token_ok(secret, "s3cret")
+    assert not token_ok(secret, "s3cre")
+    assert not token_ok(secret, None)
+    assert origin_ok("https://evil.example", [])
+    assert origin_ok("https://App.example/", ["https://app.example"])
+    assert not origin_ok("https://evil.example", ["https://app.example"])
+    assert origin_ok(None, ["https://app.example"])  # non-browser clients send no Origin
+    assert origin_ok("https://any.example", ["*"])
+
+
+def test_redaction_of_tokens_in_log_lines() -> None:
+    line = '127.0.0.1 - "WebSocket /api/chat?text_topk=5&token=abc123&x=1" openai-insecure-api-key.abc123 Bearer abc123'
+    out = redact(line)
+    assert "abc123" not in out and "text_topk=5" in out and "x=1" in out
+    assert redact("key is zzz", ["zzz"]) == "key is ***"
+    record = logging.LogRecord("uvicorn.error", logging.INFO, "f", 1, '%s - "WebSocket %s"', ("peer", "/api/chat?token=abc"), None)
+    RedactFilter(["abc"]).filter(record)
+    assert "abc" not in KeyValueFormatter().format(record)
+
+
+# --------------------------------------------------------------------------- audio coding
+
+
+def test_frame_chunker_rechunks_20ms_pieces() -> None:
+    ch = FrameChunker(1920)
+    pcm = np.arange(480 * 9, dtype=np.float32)
+    frames = [f for i in range(0, pcm.size, 480) for f in ch.push(pcm[i : i + 480])]
+    assert len(frames) == 2 and ch.pending == 480 * 9 - 3840
+    np.testing.assert_array_equal(np.concatenate(frames), pcm[:3840])
+
+
+def test_opus_round_trip_in_20ms_pages_and_corrupt_stream() -> None:
+    import sphn
+
+    writer = sphn.OpusStreamWriter(24000)
+    t = np.arange(24000) / 24000
+    pcm = (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    dec = OpusIn()
+    frames = []
+    for i in range(0, pcm.size, 480):
+        frames += dec.decode(bytes(writer.append_pcm(pcm[i : i + 480])))
+    assert frames and all(f.shape == (1920,) for f in frames)
+    assert len(frames) >= 10
+    with pytest.raises(AudioDecodeError, match="corrupt Ogg/Opus"):
+        OpusIn().decode(b"definitely not an ogg page" * 4)
+    assert len(OpusOut().encode(pcm[:1920])) > 0
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_metrics_are_fed_from_tandem_events_and_ticks() -> None:
+    from kame.frontend.engine_thread import TickStats
+    from kame.tandem import TandemEvent
+
+    m = ServerMetrics()
+    m.on_event(TandemEvent("llm.first_token", {"backend": "scripted", "ttft_s": 0.3}))
+    m.on_event(TandemEvent("llm.error", {"backend": "scripted"}))
+    m.on_event(TandemEvent("oracle.reset", {}))
+    m.on_event(TandemEvent("oracle.text", {"tokens": 7}))
+    m.on_event(TandemEvent("asr.partial", {"latency_s": 0.4, "text": "secret words"}))
+    m.on_event(TandemEvent("assistant.text", {"id": 5, "piece": "x"}))
+    m.on_tick(TickStats(duration_s=0.02, slots=3, waited_s=0.0))
+    text = m.render().decode()
+    assert 'kame_llm_ttft_seconds_count{backend="scripted"} 1.0' in text
+    assert 'kame_llm_errors_total{backend="scripted"} 1.0' in text
+    assert "kame_oracle_resets_total 1.0" in text
+    assert "kame_oracle_tokens_total 7.0" in text
+    assert "kame_asr_partial_latency_seconds_count 1.0" in text
+    assert "kame_step_seconds_count 1.0" in text
+    assert "secret words" not in text
+    # one registry per instance: a second app starts from zero
+    assert "kame_oracle_tokens_total 0.0" in ServerMetrics().render().decode()
