@@ -66,6 +66,8 @@ class SentenceResult:
     lags_s: list[float] = field(default_factory=list)
     missed_words: int = 0
     partials: int = 0
+    decodes: int = 0
+    decode_s: float = 0.0
 
 
 def first_appearance(reference: list[str], events: list[tuple[float, list[str]]]) -> list[float | None]:
@@ -91,6 +93,7 @@ def run_sentence(recognizer, text: str, voice: str, speed: int) -> SentenceResul
     events = list(transcribe_offline(transcriber, pcm, pace="simulated"))
     cpu = time.process_time() - c0
     transcriber.close()
+    stats = transcriber.stats
     finals = [e.text for e in events if e.type is EventType.FINAL]
     timeline = [(e.audio_s, words(e.text)) for e in events if e.type in (EventType.PARTIAL, EventType.FINAL)]
     ref_words = words(text)
@@ -104,6 +107,8 @@ def run_sentence(recognizer, text: str, voice: str, speed: int) -> SentenceResul
         speech_s=len(speech) / RATE,
         cpu_s=cpu,
         partials=sum(e.type is EventType.PARTIAL for e in events),
+        decodes=stats.partial_decodes + stats.final_decodes,
+        decode_s=stats.decode_s,
     )
     for t, end in zip(seen, split_ends):
         if t is None:
@@ -147,6 +152,8 @@ def bench_kind(kind: str, cfg_asr, sentences: list[tuple[str, str, int]]) -> dic
         "rtf": round(cpu / audio, 3),
         "rtf_speech": round(cpu / speech, 3),
         "partials_per_s_speech": round(sum(r.partials for r in results) / speech, 2),
+        "decodes_per_s_speech": round(sum(r.decodes for r in results) / speech, 2),
+        "decode_ms_mean": round(1000 * sum(r.decode_s for r in results) / max(1, sum(r.decodes for r in results)), 1),
         "details": [asdict(r) for r in results],
     }
 
@@ -178,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{kind}: WER {r['wer'] * 100:.1f}%  partial lag median {r['lag_median_s']} s, p90 {r['lag_p90_s']} s "
             f"({r['words_never_seen']}/{r['words']} words never seen)  CPU RTF {r['rtf']} "
-            f"(speech only {r['rtf_speech']})  partials/s {r['partials_per_s_speech']}  load {r['load_s']} s  "
+            f"(speech only {r['rtf_speech']})  per s of speech: {r['partials_per_s_speech']} partials, "
+            f"{r['decodes_per_s_speech']} decodes of {r['decode_ms_mean']} ms  load {r['load_s']} s  "
             f"[{r['sentences']} sentences]"
         )
         if args.verbose:

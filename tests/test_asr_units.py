@@ -270,3 +270,55 @@ def test_whisper_hub_failure_is_one_sentence(monkeypatch: pytest.MonkeyPatch) ->
         create_recognizer(AsrConfig(kind="whisper", model="small.en"))
     msg = str(err.value)
     assert "HF_HUB_OFFLINE" in msg and "\n" not in msg
+
+
+class _HangingTranscriber(_EchoTranscriber):
+    """A decoder that never returns (a deadlock in native code, say)."""
+
+    def partial_text(self, utt: Utterance) -> str:
+        time.sleep(3600)
+        return ""
+
+
+def _hanging_transcriber() -> _HangingTranscriber:
+    return _HangingTranscriber(AsrConfig())
+
+
+def test_aclose_aborts_a_hung_thread_recogniser() -> None:
+    stream = ThreadedStream(_hanging_transcriber(), "hung", max_queued_s=5, max_events=50)
+    stream.feed(np.concatenate([silence(0.2), synthesize("Hello there.")]))
+
+    async def main() -> tuple[bool, list[AsrEvent]]:
+        await asyncio.sleep(0.5)  # the worker is now stuck in a decode
+        ok = await stream.aclose(timeout=1.0)
+        return ok, [e async for e in stream.events()]
+
+    ok, events = asyncio.run(asyncio.wait_for(main(), 10))
+    assert not ok and events[-1].type is EventType.ERROR and "did not finish" in events[-1].text
+    assert stream.done and not stream.feed(np.zeros(1920, np.float32))
+
+
+def test_aclose_kills_a_hung_worker_process() -> None:
+    from kame.asr.process import ProcessStream
+
+    stream = ProcessStream(_hanging_transcriber, "hung-proc", max_queued_s=5, max_events=50)
+    assert stream.ready.wait(30)
+    stream.feed(np.concatenate([silence(0.2), synthesize("Hello there.")]))
+
+    async def main() -> tuple[bool, list[AsrEvent]]:
+        await asyncio.sleep(0.5)  # the worker is now stuck in a decode
+        ok = await stream.aclose(timeout=1.0)
+        return ok, [e async for e in stream.events()]
+
+    ok, events = asyncio.run(asyncio.wait_for(main(), 20))
+    assert not ok and events[-1].type is EventType.ERROR
+    stream._receiver.join(5)  # the pump thread reaps the child
+    assert stream._proc.exitcode is not None
+
+
+def test_feed_rejects_multichannel_arrays() -> None:
+    s = AsrStream("t", max_queued_s=1.0, max_events=10, on_event=None)
+    assert s.feed(np.zeros((1, 1920), np.float32))
+    assert s.feed(np.zeros(1920, np.int16))
+    with pytest.raises(ValueError, match="mono"):
+        s.feed(np.zeros((1920, 2), np.float32))

@@ -171,3 +171,25 @@ def test_feed_never_blocks_and_counts_overflow(recognizer: WhisperRecognizer) ->
     assert stats.dropped_chunks == results.count(False) and stats.dropped_chunks > 0
     assert stats.fed_s == pytest.approx(len(speech) / 24000)
     assert by_type(list(stream), EventType.FINAL)
+
+
+def test_concurrent_sessions_share_one_model(recognizer: WhisperRecognizer) -> None:
+    texts = ["Which planet in our solar system has the most moons?", "How long should I boil an egg?"]
+
+    async def session(text: str, voice: str) -> str:
+        stream = recognizer.open_stream()
+        await feed_realtime(stream, np.concatenate([silence(0.3), synthesize(text, voice), silence(0.8)]), speed=4)
+        await stream.aclose()
+        finals = [e.text async for e in stream.events() if e.type is EventType.FINAL]
+        assert len(finals) == 1 and stream.error is None
+        return finals[0]
+
+    async def main() -> list[str]:
+        return await asyncio.gather(session(texts[0], "en-us"), session(texts[1], "en-gb"))
+
+    finals = asyncio.run(asyncio.wait_for(main(), 60))
+    # Decoding is deterministic, so sharing the model must not change a word of either final.
+    for (text, voice), final in zip(zip(texts, ["en-us", "en-gb"]), finals):
+        alone = np.concatenate([silence(0.3), synthesize(text, voice), silence(0.8)])
+        offline = [e.text for e in transcribe_offline(recognizer.new_transcriber(), alone) if e.type is EventType.FINAL]
+        assert offline == [final]

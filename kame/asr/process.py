@@ -12,6 +12,7 @@ pipe: the receiving pump sees EOF and ends the stream with an ``error``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import threading
@@ -89,6 +90,14 @@ class ProcessStream(AsrStream):
     @property
     def worker_pid(self) -> int | None:
         return self._proc.pid
+
+    def abort(self, reason: str = "aborted") -> None:
+        """End the stream and kill the worker (a hung worker cannot hold a session)."""
+        super().abort(reason)
+        # Only signal here: the receiver thread alone reaps the child (two threads waiting on one
+        # child race each other in multiprocessing).
+        with contextlib.suppress(ValueError, OSError):
+            self._proc.kill()
 
     def _send(self, msg: tuple[Any, ...]) -> bool:
         try:

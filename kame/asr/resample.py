@@ -18,6 +18,8 @@ def as_mono_float32(pcm: np.ndarray) -> np.ndarray:
         x = x.astype(np.float32) / 32768.0
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 1:
+        if x.size != max(x.shape, default=0):
+            raise ValueError(f"expected mono audio, got an array of shape {x.shape}")
         x = x.reshape(-1)
     return x
 

@@ -129,11 +129,22 @@ class AsrStream:
         return self._done.wait(timeout)
 
     async def aclose(self, flush: bool = True, timeout: float | None = 30.0) -> bool:
-        """:meth:`close` then wait without blocking the event loop."""
+        """:meth:`close`, then wait without blocking the event loop.
+
+        A recogniser still busy after ``timeout`` is aborted (an ``error``
+        event ends the stream) and False is returned: closing never hangs.
+        """
         self.close(flush)
         if self._done.is_set():
             return True
-        return await asyncio.to_thread(self._done.wait, timeout)
+        if await asyncio.to_thread(self._done.wait, timeout):
+            return True
+        self.abort(f"did not finish within {timeout} s of close")
+        return False
+
+    def abort(self, reason: str = "aborted") -> None:
+        """End the stream now with an ``error`` event; whatever the recogniser still says is dropped."""
+        self.fail(f"{self.name}: {reason}")
 
     def events(self) -> AsyncIterator[AsrEvent]:
         """Async iterator over events; ends after the last one (final or error)."""
@@ -182,6 +193,8 @@ class AsrStream:
 
     def emit(self, em: Emission) -> None:
         """Stamp an emission with the audio fed so far and the wall clock, and deliver it."""
+        if self._done.is_set():
+            return  # aborted: late events have nowhere to go
         if em.type is EventType.ERROR:
             self._error = em.text
         ev = AsrEvent.stamp(em, self.audio_s, time.time())

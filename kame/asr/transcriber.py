@@ -67,12 +67,15 @@ class Utterance:
     chunks: list[np.ndarray] = field(default_factory=list)
     samples: int = 0
     decoded_at: int = 0  #: utterance length at the last partial decode
+    voiced_upto: int = 0  #: utterance length after its last voiced audio
     last_partial: str = ""
 
-    def append(self, x: np.ndarray) -> None:
+    def append(self, x: np.ndarray, voiced: bool = True) -> None:
         if x.size:
             self.chunks.append(x)
             self.samples += len(x)
+            if voiced:
+                self.voiced_upto = self.samples
 
     def audio(self) -> np.ndarray:
         if len(self.chunks) != 1:
@@ -158,8 +161,15 @@ class SegmentingTranscriber(Transcriber):
     # ------------------------------------------------------------------ internals
 
     def _partial_due(self) -> bool:
+        # Due every partial_interval_s of audio, but only if speech (not a pause) came since the
+        # last decode: re-decoding a pause rarely changes the words and costs as much.
         u = self._current
-        return u is not None and u.samples >= self._min_partial and u.samples - u.decoded_at >= self._interval
+        return (
+            u is not None
+            and u.samples >= self._min_partial
+            and u.samples - u.decoded_at >= self._interval
+            and u.voiced_upto > u.decoded_at
+        )
 
     def _route(self, signals: list[TurnSignal]) -> list[Emission]:
         out: list[Emission] = []
@@ -173,7 +183,7 @@ class SegmentingTranscriber(Transcriber):
                 out.append(Emission(EventType.SPEECH_STARTED, utterance=utt.index))
             elif isinstance(s, TurnAudio):
                 if self._current is not None:
-                    self._current.append(s.audio)
+                    self._current.append(s.audio, s.voiced)
             elif isinstance(s, TurnEnd) and self._current is not None:
                 utt, self._current = self._current, None
                 utt.truncate(utt.samples - max(0, s.trailing - self._tail))

@@ -45,9 +45,10 @@ class TurnStart:
 
 @dataclass(frozen=True)
 class TurnAudio:
-    """Audio inside the current turn."""
+    """Audio inside the current turn; ``voiced``: some of it is speech (not just a pause)."""
 
     audio: np.ndarray
+    voiced: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class TurnDetector:
                 self._silence = 0
                 self.in_turn = True
             return
-        out.append(TurnAudio(f))
+        out.append(TurnAudio(f, voiced))
         self._frames += 1
         self._silence = 0 if voiced else self._silence + 1
         if self._silence >= self._end_frames:
@@ -129,15 +130,18 @@ class TurnDetector:
 def _merge_audio(signals: list[TurnSignal]) -> list[TurnSignal]:
     """Join runs of TurnAudio so callers handle a few arrays, not one per 30 ms."""
     out: list[TurnSignal] = []
-    run: list[np.ndarray] = []
+    run: list[TurnAudio] = []
+
+    def close_run() -> None:
+        if run:
+            out.append(TurnAudio(np.concatenate([a.audio for a in run]), any(a.voiced for a in run)))
+            run.clear()
+
     for s in signals:
         if isinstance(s, TurnAudio):
-            run.append(s.audio)
+            run.append(s)
             continue
-        if run:
-            out.append(TurnAudio(np.concatenate(run)))
-            run = []
+        close_run()
         out.append(s)
-    if run:
-        out.append(TurnAudio(np.concatenate(run)))
+    close_run()
     return out
