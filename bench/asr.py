@@ -12,7 +12,9 @@ each as its own session: 0.5 s of silence, the sentence, 1.5 s of silence.
   (difflib), so a word counts only where it belongs. Word ends come from
   synthesizing every prefix of the sentence (tests/speech.py). Whisper
   sometimes guesses a word before its end, so lags can be negative. Words
-  never recognised are counted apart, not in the lag.
+  never recognised are counted apart, not in the lag. Also reported: the
+  lag until a word is *committed* (in a partial's ``stable`` prefix, or the
+  final).
 * CPU real-time factor per session: process CPU time (all threads) / audio
   duration fed, also over the speech only (without the silences).
 
@@ -64,6 +66,7 @@ class SentenceResult:
     speech_s: float
     cpu_s: float
     lags_s: list[float] = field(default_factory=list)
+    stable_lags_s: list[float] = field(default_factory=list)
     missed_words: int = 0
     partials: int = 0
     decodes: int = 0
@@ -100,6 +103,11 @@ def run_sentence(recognizer, text: str, voice: str, speed: int) -> SentenceResul
     # Punctuation-only tokens vanish in words(); ends[] follows text.split(), so map back.
     split_ends = [end for tok, end in zip(text.split(), ends) if words(tok)]
     seen = first_appearance(ref_words, timeline)
+    committed = first_appearance(
+        ref_words,
+        [(e.audio_s, words(e.stable if e.type is EventType.PARTIAL else e.text)) for e in events
+         if e.type in (EventType.PARTIAL, EventType.FINAL)],
+    )
     res = SentenceResult(
         reference=" ".join(ref_words),
         hypothesis=" ".join(words(" ".join(finals))),
@@ -110,11 +118,13 @@ def run_sentence(recognizer, text: str, voice: str, speed: int) -> SentenceResul
         decodes=stats.partial_decodes + stats.final_decodes,
         decode_s=stats.decode_s,
     )
-    for t, end in zip(seen, split_ends):
+    for t, t_stable, end in zip(seen, committed, split_ends):
         if t is None:
             res.missed_words += 1
         else:
             res.lags_s.append(t - end)
+        if t_stable is not None:
+            res.stable_lags_s.append(t_stable - end)
     return res
 
 
@@ -147,6 +157,7 @@ def bench_kind(kind: str, cfg_asr, sentences: list[tuple[str, str, int]]) -> dic
         "wer": round(jiwer.wer([r.reference for r in results], [r.hypothesis for r in results]), 4),
         "lag_median_s": round(statistics.median(lags), 3) if lags else None,
         "lag_p90_s": round(percentile(lags, 0.9), 3) if lags else None,
+        "stable_lag_median_s": round(statistics.median(stable), 3) if (stable := [x for r in results for x in r.stable_lags_s]) else None,
         "words_never_seen": sum(r.missed_words for r in results),
         "words": sum(len(r.lags_s) + r.missed_words for r in results),
         "rtf": round(cpu / audio, 3),
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         out.append(r)
         print(
             f"{kind}: WER {r['wer'] * 100:.1f}%  partial lag median {r['lag_median_s']} s, p90 {r['lag_p90_s']} s "
-            f"({r['words_never_seen']}/{r['words']} words never seen)  CPU RTF {r['rtf']} "
+            f"({r['words_never_seen']}/{r['words']} words never seen; committed: median {r['stable_lag_median_s']} s)  CPU RTF {r['rtf']} "
             f"(speech only {r['rtf_speech']})  per s of speech: {r['partials_per_s_speech']} partials, "
             f"{r['decodes_per_s_speech']} decodes of {r['decode_ms_mean']} ms  load {r['load_s']} s  "
             f"[{r['sentences']} sentences]"

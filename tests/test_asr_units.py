@@ -248,8 +248,7 @@ def test_config_fields_are_documented_and_strict() -> None:
 
     for model in (AsrConfig, TurnConfig, WhisperConfig):
         for name, field in model.model_fields.items():
-            if name not in ("turn", "whisper"):
-                assert field.description, f"{model.__name__}.{name} lacks a description"
+            assert field.description, f"{model.__name__}.{name} lacks a description"
     with pytest.raises(ValidationError):
         AsrConfig(partial_intervall_s=0.3)
     with pytest.raises(ValidationError):
@@ -273,10 +272,14 @@ def test_whisper_hub_failure_is_one_sentence(monkeypatch: pytest.MonkeyPatch) ->
 
 
 class _HangingTranscriber(_EchoTranscriber):
-    """A decoder that never returns (a deadlock in native code, say)."""
+    """A decoder that does not return (a deadlock in native code, say) until ``release`` is set."""
+
+    def __init__(self, cfg: AsrConfig, release: threading.Event | None = None) -> None:
+        super().__init__(cfg)
+        self.release = release or threading.Event()
 
     def partial_text(self, utt: Utterance) -> str:
-        time.sleep(3600)
+        self.release.wait(3600)
         return ""
 
 
@@ -285,7 +288,8 @@ def _hanging_transcriber() -> _HangingTranscriber:
 
 
 def test_aclose_aborts_a_hung_thread_recogniser() -> None:
-    stream = ThreadedStream(_hanging_transcriber(), "hung", max_queued_s=5, max_events=50)
+    release = threading.Event()
+    stream = ThreadedStream(_HangingTranscriber(AsrConfig(), release), "hung", max_queued_s=5, max_events=50)
     stream.feed(np.concatenate([silence(0.2), synthesize("Hello there.")]))
 
     async def main() -> tuple[bool, list[AsrEvent]]:
@@ -294,8 +298,11 @@ def test_aclose_aborts_a_hung_thread_recogniser() -> None:
         return ok, [e async for e in stream.events()]
 
     ok, events = asyncio.run(asyncio.wait_for(main(), 10))
+    release.set()  # let the worker thread end (its late events go nowhere)
     assert not ok and events[-1].type is EventType.ERROR and "did not finish" in events[-1].text
     assert stream.done and not stream.feed(np.zeros(1920, np.float32))
+    stream._thread.join(5)
+    assert list(stream) == [] and not stream._thread.is_alive()
 
 
 def test_aclose_kills_a_hung_worker_process() -> None:
@@ -316,8 +323,13 @@ def test_aclose_kills_a_hung_worker_process() -> None:
     assert stream._proc.exitcode is not None
 
 
-def test_feed_rejects_multichannel_arrays() -> None:
+def test_feed_copies_and_rejects_multichannel_arrays() -> None:
     s = AsrStream("t", max_queued_s=1.0, max_events=10, on_event=None)
+    buf = np.ones(1920, np.float32)
+    assert s.feed(buf)
+    buf[:] = 0  # the caller reuses its buffer
+    chunks, _ = s.inbox.take(wait=False)
+    assert chunks[0].min() == 1.0
     assert s.feed(np.zeros((1, 1920), np.float32))
     assert s.feed(np.zeros(1920, np.int16))
     with pytest.raises(ValueError, match="mono"):

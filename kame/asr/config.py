@@ -131,5 +131,5 @@ class AsrConfig(BaseModel):
     max_events: int = Field(
         1000, ge=10, description="Unread events kept per session; the oldest partials go first."
     )
-    turn: TurnConfig = Field(default_factory=TurnConfig)
-    whisper: WhisperConfig = Field(default_factory=WhisperConfig)
+    turn: TurnConfig = Field(default_factory=TurnConfig, description="Voice activity detection and end of turn.")
+    whisper: WhisperConfig = Field(default_factory=WhisperConfig, description="Whisper-only decoding settings.")

@@ -113,8 +113,11 @@ class AsrStream:
     # ------------------------------------------------------------------ session side
 
     def feed(self, pcm: np.ndarray) -> bool:
-        """Queue audio; False if it was dropped (queue full, stream closed or failed)."""
-        x = as_mono_float32(pcm)
+        """Queue audio; False if it was dropped (queue full, stream closed or failed).
+
+        The samples are copied: the caller may reuse its buffer.
+        """
+        x = np.array(as_mono_float32(pcm), dtype=np.float32, copy=True)
         if self._done.is_set():
             return False
         self._fed += len(x)
