@@ -187,3 +187,12 @@ def test_hub_unreachable_fails_fast(tmp_path: Path) -> None:
 def test_not_a_repo_id(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no such directory"):
         resolve_checkpoint(str(tmp_path / "missing-dir"))
+
+
+def test_kame_download_local_and_offline(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    kame = [sys.executable, "-m", "kame.cli", "download"]
+    ok = subprocess.run([*kame, "--checkpoint", str(tiny_kame_ckpt), "--asr", "none"], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and "local, nothing to download" in ok.stdout
+    bad = subprocess.run([*kame, "--checkpoint", "SakanaAI/kame", "--asr", "none"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "HF_HUB_OFFLINE" in bad.stderr and "Traceback" not in bad.stderr
