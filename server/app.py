@@ -58,6 +58,7 @@ def create_app(
 ) -> FastAPI:
     """A server for ``cfg`` on ``device`` (see :func:`kame.server.host.choose_device`)."""
     from kame.server.chat import router as chat_router
+    from kame.server.realtime import install as install_realtime
     from kame.server.http_routes import BackendHealthCache
     from kame.server.http_routes import router as http_router
     from kame.versions import runtime_versions
@@ -87,4 +88,5 @@ def create_app(
     app.state.kame = state
     app.include_router(http_router)
     app.include_router(chat_router)
+    install_realtime(app)  # /v1/realtime (OpenAI Realtime events), docs/protocol.md
     return app

@@ -64,6 +64,21 @@ class ServerConfig(BaseModel):
     max_message_bytes: int = Field(
         1 << 20, ge=1024, description="Largest websocket message accepted from a client."
     )
+    input_buffer_s: float = Field(
+        10.0,
+        ge=0,
+        le=60,
+        description="/v1/realtime: audio a client may send ahead of real time; it is queued and fed at real "
+        "time, audio beyond it is dropped (counted).",
+    )
+    input_burst_s: float = Field(
+        2.0, ge=0.1, le=10, description="Audio that passes at once when it arrives early (network jitter) before pacing applies."
+    )
+    flood_close_s: float = Field(
+        10.0,
+        gt=0,
+        description="A session that had this much audio dropped for arriving too far ahead of real time is closed (1008).",
+    )
     record_dir: Path | None = Field(
         None,
         description="Write each session's audio (user.wav, assistant.wav) and events.jsonl (transcripts) "

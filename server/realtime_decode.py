@@ -1,0 +1,104 @@
+"""Client events of ``/v1/realtime``: parsing and validation. No I/O.
+
+Every message either becomes one of the few commands the session acts on,
+or raises :class:`~kame.server.realtime_events.ClientError` with the code
+the client gets back (docs/protocol.md 3.7, 3.8). Nothing here trusts the
+message: sizes, types and base64 are checked before anything is decoded
+further, and error messages quote at most a few dozen characters of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+from kame.server.realtime_events import ClientError
+
+#: OpenAI client events this server knows but does not implement, and why.
+UNSUPPORTED: dict[str, str] = {
+    "response.create": "responses are not requested: Moshi speaks full duplex whenever it decides to",
+    "response.cancel": "a response cannot be cancelled from outside; Moshi stops when the user talks over it",
+    "input_audio_buffer.commit": "turns are detected by the server's speech recognition; there is no manual commit",
+    "input_audio_buffer.clear": "appended audio is fed to the model as it arrives; there is no buffer to clear",
+    "output_audio_buffer.clear": "the output audio is a continuous stream; there is no buffer to clear",
+    "conversation.item.create": "the conversation is the live audio; items cannot be added",
+    "conversation.item.retrieve": "items are not stored on the server",
+    "conversation.item.truncate": "the conversation is the live audio; items cannot be truncated",
+    "conversation.item.delete": "the conversation is the live audio; items cannot be deleted",
+    "transcription_session.update": "transcription-only sessions are not supported",
+}
+
+
+@dataclass(frozen=True)
+class AppendAudio:
+    """PCM16 little-endian bytes (any length, possibly odd)."""
+
+    pcm16: bytes
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    session: Any
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionReset:
+    event_id: str | None = None
+
+
+ClientCommand = Union[AppendAudio, SessionUpdate, SessionReset]
+
+
+def _event_id(obj: dict[str, Any]) -> str | None:
+    value = obj.get("event_id")
+    return value[:128] if isinstance(value, str) else None
+
+
+def decode_client_event(message: str | bytes | None) -> ClientCommand:
+    """One websocket message -> a command, or :class:`ClientError`."""
+    if isinstance(message, (bytes, bytearray)):
+        raise ClientError(
+            "binary_not_supported", "binary websocket frames are not part of this protocol: send JSON text events"
+        )
+    if not message:
+        raise ClientError("invalid_json", "empty message: expected a JSON object with a \"type\"")
+    try:
+        obj = json.loads(message)
+    except (json.JSONDecodeError, RecursionError):
+        raise ClientError("invalid_json", "the message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ClientError("invalid_json", "the message must be a JSON object with a \"type\"")
+    event_id = _event_id(obj)
+    etype = obj.get("type")
+    if not isinstance(etype, str) or not etype:
+        raise ClientError("invalid_event", "the event has no \"type\" string", param="type", event_id=event_id)
+    if etype == "input_audio_buffer.append":
+        return AppendAudio(decode_audio(obj.get("audio"), event_id), event_id)
+    if etype == "session.update":
+        return SessionUpdate(obj.get("session"), event_id)
+    if etype == "kame.session.reset":
+        return SessionReset(event_id)
+    if etype in UNSUPPORTED:
+        raise ClientError("unsupported_event", f"{etype} is not supported: {UNSUPPORTED[etype]}", param="type", event_id=event_id)
+    raise ClientError("unknown_event", f"unknown event type {etype[:64]!r}", param="type", event_id=event_id)
+
+
+def decode_audio(value: Any, event_id: str | None = None) -> bytes:
+    """``audio`` of an append: base64 -> bytes (strict alphabet, padding checked)."""
+    if value is None:
+        raise ClientError(
+            "missing_required_parameter", "input_audio_buffer.append needs \"audio\" (base64 PCM16)", param="audio", event_id=event_id
+        )
+    if not isinstance(value, str):
+        raise ClientError("invalid_base64", "input_audio_buffer.append: audio must be a base64 string", param="audio", event_id=event_id)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ClientError(
+            "invalid_base64", "input_audio_buffer.append: audio is not valid base64", param="audio", event_id=event_id
+        ) from None

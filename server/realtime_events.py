@@ -1,0 +1,295 @@
+"""Server events of ``/v1/realtime`` (OpenAI Realtime GA shapes) as plain dicts. No I/O.
+
+Builders return dicts without ``event_id``; :class:`EventEncoder` stamps
+each with a session-unique id when it is serialised, so the order of ids is
+the order on the wire. Ids look like OpenAI's (``event_``, ``resp_``,
+``item_``, ``sess_`` + hex) so that clients that parse them by prefix work.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+from typing import Any
+
+import numpy as np
+
+from kame.server.auth import redact
+
+Event = dict[str, Any]
+
+SAMPLE_RATE = 24000
+AUDIO_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": SAMPLE_RATE}
+VOICE = "moshi"
+
+
+class Ids:
+    """Session-unique ids: a random session prefix and counters (cheap, never repeated)."""
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix or secrets.token_hex(4)
+        self._n = 0
+
+    def _next(self, kind: str) -> str:
+        self._n += 1
+        return f"{kind}_{self.prefix}{self._n:06x}"
+
+    def event(self) -> str:
+        return self._next("event")
+
+    def response(self) -> str:
+        return self._next("resp")
+
+    def item(self) -> str:
+        return self._next("item")
+
+    def session(self) -> str:
+        return f"sess_{self.prefix}"
+
+
+class EventEncoder:
+    """Serialises events (compact JSON) and stamps ``event_id``."""
+
+    def __init__(self, ids: Ids) -> None:
+        self.ids = ids
+
+    def encode(self, event: Event) -> str:
+        stamped = {"type": event["type"], "event_id": self.ids.event()}
+        stamped.update((k, v) for k, v in event.items() if k != "type")
+        return json.dumps(stamped, separators=(",", ":"), ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- audio
+
+
+def pcm16_base64(pcm: np.ndarray) -> str:
+    """float32 [-1, 1] -> base64 of 16-bit little-endian PCM (clipped)."""
+    ints = (np.clip(np.asarray(pcm, np.float32).reshape(-1), -1.0, 1.0) * 32767.0).round().astype("<i2")
+    return base64.b64encode(ints.tobytes()).decode("ascii")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def error_event(
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    client_event_id: str | None = None,
+    error_type: str = "invalid_request_error",
+) -> Event:
+    return {
+        "type": "error",
+        "error": {"type": error_type, "code": code, "message": message, "param": param, "event_id": client_event_id},
+    }
+
+
+# --------------------------------------------------------------------------- assistant responses
+
+
+def assistant_item(item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+    content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": content,
+    }
+
+
+def response_object(response_id: str, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "realtime.response",
+        "status": status,
+        "status_details": None if status in ("in_progress", "completed") else {"type": status, "reason": None},
+        "output": output,
+        "output_modalities": ["audio"],
+        "audio": {"output": {"format": dict(AUDIO_FORMAT), "voice": VOICE}},
+        "conversation_id": None,
+        "max_output_tokens": "inf",
+        "metadata": None,
+        "usage": None,
+    }
+
+
+def response_start(response_id: str, item_id: str, previous_item_id: str | None) -> list[Event]:
+    """The four events that open a response with its single audio item."""
+    item = assistant_item(item_id, "in_progress", None)
+    where = {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
+    return [
+        {"type": "response.created", "response": response_object(response_id, "in_progress", [])},
+        {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": item},
+        {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": dict(item)},
+        {"type": "response.content_part.added", **where, "part": {"type": "audio", "transcript": ""}},
+    ]
+
+
+def audio_delta(response_id: str, item_id: str, delta: str) -> Event:
+    return {
+        "type": "response.output_audio.delta",
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": 0,
+        "content_index": 0,
+        "delta": delta,
+    }
+
+
+def transcript_delta(response_id: str, item_id: str, delta: str) -> Event:
+    return {
+        "type": "response.output_audio_transcript.delta",
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": 0,
+        "content_index": 0,
+        "delta": delta,
+    }
+
+
+def response_end(
+    response_id: str, item_id: str, previous_item_id: str | None, transcript: str, status: str
+) -> list[Event]:
+    """The six events that close a response (``status``: completed or incomplete)."""
+    where = {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
+    item_status = "completed" if status == "completed" else "incomplete"
+    item = assistant_item(item_id, item_status, transcript)
+    return [
+        {"type": "response.output_audio.done", **where},
+        {"type": "response.output_audio_transcript.done", **where, "transcript": transcript},
+        {"type": "response.content_part.done", **where, "part": {"type": "audio", "transcript": transcript}},
+        {"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": item},
+        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(item)},
+        {"type": "response.done", "response": response_object(response_id, status, [dict(item)])},
+    ]
+
+
+def silence_delta(delta: str) -> Event:
+    """An output frame outside any response (``kame.output_audio.delta``)."""
+    return {"type": "kame.output_audio.delta", "delta": delta}
+
+
+# --------------------------------------------------------------------------- user turns
+
+
+def user_item(item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "user",
+        "status": status,
+        "content": [{"type": "input_audio", "transcript": transcript}],
+    }
+
+
+def speech_started(item_id: str, audio_ms: int, previous_item_id: str | None) -> list[Event]:
+    return [
+        {"type": "input_audio_buffer.speech_started", "audio_start_ms": audio_ms, "item_id": item_id},
+        {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": user_item(item_id, "in_progress", None)},
+    ]
+
+
+def speech_stopped(item_id: str, audio_ms: int, previous_item_id: str | None) -> list[Event]:
+    return [
+        {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": audio_ms, "item_id": item_id},
+        {"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": previous_item_id},
+    ]
+
+
+def transcription_delta(item_id: str, delta: str) -> Event:
+    return {"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id, "content_index": 0, "delta": delta}
+
+
+def transcription_partial(item_id: str, text: str, stable: str, latency_s: float | None) -> Event:
+    return {
+        "type": "kame.input_audio_transcription.partial",
+        "item_id": item_id,
+        "text": text,
+        "stable": stable,
+        "latency_s": None if latency_s is None else round(float(latency_s), 3),
+    }
+
+
+def transcription_completed(item_id: str, transcript: str, seconds: float, previous_item_id: str | None) -> list[Event]:
+    return [
+        {
+            "type": "conversation.item.input_audio_transcription.completed",
+            "item_id": item_id,
+            "content_index": 0,
+            "transcript": transcript,
+            "usage": {"type": "duration", "seconds": round(max(0.0, seconds), 3)},
+        },
+        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": user_item(item_id, "completed", transcript)},
+    ]
+
+
+def transcription_failed(item_id: str, message: str) -> Event:
+    return {
+        "type": "conversation.item.input_audio_transcription.failed",
+        "item_id": item_id,
+        "content_index": 0,
+        "error": {"type": "server_error", "code": "asr_error", "message": message, "param": None},
+    }
+
+
+class ClientError(ValueError):
+    """A client event that cannot be honoured: becomes one ``error`` event; the session goes on."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+
+    def to_event(self) -> Event:
+        return error_event(self.code, self.message, param=self.param, client_event_id=self.event_id)
+
+
+# --------------------------------------------------------------------------- kame.* events
+
+#: TandemEvent type -> kame.* event type, and the payload fields passed on.
+KAME_EVENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llm.request_started": ("kame.backend.request_started", ("request_id", "backend", "turn_id", "reason")),
+    "llm.first_token": ("kame.backend.first_token", ("request_id", "backend", "ttft_s")),
+    "llm.done": ("kame.backend.done", ("request_id", "backend", "text", "duration_s")),
+    "llm.cancelled": ("kame.backend.cancelled", ("request_id", "reason")),
+    "llm.dropped": ("kame.backend.dropped", ("request_id", "reason")),
+    "llm.error": ("kame.backend.error", ("request_id", "backend", "error", "message")),
+    "backend.down": ("kame.backend.down", ("backend", "error", "retry_in_s")),
+    "backend.up": ("kame.backend.up", ("backend",)),
+    "oracle.reset": ("kame.oracle.reset", ("request_id", "text", "tokens")),
+    "oracle.text": ("kame.oracle.text", ("request_id", "text", "tokens")),
+    "oracle.cleared": ("kame.oracle.cleared", ("reason",)),
+}
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+
+
+def client_safe(message: str, limit: int = 300) -> str:
+    """An error message fit for a client: URLs and token-like values masked, length bounded."""
+    text = redact(_URL.sub("<url>", str(message)))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def kame_event(tandem_type: str, data: dict[str, Any]) -> Event | None:
+    """The ``kame.*`` event for a Tandem event (None for the ones mapped elsewhere or not sent)."""
+    spec = KAME_EVENTS.get(tandem_type)
+    if spec is None:
+        return None
+    name, fields = spec
+    out: Event = {"type": name}
+    for key in fields:
+        value = data.get(key)
+        if key == "message" and value is not None:
+            value = client_safe(value)
+        elif isinstance(value, float):
+            value = round(value, 4)
+        out[key] = value
+    return out

@@ -1,0 +1,297 @@
+"""Per-session settings of ``/v1/realtime``: ``session.update`` validation and the session object. No I/O.
+
+An update is validated as a whole before anything changes (one ``error``
+and nothing applied, or the new settings), so a client never ends up with a
+half-applied session. OpenAI fields without a meaning here are accepted and
+ignored (docs/protocol.md 3.2); the ``kame`` object is checked strictly
+because a typo there would silently do nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kame.server.realtime_events import AUDIO_FORMAT, SAMPLE_RATE, VOICE, ClientError
+
+MAX_INSTRUCTIONS_CHARS = 20_000
+KAME_KEYS = (
+    "backend",
+    "oracle_policy",
+    "oracle_delay_s",
+    "barge_in",
+    "record",
+    "text_temperature",
+    "text_topk",
+    "silence_audio",
+)
+#: Settings the Tandem takes (``Tandem.update``); the rest are the session's own.
+TANDEM_KEYS = ("backend", "oracle_policy", "oracle_delay_s", "barge_in", "instructions", "text_temperature", "text_topk")
+BETA_AUDIO_FORMATS = ("pcm16",)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the server offers, for validation and for ``session.kame.server``."""
+
+    session_id: str
+    model: str = "kame"
+    backends: Sequence[str] = ()
+    default_backend: str | None = None
+    oracle_policies: Sequence[str] = ("reset", "keep_if_same_start", "freeze_when_speaking")
+    barge_in_values: Sequence[str] = ("keep", "clear")
+    default_oracle_policy: str = "reset"
+    default_barge_in: str = "keep"
+    default_oracle_delay_s: float = 0.0
+    default_instructions: str | None = None
+    asr_kind: str = "none"
+    record_available: bool = False
+    idle_timeout_s: float = 30.0
+    max_duration_s: float = 600.0
+    input_buffer_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RealtimeSettings:
+    """What a client chose (None: the server's default)."""
+
+    instructions: str | None = None
+    backend: str | None = None
+    oracle_policy: str | None = None
+    oracle_delay_s: float | None = None
+    barge_in: str | None = None
+    record: bool = False
+    text_temperature: float | None = None
+    text_topk: int | None = None
+    silence_audio: bool = True
+    ignored: tuple[str, ...] = field(default=(), compare=False)
+
+    def tandem_changes(self, before: RealtimeSettings, info: ServerInfo) -> dict[str, Any]:
+        """Arguments for ``Tandem.update`` that turn ``before`` into ``self`` (sampling always as a pair)."""
+        out: dict[str, Any] = {}
+        if self.backend != before.backend:
+            out["backend"] = self.backend
+        if self.oracle_policy != before.oracle_policy:
+            out["oracle_policy"] = self.oracle_policy or info.default_oracle_policy
+        if self.barge_in != before.barge_in:
+            out["barge_in"] = self.barge_in or info.default_barge_in
+        if self.oracle_delay_s != before.oracle_delay_s:
+            out["oracle_delay_s"] = info.default_oracle_delay_s if self.oracle_delay_s is None else self.oracle_delay_s
+        if self.instructions != before.instructions:
+            out["instructions"] = self.instructions if self.instructions is not None else info.default_instructions
+        if (self.text_temperature, self.text_topk) != (before.text_temperature, before.text_topk):
+            out["text_temperature"] = self.text_temperature
+            out["text_topk"] = self.text_topk
+        return out
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _number(value: Any, param: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not lo <= value <= hi:
+        raise ClientError("invalid_value", f"{param} must be a number between {lo:g} and {hi:g}", param=param)
+    return float(value)
+
+
+def _integer(value: Any, param: str, lo: int, hi: int) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        ok = True
+    if not ok or not lo <= value <= hi:
+        raise ClientError("invalid_value", f"{param} must be an integer between {lo} and {hi}", param=param)
+    return int(value)
+
+
+def _choice(value: Any, param: str, choices: Sequence[str], code: str = "invalid_value") -> str:
+    if not isinstance(value, str) or value not in choices:
+        shown = repr(value)[:64]
+        raise ClientError(code, f"{param}: {shown} is not one of {', '.join(choices) or '(none configured)'}", param=param)
+    return value
+
+
+def _object(value: Any, param: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ClientError("invalid_value", f"{param} must be an object", param=param)
+    return value
+
+
+def _check_format(value: Any, param: str) -> None:
+    if value is None:
+        return
+    fmt = _object(value, param)
+    if fmt.get("type") != "audio/pcm" or fmt.get("rate", SAMPLE_RATE) != SAMPLE_RATE:
+        raise ClientError(
+            "unsupported_audio_format",
+            f"{param}: only {{\"type\": \"audio/pcm\", \"rate\": {SAMPLE_RATE}}} (16-bit little-endian mono) is supported",
+            param=param,
+        )
+
+
+def _check_audio(session: Mapping[str, Any]) -> None:
+    audio = session.get("audio")
+    if audio is None:
+        return
+    audio = _object(audio, "session.audio")
+    for direction in ("input", "output"):
+        part = audio.get(direction)
+        if part is None:
+            continue
+        part = _object(part, f"session.audio.{direction}")
+        _check_format(part.get("format"), f"session.audio.{direction}.format")
+
+
+def _check_audio_beta(session: Mapping[str, Any]) -> None:
+    """Beta shapes (``input_audio_format: "pcm16"``), still sent by older clients."""
+    for key in ("input_audio_format", "output_audio_format"):
+        if key in session and session[key] not in BETA_AUDIO_FORMATS:
+            raise ClientError(
+                "unsupported_audio_format", f"session.{key}: only \"pcm16\" (24 kHz) is supported", param=f"session.{key}"
+            )
+
+
+def _check_modalities(session: Mapping[str, Any]) -> None:
+    for key in ("output_modalities", "modalities"):
+        value = session.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or "audio" not in value:
+            raise ClientError(
+                "invalid_value",
+                f"session.{key}: must include \"audio\" (Moshi always speaks; its text comes as the audio transcript)",
+                param=f"session.{key}",
+            )
+    tools = session.get("tools")
+    if tools not in (None, []):
+        raise ClientError("invalid_value", "session.tools: tool calls are not supported", param="session.tools")
+
+
+def parse_session_update(payload: Any, current: RealtimeSettings, info: ServerInfo) -> RealtimeSettings:
+    """The settings after ``session.update``'s ``session`` object, or :class:`ClientError`."""
+    if payload is None:
+        raise ClientError("missing_required_parameter", "session.update needs a session object", param="session")
+    session = _object(payload, "session")
+    stype = session.get("type", "realtime")
+    if stype != "realtime":
+        raise ClientError(
+            "invalid_value", f"session.type: only \"realtime\" sessions are supported, not {str(stype)[:32]!r}", param="session.type"
+        )
+    _check_audio(session)
+    _check_audio_beta(session)
+    _check_modalities(session)
+    changes: dict[str, Any] = {}
+    if "instructions" in session:
+        value = session["instructions"]
+        if value is not None and not isinstance(value, str):
+            raise ClientError("invalid_value", "session.instructions must be a string or null", param="session.instructions")
+        if value is not None and len(value) > MAX_INSTRUCTIONS_CHARS:
+            raise ClientError(
+                "invalid_value",
+                f"session.instructions: at most {MAX_INSTRUCTIONS_CHARS} characters",
+                param="session.instructions",
+            )
+        changes["instructions"] = value if value and value.strip() else None
+    kame = session.get("kame")
+    if kame is not None:
+        changes.update(_parse_kame(_object(kame, "session.kame"), info))
+    known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools"}
+    ignored = tuple(sorted(str(k) for k in session if k not in known))
+    return replace(current, ignored=ignored, **changes)
+
+
+def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
+    unknown = sorted(str(k) for k in kame if k not in KAME_KEYS)
+    if unknown:
+        raise ClientError(
+            "unknown_parameter",
+            f"session.kame: unknown key(s) {', '.join(u[:32] for u in unknown[:5])} (known: {', '.join(KAME_KEYS)})",
+            param=f"session.kame.{unknown[0][:32]}",
+        )
+    out: dict[str, Any] = {}
+    for key, value in kame.items():
+        param = f"session.kame.{key}"
+        if key == "backend":
+            if value is None:
+                out[key] = None
+            else:
+                out[key] = _choice(value, param, list(info.backends), code="unknown_backend")
+        elif key == "oracle_policy":
+            out[key] = None if value is None else _choice(value, param, list(info.oracle_policies))
+        elif key == "barge_in":
+            out[key] = None if value is None else _choice(value, param, list(info.barge_in_values))
+        elif key == "oracle_delay_s":
+            out[key] = None if value is None else _number(value, param, 0.0, 10.0)
+        elif key == "text_temperature":
+            out[key] = None if value is None else _number(value, param, 0.0, 10.0)
+        elif key == "text_topk":
+            out[key] = None if value is None else _integer(value, param, 1, 100_000)
+        elif key in ("record", "silence_audio"):
+            if not isinstance(value, bool):
+                raise ClientError("invalid_value", f"{param} must be true or false", param=param)
+            if key == "record" and value and not info.record_available:
+                raise ClientError(
+                    "recording_disabled", "session.kame.record: this server does not record (server.record_dir is not set)", param=param
+                )
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------- the session object
+
+
+def session_object(settings: RealtimeSettings, info: ServerInfo) -> dict[str, Any]:
+    """The ``session`` of ``session.created`` / ``session.updated`` (GA shape plus ``kame``)."""
+    asr = info.asr_kind != "none"
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": f"sess_{info.session_id}",
+        "model": info.model,
+        "output_modalities": ["audio"],
+        "instructions": settings.instructions,
+        "audio": {
+            "input": {
+                "format": dict(AUDIO_FORMAT),
+                "transcription": {"model": info.asr_kind} if asr else None,
+                "turn_detection": {"type": "server_vad", "create_response": False, "interrupt_response": False}
+                if asr
+                else None,
+                "noise_reduction": None,
+            },
+            "output": {"format": dict(AUDIO_FORMAT), "voice": VOICE, "speed": 1.0},
+        },
+        "tools": [],
+        "tool_choice": "auto",
+        "max_output_tokens": "inf",
+        "kame": {
+            "backend": settings.backend or info.default_backend,
+            "oracle_policy": settings.oracle_policy or info.default_oracle_policy,
+            "oracle_delay_s": info.default_oracle_delay_s if settings.oracle_delay_s is None else settings.oracle_delay_s,
+            "barge_in": settings.barge_in or info.default_barge_in,
+            "record": settings.record,
+            "text_temperature": settings.text_temperature,
+            "text_topk": settings.text_topk,
+            "silence_audio": settings.silence_audio,
+            "server": {
+                "session_id": info.session_id,
+                "backends": list(info.backends),
+                "oracle_policies": list(info.oracle_policies),
+                "asr": info.asr_kind,
+                "frame_ms": 80,
+                "idle_timeout_s": info.idle_timeout_s,
+                "max_duration_s": info.max_duration_s,
+                "input_buffer_s": info.input_buffer_s,
+            },
+        },
+    }
+
+
+def settings_dict(settings: RealtimeSettings) -> dict[str, Any]:
+    """For recordings and logs (instructions shortened: they may be long)."""
+    out = asdict(settings)
+    out.pop("ignored", None)
+    if out.get("instructions"):
+        out["instructions"] = out["instructions"][:200]
+    return out
