@@ -45,13 +45,6 @@ class ServerConfig(BaseModel):
     warmup_steps: int = Field(
         4, ge=0, le=100, description="Engine ticks on every slot at start, before the server reports ready."
     )
-    cpu_threads: int | None = Field(
-        None,
-        ge=1,
-        le=256,
-        description="Torch threads for the engine on a CPU device (None: half the cores, at most 4, so the "
-        "event loop and the ASR keep a core).",
-    )
     send_queue_frames: int = Field(
         25,
         ge=2,

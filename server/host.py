@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from kame.frontend.engine_thread import AsyncSlot, EngineThread
     from kame.frontend.models import FrontendModels
     from kame.server.metrics import ServerMetrics
-    from kame.tandem import Emit, Tandem
+    from kame.tandem import Emit, Tandem, TandemFactory
 
 log = logging.getLogger("kame.server.host")
 
@@ -89,20 +89,6 @@ def choose_device(cfg: KameConfig) -> torch.device:
     return device
 
 
-def cpu_threads(configured: int | None) -> int:
-    """Torch threads on CPU: as configured, else half the cores (at most 4).
-
-    OpenMP threads that outnumber free cores stall each other at every
-    barrier; on small machines one core must stay free for the event loop
-    (Opus, websockets) and the ASR.
-    """
-    import os
-
-    if configured is not None:
-        return configured
-    return max(1, min(4, (os.cpu_count() or 2) // 2))
-
-
 def engine_batch_size(cfg: KameConfig) -> int:
     """Slots of the server's engine: ``server.max_sessions`` when set, else ``frontend.batch_size``."""
     return int(cfg.server.max_sessions or cfg.frontend.batch_size)
@@ -137,6 +123,7 @@ class ModelHost:
         self.backends: BackendRegistry | None = None
         self.checkpoint_path: str | None = None
         self.load_seconds: float | None = None
+        self._tandems: TandemFactory | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         metrics.sessions_max.set(self.max_sessions)
@@ -190,10 +177,6 @@ class ModelHost:
 
         fcfg = self.cfg.frontend
         device = torch.device(self.device)
-        if device.type == "cpu":
-            threads = cpu_threads(self.cfg.server.cpu_threads)
-            torch.set_num_threads(threads)
-            log.info("engine: %d torch thread(s) on the CPU", threads)
         if is_tiny(fcfg.checkpoint):
             log.info("front-end: tiny random checkpoint %s (created in %s on first use)", fcfg.checkpoint, self.cfg.cache_dir)
         self.checkpoint_path = resolve_checkpoint_spec(fcfg.checkpoint, self.cfg.cache_dir)
@@ -207,6 +190,9 @@ class ModelHost:
             log.info("loading ASR (%s)", self.cfg.asr.kind)
             self.recognizer = create_recognizer(self.cfg.asr)
         core = EngineCore(self.models, fcfg, batch_size=self.max_sessions)
+        if device.type == "cpu":
+            log.info("engine: %d torch thread(s) on the CPU (frontend.cpu_threads)", torch.get_num_threads())
+        self._tandems = self._tandem_factory()
         self._warm_up(core)
         self.core = core
         if self._stopping.is_set():
@@ -308,16 +294,30 @@ class ModelHost:
         assert self.models is not None
         return str(self.models.tokenizer.id_to_piece(int(text_id)))
 
+    def _tandem_factory(self) -> TandemFactory:
+        """The shared parts every session's Tandem is built from (after the models loaded)."""
+        from kame.tandem import TandemFactory
+
+        assert self.models is not None
+        registry = self.backends if self.backends is not None and self.backends.names else None
+        return TandemFactory(
+            oracle_config=self.cfg.oracle,
+            registry=registry,
+            recognizer=self.recognizer,
+            encode=self.models.encode_text,
+            piece_of=self.piece_of,
+        )
+
     def new_tandem(self, slot: AsyncSlot, emit: Emit) -> Tandem:
         """THE factory of a session's pipeline (the only place a Tandem is built).
 
         ``slot`` is attached; ``emit`` receives the session's TandemEvents
-        (in the event loop). Shared pieces a full Tandem may need live on
-        this host: ``self.cfg``, ``self.models`` (tokenizer: ``models.tokenizer``,
-        ``models.encode_text``), ``self.recognizer`` (None for ``asr.kind: none``)
-        and ``self.backends`` (the BackendRegistry). Per-session choices
-        arrive afterwards through ``tandem.update(backend=..., oracle_policy=...)``.
+        (in the event loop). The Tandem gets the host's shared parts through
+        :class:`~kame.tandem.TandemFactory`: the oracle config, the back-end
+        registry (None when no back-end is configured: front-end alone), the
+        ASR recogniser (None for ``asr.kind: none``), the tokenizer's encode
+        and piece lookup. Per-session choices arrive afterwards through
+        ``tandem.update(backend=..., oracle_policy=...)``.
         """
-        from kame.tandem import Tandem
-
-        return Tandem(slot, emit, piece_of=self.piece_of)
+        assert self._tandems is not None, "host not ready"
+        return self._tandems.new(slot, emit)

@@ -1,0 +1,222 @@
+"""Load test of a running server: N real-time Moshi-protocol clients for T seconds.
+
+Each client streams audio at real time (espeak speech looped with silence,
+or noise with ``--noise``) in 80 ms frames (``--chunk 480`` for browser-like
+20 ms pages) and timestamps every output frame. Printed per session and in
+total: real-time factor (audio received / wall time from the first frame
+sent to the last received), time to first audio, and the lateness of each
+output frame against an 80 ms schedule anchored at its first frame
+(p50/p99). Also prints the server's versions (``/health``) and, when it can
+read ``/metrics``, the server-side step time and frame lateness.
+
+Start a server first, e.g. the CPU demo without ASR:
+
+    KAME_ASR__KIND=none .venv/bin/kame serve --config cpu-demo
+    .venv/bin/python bench/server_load.py --url ws://127.0.0.1:8998 -n 8 -t 30
+
+Targets on the CPU demo (2 cores, asr none): 8 sessions at RTF >= 0.98 and
+p99 lateness < 80 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from moshi_client import FRAME, RATE, MoshiClient, percentile  # noqa: E402
+
+SENTENCES = (
+    "Hello there. What is the capital of France?",
+    "Can you tell me a joke about turtles?",
+    "How far away is the moon from the earth?",
+)
+
+
+def http_base(url: str) -> str:
+    parts = urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, "", "", ""))
+
+
+def ws_url(url: str) -> str:
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    path = parts.path if parts.path not in ("", "/") else "/api/chat"
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+def http_get(base: str, path: str, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def speech_audio(seconds: float, seed: int) -> np.ndarray:
+    """espeak sentences separated by silence, looped to ``seconds``."""
+    from speech import silence, synthesize
+
+    parts: list[np.ndarray] = [silence(0.3 * (seed % 4))]
+    i = seed
+    while sum(p.size for p in parts) < seconds * RATE:
+        parts += [synthesize(SENTENCES[i % len(SENTENCES)]), silence(1.5)]
+        i += 1
+    return np.concatenate(parts)[: int(seconds * RATE)]
+
+
+def noise_audio(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (0.05 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
+
+
+def histogram_quantile(body: str, name: str, q: float) -> float | None:
+    """Quantile estimate from a Prometheus histogram (upper bound of the bucket)."""
+    buckets: list[tuple[float, float]] = []
+    for line in body.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total = buckets[-1][1]
+    for le, count in buckets:
+        if count >= q * total:
+            return le
+    return None
+
+
+def histogram_mean(body: str, name: str) -> float | None:
+    vals = {}
+    for line in body.splitlines():
+        for suffix in ("_sum", "_count"):
+            if line.startswith(name + suffix + " "):
+                vals[suffix] = float(line.split()[-1])
+    if vals.get("_count"):
+        return vals["_sum"] / vals["_count"]
+    return None
+
+
+def _gap_at(arrivals: list[float]) -> float:
+    """When (monotonic) the longest pause between two output frames ended."""
+    if len(arrivals) < 2:
+        return float("nan")
+    gaps = np.diff(np.asarray(arrivals))
+    return float(arrivals[int(np.argmax(gaps)) + 1])
+
+
+async def one_session(url: str, pcm: np.ndarray, chunk: int, token: str | None, stagger: float) -> MoshiClient:
+    await asyncio.sleep(stagger)
+    client = await MoshiClient.connect(url, token=token)
+    if await client.wait_handshake(30):
+        await client.send_pcm(pcm, chunk=chunk)
+        await client.drain_output(3.0, until_complete=True)
+    await client.close()
+    return client
+
+
+async def run(args: argparse.Namespace) -> int:
+    base = http_base(args.url)
+    status, body = http_get(base, "/health", None)
+    if status != 200:
+        print(f"server_load: {base}/health answered {status}", file=sys.stderr)
+        return 2
+    health = json.loads(body)
+    print("# server_load: versions " + " ".join(f"{k}={v}" for k, v in health.get("versions", {}).items()))
+    print(
+        f"# server: status={health['status']} device={health.get('device')} "
+        f"sessions={health['sessions']} checkpoint={health['models']['frontend']['checkpoint']} "
+        f"asr={health['models']['asr']['kind']}"
+    )
+    make = noise_audio if args.noise else speech_audio
+    audio = [make(args.seconds, i) for i in range(args.sessions)]
+    before = http_get(base, "/metrics", args.token)
+    t0 = time.monotonic()
+    clients = await asyncio.gather(
+        *[
+            one_session(ws_url(args.url), audio[i], args.chunk, args.token, i * args.stagger)
+            for i in range(args.sessions)
+        ]
+    )
+    wall = time.monotonic() - t0
+    after = http_get(base, "/metrics", args.token)
+
+    print(f"# {args.sessions} sessions x {args.seconds:g} s, {args.chunk}-sample frames, total wall {wall:.1f} s")
+    print("session  handshake  sent_s  recv_s    rtf  first_audio_ms  late_p50_ms  late_p99_ms  max_gap_ms  (at s)  close")
+    rtfs, p50s, p99s, ttfas, all_late = [], [], [], [], []
+    failed = 0
+    for i, c in enumerate(clients):
+        s = c.stats
+        if s.handshake_t is None:
+            failed += 1
+            print(f"{i:7d}  refused ({c.close_code} {c.close_reason})")
+            continue
+        late = s.lateness_s()
+        all_late += late
+        ttfa = s.time_to_first_audio_s
+        rtfs.append(s.rtf)
+        p50s.append(s.lateness_ms(50))
+        p99s.append(s.lateness_ms(99))
+        if ttfa is not None:
+            ttfas.append(ttfa)
+        print(
+            f"{i:7d}  {1000 * (s.handshake_t - s.connected_t):7.0f}ms  {s.audio_sent_s:6.1f}  {s.audio_received_s:6.1f}  "
+            f"{s.rtf:5.3f}  {1000 * ttfa if ttfa is not None else float('nan'):14.0f}  "
+            f"{s.lateness_ms(50):11.1f}  {s.lateness_ms(99):11.1f}  {1000 * s.max_gap_s():10.0f}  "
+            f"{_gap_at(s.frame_arrivals) - t0:6.1f}  {c.close_code}"
+        )
+    if not rtfs:
+        print("server_load: no session got through", file=sys.stderr)
+        return 1
+    p99_all = 1000 * percentile(all_late, 99)
+    print(
+        f"# total: rtf min {min(rtfs):.3f} mean {statistics.mean(rtfs):.3f}; "
+        f"lateness p50 {1000 * percentile(all_late, 50):.1f} ms p99 {p99_all:.1f} ms (worst session p99 {max(p99s):.1f} ms); "
+        f"first audio median {1000 * statistics.median(ttfas):.0f} ms"
+    )
+    if after[0] == 200 and before[0] == 200:
+        step_mean = histogram_mean(after[1], "kame_step_seconds")
+        step_p99 = histogram_quantile(after[1], "kame_step_seconds", 0.99)
+        late_p99 = histogram_quantile(after[1], "kame_frame_lateness_seconds", 0.99)
+        dropped = sum(
+            float(line.split()[-1]) for line in after[1].splitlines() if line.startswith("kame_frames_dropped_total{")
+        )
+        print(
+            f"# server side (whole run of the server): step mean {1000 * (step_mean or 0):.1f} ms, step p99 <= "
+            f"{1000 * (step_p99 or 0):.0f} ms, frame lateness p99 <= {1000 * (late_p99 or 0):.0f} ms, frames dropped {dropped:.0f}"
+        )
+    ok = min(rtfs) >= args.target_rtf and p99_all < args.target_p99_ms and not failed
+    print(f"# target rtf >= {args.target_rtf} and p99 < {args.target_p99_ms:g} ms: {'MET' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="ws://127.0.0.1:8998/api/chat", help="Server URL (ws:// or http://; /api/chat added).")
+    p.add_argument("-n", "--sessions", type=int, default=8, help="Concurrent sessions.")
+    p.add_argument("-t", "--seconds", type=float, default=30.0, help="Audio each session streams.")
+    p.add_argument("--chunk", type=int, default=FRAME, help="Samples per client frame (1920 = 80 ms, 480 = 20 ms).")
+    p.add_argument("--noise", action="store_true", help="Stream noise instead of espeak speech.")
+    p.add_argument("--stagger", type=float, default=0.05, help="Seconds between session starts.")
+    p.add_argument("--token", default=None, help="Bearer token (server.auth_token).")
+    p.add_argument("--target-rtf", type=float, default=0.98)
+    p.add_argument("--target-p99-ms", type=float, default=80.0)
+    return asyncio.run(run(p.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

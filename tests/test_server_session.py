@@ -1,0 +1,187 @@
+"""ChatSession in isolation (fake socket, fake engine slot): slow clients, engine failures, recording."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kame.frontend.engine import SlotOutput
+from kame.server.config import ServerConfig
+from kame.server.logs import session_logger
+from kame.server.metrics import ServerMetrics
+from kame.server.params import SessionParams
+from kame.server.recording import SessionRecorder
+from kame.server.session import ChatSession
+from kame.tandem import Tandem
+
+
+class FakeWebSocket:
+    """Records what the session sends; ``stall`` makes every send after the handshake hang."""
+
+    def __init__(self, stall: bool = False) -> None:
+        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.sent: list[bytes] = []
+        self.closed: tuple[int, str] | None = None
+        self.stall = stall
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.incoming.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        if self.stall and self.sent:
+            await asyncio.Event().wait()  # a client that never reads: TCP buffers full
+        self.sent.append(data)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self.stall:
+            await asyncio.Event().wait()
+        self.closed = (code, reason)
+
+    def push_audio(self, ogg: bytes) -> None:
+        self.incoming.put_nowait({"type": "websocket.receive", "bytes": b"\x01" + ogg})
+
+    def disconnect(self) -> None:
+        self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
+
+
+class FakeSlot:
+    def __init__(self) -> None:
+        self.outputs: asyncio.Queue[Any] = asyncio.Queue()
+        self.fed: list[np.ndarray] = []
+        self.detached = False
+        self.dropped_outputs = 0
+        self.slot = 0
+
+    async def attach(self) -> int:
+        return 0
+
+    def feed(self, pcm: np.ndarray) -> None:
+        self.fed.append(pcm)
+
+    def detach(self) -> None:
+        self.detached = True
+
+    def set_sampling(self, temp: float | None, topk: int | None) -> None:
+        pass
+
+
+class FakeHost:
+    sample_rate = 24000
+    frame_size = 1920
+
+    def __init__(self) -> None:
+        self.slot = FakeSlot()
+
+    def new_slot(self) -> FakeSlot:
+        return self.slot
+
+    def new_tandem(self, slot: Any, emit: Any) -> Tandem:
+        return Tandem(slot, emit, piece_of=lambda i: "\u2581word" if i % 2 else "s")
+
+
+def _output(step: int, text_id: int | None = 5) -> SlotOutput:
+    pcm = (0.1 * np.sin(np.arange(1920) / 24000 * 2 * np.pi * 300)).astype(np.float32)
+    return SlotOutput(slot=0, step=step, pcm=pcm, text_id=text_id, oracle_id=3)
+
+
+def _session(ws: FakeWebSocket, host: FakeHost, metrics: ServerMetrics, cfg: ServerConfig, **kw: Any) -> ChatSession:
+    return ChatSession(
+        ws,  # type: ignore[arg-type]
+        session_id="test",
+        host=host,  # type: ignore[arg-type]
+        metrics=metrics,
+        cfg=cfg,
+        params=SessionParams(),
+        log=session_logger("test"),
+        **kw,
+    )
+
+
+def test_a_client_that_never_reads_gets_frames_dropped_then_closed() -> None:
+    cfg = ServerConfig(send_queue_frames=5, slow_client_timeout_s=0.6, idle_timeout_s=30)
+    metrics = ServerMetrics()
+    host = FakeHost()
+    ws = FakeWebSocket(stall=True)
+
+    async def main() -> ChatSession:
+        session = _session(ws, host, metrics, cfg)
+        task = asyncio.create_task(session.run())
+        for step in range(60):  # 4.8 s of output produced faster than it can leave
+            host.slot.outputs.put_nowait(_output(step, text_id=None))
+            await asyncio.sleep(0.01)
+            assert session._send_q.qsize() <= 2 * cfg.send_queue_frames  # bounded
+        await asyncio.wait_for(task, 5)
+        return session
+
+    session = asyncio.run(main())
+    assert session.ended is not None and session.ended.label == "slow_client"
+    assert session.frames_dropped > 0
+    assert 'kame_frames_dropped_total{direction="out"}' in metrics.render().decode()
+    assert host.slot.detached
+
+
+def test_engine_failure_ends_the_session_with_an_error() -> None:
+    metrics = ServerMetrics()
+    host = FakeHost()
+    ws = FakeWebSocket()
+
+    async def main() -> ChatSession:
+        session = _session(ws, host, metrics, ServerConfig())
+        task = asyncio.create_task(session.run())
+        host.slot.outputs.put_nowait(_output(0))
+        host.slot.outputs.put_nowait(RuntimeError("engine step failed (RuntimeError)"))
+        await asyncio.wait_for(task, 5)
+        return session
+
+    session = asyncio.run(main())
+    assert ws.closed == (1011, "engine error")
+    assert ws.sent[0] == b"\x00"
+    assert any(m.startswith(b"\x05engine error") for m in ws.sent)
+    assert b"\x02 word" in ws.sent  # the text piece of the frame before the failure
+    assert session.ended is not None and session.ended.label == "engine_error"
+
+
+def test_recording_writes_both_voices_and_the_event_log(tmp_path: Path) -> None:
+    import sphn
+
+    metrics = ServerMetrics()
+    host = FakeHost()
+    ws = FakeWebSocket()
+    writer = sphn.OpusStreamWriter(24000)
+    pcm = (0.2 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 200)).astype(np.float32)
+
+    async def main() -> SessionRecorder:
+        recorder = SessionRecorder(tmp_path, "rec", 24000, {"backend": None})
+        session = _session(ws, host, metrics, ServerConfig(record_dir=tmp_path), recorder=recorder)
+        task = asyncio.create_task(session.run())
+        for i in range(0, pcm.size, 1920):
+            ogg = bytes(writer.append_pcm(pcm[i : i + 1920]))
+            if ogg:
+                ws.push_audio(ogg)
+            host.slot.outputs.put_nowait(_output(i // 1920, text_id=7))
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)
+        ws.disconnect()
+        await asyncio.wait_for(task, 5)
+        return recorder
+
+    recorder = asyncio.run(main())
+    recorder.join(5)
+    files = {p.name for p in recorder.directory.iterdir()}
+    assert files == {"user.wav", "assistant.wav", "events.jsonl"}
+    with wave.open(str(recorder.directory / "user.wav")) as w:
+        assert w.getframerate() == 24000 and w.getnframes() >= 1920 * 10
+    with wave.open(str(recorder.directory / "assistant.wav")) as w:
+        assert w.getnframes() == 1920 * 13
+    events = [json.loads(line) for line in (recorder.directory / "events.jsonl").read_text().splitlines()]
+    types = [e["type"] for e in events]
+    assert types[0] == "session.start" and types[-1] == "session.end"
+    assert "assistant.text" in types
+    assert events[-1]["reason"] == "client_closed"
+    assert sum(f.size for f in host.slot.fed) >= 1920 * 10  # the user's audio reached the engine in whole frames
+    assert all(f.size == 1920 for f in host.slot.fed)
