@@ -1,0 +1,331 @@
+"""A small async client for KAME's ``/v1/realtime`` (OpenAI Realtime events), for tools and tests.
+
+It streams a microphone-like signal (PCM at real time, on an absolute 80 ms
+schedule so pacing never drifts), collects every event with a timestamp,
+decodes the assistant's audio, and measures what a listener would notice:
+time to first audio, real-time factor and the lateness of each output frame
+against an 80 ms schedule (the same measures as the Moshi-protocol client
+in ``tests/moshi_client.py``). The bench, the CLI mic client and the
+evaluation harness build on it; anything the official OpenAI SDK can do
+with this server, this client does with fewer moving parts.
+
+    client = await RealtimeClient.connect("ws://127.0.0.1:8998/v1/realtime", token="...")
+    await client.wait_for_type("session.created")
+    await client.update_session(kame={"backend": "scripted"})
+    await client.send_pcm(pcm)                       # float32 24 kHz, paced at real time
+    done = await client.wait_for_type("response.done", timeout=10)
+    print(client.user_transcripts(), client.assistant_transcripts(), client.stats.lateness_ms(99))
+    await client.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
+
+RATE = 24000
+FRAME = 1920
+FRAME_S = FRAME / RATE
+AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+
+Event = dict[str, Any]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+
+
+def pcm16_b64(pcm: np.ndarray) -> str:
+    """float32 [-1, 1] -> base64 PCM16 little-endian (what ``input_audio_buffer.append`` carries)."""
+    ints = (np.clip(np.asarray(pcm, np.float32).reshape(-1), -1.0, 1.0) * 32767.0).round().astype("<i2")
+    return base64.b64encode(ints.tobytes()).decode("ascii")
+
+
+def b64_pcm(delta: str) -> np.ndarray:
+    """base64 PCM16 -> float32."""
+    return np.frombuffer(base64.b64decode(delta), dtype="<i2").astype(np.float32) / 32768.0
+
+
+@dataclass
+class RealtimeStats:
+    """Client-side timestamps (time.monotonic) of one session."""
+
+    connected_t: float = 0.0
+    created_t: float | None = None
+    first_send_t: float | None = None
+    last_send_t: float | None = None
+    samples_sent: int = 0
+    samples_received: int = 0
+    frame_arrivals: list[float] = field(default_factory=list)  # one per 1920-sample output frame
+    event_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def audio_sent_s(self) -> float:
+        return self.samples_sent / RATE
+
+    @property
+    def audio_received_s(self) -> float:
+        return self.samples_received / RATE
+
+    @property
+    def wall_s(self) -> float:
+        if self.first_send_t is None or not self.frame_arrivals:
+            return 0.0
+        return max(self.frame_arrivals[-1], self.last_send_t or 0.0) - self.first_send_t
+
+    @property
+    def rtf(self) -> float:
+        """Audio received / wall time from the first audio sent to the last received."""
+        wall = self.wall_s
+        return self.audio_received_s / wall if wall > 0 else 0.0
+
+    @property
+    def time_to_first_audio_s(self) -> float | None:
+        if self.first_send_t is None or not self.frame_arrivals:
+            return None
+        return self.frame_arrivals[0] - self.first_send_t
+
+    def lateness_s(self, start: int = 0) -> list[float]:
+        """Lateness of each frame against t0 + k * 80 ms, t0 = the arrival of frame ``start``."""
+        arr = self.frame_arrivals[start:]
+        if not arr:
+            return []
+        t0 = arr[0]
+        return [max(0.0, t - (t0 + k * FRAME_S)) for k, t in enumerate(arr)]
+
+    def lateness_ms(self, q: float, start: int = 0) -> float:
+        return 1000 * percentile(self.lateness_s(start), q)
+
+    def gaps_s(self, start: int = 0) -> list[float]:
+        arr = self.frame_arrivals[start:]
+        return [b - a for a, b in zip(arr, arr[1:])]
+
+    def max_gap_s(self, start: int = 0) -> float:
+        return max(self.gaps_s(start), default=0.0)
+
+
+class RealtimeClient:
+    """One ``/v1/realtime`` session seen from the client side."""
+
+    def __init__(self, ws: Any, *, keep_audio: bool = True) -> None:
+        self.ws = ws
+        self.keep_audio = keep_audio
+        self.stats = RealtimeStats(connected_t=time.monotonic())
+        self.events: list[tuple[float, Event]] = []  # every non-audio event, in order
+        self.pcm_chunks: list[np.ndarray] = []
+        self.session: dict[str, Any] | None = None
+        self.closed = asyncio.Event()
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self._changed = asyncio.Event()
+        self._pending = 0
+        self._recv_task = asyncio.create_task(self._receive())
+
+    # ------------------------------------------------------------------ connecting
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        token_via: str = "header",
+        query: Mapping[str, Any] | None = None,
+        origin: str | None = None,
+        subprotocols: Sequence[str] | None = None,
+        open_timeout: float = 10.0,
+        keep_audio: bool = True,
+    ) -> RealtimeClient:
+        """Open the websocket; ``token_via``: ``header`` (Bearer), ``query`` (?token=) or ``subprotocol``."""
+        from websockets.asyncio.client import connect
+
+        params = dict(query or {})
+        headers: dict[str, str] = {}
+        protos = list(subprotocols or [])
+        if token is not None:
+            if token_via == "header":
+                headers["Authorization"] = f"Bearer {token}"
+            elif token_via == "query":
+                params["token"] = token
+            elif token_via == "subprotocol":
+                protos = ["realtime", KEY_SUBPROTOCOL_PREFIX + token, *protos]
+            else:
+                raise ValueError(f"token_via: header, query or subprotocol, not {token_via!r}")
+        if params:
+            url = url + ("&" if "?" in url else "?") + urlencode({k: str(v) for k, v in params.items()})
+        ws = await connect(
+            url,
+            additional_headers=headers or None,
+            subprotocols=protos or None,  # type: ignore[arg-type]
+            origin=origin,  # type: ignore[arg-type]
+            open_timeout=open_timeout,
+            max_size=1 << 24,
+            compression=None,
+            ping_interval=None,
+        )
+        return cls(ws, keep_audio=keep_audio)
+
+    @property
+    def subprotocol(self) -> str | None:
+        return self.ws.subprotocol  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for message in self.ws:
+                now = time.monotonic()
+                try:
+                    event = json.loads(message)
+                except (TypeError, ValueError):
+                    event = {"type": "client.invalid_message", "size": len(message)}
+                etype = str(event.get("type"))
+                counts = self.stats.event_counts
+                counts[etype] = counts.get(etype, 0) + 1
+                if etype in AUDIO_EVENTS:
+                    self._on_audio(event, now)
+                    continue
+                if etype in ("session.created", "session.updated"):
+                    self.session = event.get("session")
+                    if etype == "session.created":
+                        self.stats.created_t = now
+                self.events.append((now, event))
+                self._changed.set()
+        except ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.ws.close_code
+            self.close_reason = self.ws.close_reason or ""
+            self.closed.set()
+            self._changed.set()
+
+    def _on_audio(self, event: Event, now: float) -> None:
+        pcm = b64_pcm(str(event.get("delta", "")))
+        if not pcm.size:
+            return
+        if self.keep_audio:
+            self.pcm_chunks.append(pcm)
+        self.stats.samples_received += pcm.size
+        self._pending += pcm.size
+        while self._pending >= FRAME:
+            self._pending -= FRAME
+            self.stats.frame_arrivals.append(now)
+
+    # ------------------------------------------------------------------ queries
+    def of_type(self, *types: str) -> list[Event]:
+        return [e for _, e in self.events if e.get("type") in types]
+
+    @property
+    def errors(self) -> list[Event]:
+        return self.of_type("error")
+
+    def user_transcripts(self) -> list[str]:
+        return [str(e.get("transcript", "")) for e in self.of_type("conversation.item.input_audio_transcription.completed")]
+
+    def assistant_transcripts(self) -> list[str]:
+        return [str(e.get("transcript", "")) for e in self.of_type("response.output_audio_transcript.done")]
+
+    def received_pcm(self) -> np.ndarray:
+        return np.concatenate(self.pcm_chunks) if self.pcm_chunks else np.zeros(0, np.float32)
+
+    async def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 10.0, *, start: int = 0) -> Event | None:
+        """The first event (from index ``start`` of :attr:`events`) matching ``predicate``; None on timeout/close."""
+        deadline = time.monotonic() + timeout
+        i = start
+        while True:
+            while i < len(self.events):
+                event = self.events[i][1]
+                i += 1
+                if predicate(event):
+                    return event
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed.is_set():
+                return None
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    async def wait_for_type(self, etype: str, timeout: float = 10.0, *, start: int = 0) -> Event | None:
+        return await self.wait_for(lambda e: e.get("type") == etype, timeout, start=start)
+
+    async def wait_closed(self, timeout: float = 10.0) -> tuple[int | None, str]:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), timeout)
+        return self.close_code, self.close_reason
+
+    # ------------------------------------------------------------------ sending
+    async def send_raw(self, data: str | bytes) -> bool:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self.ws.send(data)
+            return True
+        except ConnectionClosed:
+            return False
+
+    async def send_event(self, event: Mapping[str, Any]) -> bool:
+        return await self.send_raw(json.dumps(event))
+
+    async def update_session(self, *, instructions: str | None = None, kame: Mapping[str, Any] | None = None,
+                             **fields: Any) -> bool:
+        session: dict[str, Any] = {"type": "realtime", **fields}
+        if instructions is not None:
+            session["instructions"] = instructions
+        if kame is not None:
+            session["kame"] = dict(kame)
+        return await self.send_event({"type": "session.update", "session": session})
+
+    async def send_pcm(self, pcm: np.ndarray, *, chunk: int = 480, realtime: bool = True, speed: float = 1.0) -> int:
+        """Append ``pcm`` (float32 24 kHz) in ``chunk``-sample pieces, paced at ``speed`` x real time.
+
+        Returns the samples sent; stops early (without raising) when the session closes.
+        """
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        step = chunk / RATE / speed
+        start = time.monotonic()
+        if self.stats.first_send_t is None:
+            self.stats.first_send_t = start
+        sent = 0
+        for k, i in enumerate(range(0, pcm.size, chunk)):
+            if self.closed.is_set():
+                break
+            if realtime:
+                delay = start + k * step - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            piece = pcm[i : i + chunk]
+            if not await self.send_event({"type": "input_audio_buffer.append", "audio": pcm16_b64(piece)}):
+                break
+            self.stats.samples_sent += piece.size
+            sent += piece.size
+            self.stats.last_send_t = time.monotonic()
+        return sent
+
+    async def send_silence(self, seconds: float, *, chunk: int = 480) -> int:
+        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk)
+
+    async def drain_output(self, seconds: float = 1.0, *, until_complete: bool = False) -> None:
+        """Keep receiving after the last audio was sent: ``seconds``, or with ``until_complete`` until as
+        much audio came back as was sent (at most ``seconds``)."""
+        deadline = time.monotonic() + seconds
+        while not self.closed.is_set() and time.monotonic() < deadline:
+            if until_complete and self.stats.samples_received >= self.stats.samples_sent - FRAME:
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.closed.wait(), min(0.05, max(0.0, deadline - time.monotonic())))
+
+    async def close(self, code: int = 1000) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close(code)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._recv_task, 5)
