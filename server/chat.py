@@ -95,6 +95,7 @@ async def chat(ws: WebSocket) -> None:
         params=params,
         log=log,
         recorder=recorder,
+        protocol_metrics=getattr(ws.app.state, "kame_protocols", None),
     )
     state.sessions.add(session)
     try:

@@ -64,7 +64,8 @@ class ServerMetrics:
         )
         self.frames_dropped = Counter(
             "kame_frames_dropped",
-            "Audio frames dropped: out = towards a slow client, engine = engine output queue full.",
+            "Audio frames dropped: out = towards a slow client, in = client audio ahead of real time, "
+            "engine = engine output queue full.",
             ["direction"],
             registry=r,
         )

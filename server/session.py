@@ -3,8 +3,10 @@
 Four tasks run per session, none of which waits on another's work:
 
 - *receive*: websocket -> protocol check -> Opus decode -> 1920-sample
-  frames -> ``tandem.feed_user_audio`` (never blocks; the engine thread
-  buffers a bounded amount);
+  frames -> real-time guard (:class:`~kame.server.pacing.InputPacer`:
+  audio more than ``server.input_burst_s`` ahead of real time is dropped,
+  a client that floods is closed) -> ``tandem.feed_user_audio`` (never
+  blocks);
 - *pump*: engine output frames -> ``tandem.on_output`` (which emits the
   text) -> Opus encode -> send queue;
 - *send*: send queue -> websocket (the only task that may wait on the
@@ -25,9 +27,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.logs import SessionLogger
+from kame.server.pacing import InputPacer
 
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
@@ -70,6 +75,7 @@ class ChatSession:
         params: SessionParams,
         log: SessionLogger,
         recorder: SessionRecorder | None = None,
+        protocol_metrics: Any = None,
     ) -> None:
         self.ws = ws
         self.id = session_id
@@ -79,6 +85,7 @@ class ChatSession:
         self.params = params
         self.log = log
         self.recorder = recorder
+        self.pmetrics = protocol_metrics  # kame.server.realtime_metrics.ProtocolMetrics (per-protocol counters) or None
         self.slot: AsyncSlot | None = None
         self.tandem: Tandem | None = None
         self.done = asyncio.Event()
@@ -92,6 +99,10 @@ class ChatSession:
         self._last_send = self.started
         self._anchor: float | None = None
         self.frames_in = 0
+        self.frames_in_dropped = 0
+        self._pacer: InputPacer[np.ndarray] = InputPacer(
+            frame_s=FRAME_S, burst_s=cfg.input_burst_s, buffer_s=0.0, now=self.started
+        )
         self.frames_out = 0
         self.frames_dropped = 0
         self.texts_out = 0
@@ -124,6 +135,8 @@ class ChatSession:
             return
         self.log.info("session started", extra={"slot": slot_index})
         self.metrics.sessions_total.inc()
+        if self.pmetrics is not None:
+            self.pmetrics.sessions.labels(protocol="chat").inc()
         tasks: list[asyncio.Task[Any]] = []
         try:
             self.tandem = self.host.new_tandem(self.slot, self._on_event)
@@ -140,6 +153,7 @@ class ChatSession:
                 await self.ws.send_bytes(protocol.encode_handshake())
                 now = time.monotonic()
                 self.started = self.last_audio = self._last_send = now
+                self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=0.0, now=now)
                 tasks = [
                     asyncio.create_task(self._guard(self._receive(), "receive")),
                     asyncio.create_task(self._guard(self._pump(), "pump")),
@@ -197,6 +211,7 @@ class ChatSession:
                 "seconds": round(duration, 2),
                 "frames_in": self.frames_in,
                 "frames_out": self.frames_out,
+                "dropped_in": self.frames_in_dropped,
                 "dropped_out": self.frames_dropped,
             },
         )
@@ -239,13 +254,36 @@ class ChatSession:
                     self.log.warning("bad audio: %s", exc)
                     self.end("bad_audio", protocol.CLOSE_INVALID_PAYLOAD, "corrupt audio", error=str(exc))
                     return
-                for frame in frames:
+                if not frames:
+                    continue
+                pushed = self._pacer.push(frames, time.monotonic())
+                for frame in pushed.released:
                     self.frames_in += 1
                     self.tandem.feed_user_audio(frame)
                     if self.recorder is not None:
                         self.recorder.user_audio(frame)
+                if pushed.dropped and self._input_flood(pushed.dropped, pushed.overflow_started):
+                    return
             elif isinstance(parsed, protocol.ClientControl):
                 self.log.debug("control message %s ignored", parsed.action)
+
+    def _input_flood(self, dropped: int, started: bool) -> bool:
+        """Count audio dropped for arriving ahead of real time; True when the session is closed for it."""
+        self.frames_in_dropped += dropped
+        self.metrics.frames_dropped.labels(direction="in").inc(dropped)
+        if self.pmetrics is not None:
+            self.pmetrics.audio_dropped_s.labels(protocol="chat").inc(dropped * FRAME_S)
+        if started:
+            self.log.warning("client sends audio faster than real time: dropping what is ahead by more than %.1f s", self.cfg.input_burst_s)
+        if self._pacer.dropped_s > self.cfg.flood_close_s:
+            self.end(
+                "audio_flood",
+                protocol.CLOSE_POLICY,
+                "audio faster than real time",
+                error=f"audio sent faster than real time: {self._pacer.dropped_s:.1f} s dropped",
+            )
+            return True
+        return False
 
     async def _pump(self) -> None:
         assert self.slot is not None and self.tandem is not None

@@ -185,3 +185,32 @@ def test_recording_writes_both_voices_and_the_event_log(tmp_path: Path) -> None:
     assert events[-1]["reason"] == "client_closed"
     assert sum(f.size for f in host.slot.fed) >= 1920 * 10  # the user's audio reached the engine in whole frames
     assert all(f.size == 1920 for f in host.slot.fed)
+
+
+def test_audio_sent_far_ahead_of_real_time_is_dropped_then_the_session_closed() -> None:
+    import sphn
+
+    cfg = ServerConfig(input_burst_s=1.0, flood_close_s=2.0)
+    metrics = ServerMetrics()
+    host = FakeHost()
+    ws = FakeWebSocket()
+    writer = sphn.OpusStreamWriter(24000)
+    pcm = (0.1 * np.random.default_rng(0).standard_normal(24000 * 8)).astype(np.float32)
+
+    async def main() -> ChatSession:
+        session = _session(ws, host, metrics, cfg)
+        task = asyncio.create_task(session.run())
+        await asyncio.sleep(0.05)
+        for i in range(0, pcm.size, 1920):  # 8 s of audio in one go
+            ogg = bytes(writer.append_pcm(pcm[i : i + 1920]))
+            if ogg:
+                ws.push_audio(ogg)
+        await asyncio.wait_for(task, 5)
+        return session
+
+    session = asyncio.run(main())
+    assert session.ended is not None and session.ended.label == "audio_flood"
+    assert ws.closed == (1008, "audio faster than real time")
+    assert any(m.startswith(b"\x05audio sent faster than real time") for m in ws.sent)
+    assert 12 <= session.frames_in <= 14  # the 1 s burst allowance, nothing more
+    assert 'kame_frames_dropped_total{direction="in"}' in metrics.render().decode()
