@@ -383,6 +383,7 @@ class RealtimeSession:
         if self._pacer.queued:
             self._feed_wake.set()
         if pushed.dropped:
+            self.metrics.frames_dropped.labels(direction="in").inc(pushed.dropped)
             self.pmetrics.audio_dropped_s.labels(protocol=PROTOCOL).inc(pushed.dropped * FRAME_S)
             if self._pacer.dropped_s > self.cfg.flood_close_s:
                 self.log.warning("closing: %.1f s of audio sent ahead of real time dropped", self._pacer.dropped_s)
