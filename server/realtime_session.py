@@ -338,8 +338,8 @@ class RealtimeSession:
                     await self._reset(command)
             except ClientError as exc:
                 self._client_error(exc)
-                if self.ended is not None:
-                    return
+            if self.ended is not None:
+                return
 
     def _count_message(self) -> bool:
         now = time.monotonic()
