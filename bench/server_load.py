@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -137,6 +138,7 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     health = json.loads(body)
     print("# server_load: versions " + " ".join(f"{k}={v}" for k, v in health.get("versions", {}).items()))
+    print(f"# machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other processes skew timing)")
     print(
         f"# server: status={health['status']} device={health.get('device')} "
         f"sessions={health['sessions']} checkpoint={health['models']['frontend']['checkpoint']} "
@@ -146,9 +148,12 @@ async def run(args: argparse.Namespace) -> int:
     audio = [make(args.seconds, i) for i in range(args.sessions)]
     before = http_get(base, "/metrics", args.token)
     t0 = time.monotonic()
+    session = one_session
+    if args.protocol == "realtime":  # /v1/realtime clients, same measurements (bench/realtime_load.py)
+        from realtime_load import one_realtime_session as session  # type: ignore[assignment]
     clients = await asyncio.gather(
         *[
-            one_session(ws_url(args.url), audio[i], args.chunk, args.token, i * args.stagger)
+            session(ws_url(args.url), audio[i], args.chunk, args.token, i * args.stagger)
             for i in range(args.sessions)
         ]
     )
@@ -199,6 +204,7 @@ async def run(args: argparse.Namespace) -> int:
             f"# server side (whole run of the server): step mean {1000 * (step_mean or 0):.1f} ms, step p99 <= "
             f"{1000 * (step_p99 or 0):.0f} ms, frame lateness p99 <= {1000 * (late_p99 or 0):.0f} ms, frames dropped {dropped:.0f}"
         )
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     ok = min(rtfs) >= args.target_rtf and p99_all < args.target_p99_ms and not failed
     print(f"# target rtf >= {args.target_rtf} and p99 < {args.target_p99_ms:g} ms: {'MET' if ok else 'MISSED'}")
     return 0 if ok else 1
@@ -213,6 +219,8 @@ def main() -> int:
     p.add_argument("--noise", action="store_true", help="Stream noise instead of espeak speech.")
     p.add_argument("--stagger", type=float, default=0.05, help="Seconds between session starts.")
     p.add_argument("--token", default=None, help="Bearer token (server.auth_token).")
+    p.add_argument("--protocol", choices=("chat", "realtime"), default="chat",
+                   help="chat: Moshi protocol on /api/chat; realtime: OpenAI Realtime events on /v1/realtime.")
     p.add_argument("--target-rtf", type=float, default=0.98)
     p.add_argument("--target-p99-ms", type=float, default=80.0)
     return asyncio.run(run(p.parse_args()))

@@ -191,7 +191,8 @@ class ChatSession:
             await self._close_now(end.code, end.reason)
         if self.tandem is not None:
             try:
-                await self.tandem.aclose()
+                # a draining server does not wait for the ASR to flush the last words
+                await self.tandem.aclose(flush_asr=end.label != "draining")
             except Exception:  # noqa: BLE001
                 self.log.exception("closing the tandem failed")
         if self.slot is not None:
