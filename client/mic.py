@@ -1,0 +1,311 @@
+"""``kame mic``: talk to a kame server from a terminal (microphone or wav files).
+
+Either protocol works: ``realtime`` (``/v1/realtime``, shows the user's
+transcript, the oracle answer and the assistant's text) or ``moshi``
+(``/api/chat``, Moshi's binary protocol: assistant text only). With
+``--input-wav`` no sound device is touched: the file is streamed at real
+time, the line stays open ``tail_s`` seconds for the reply, and everything
+the server sent is written to ``--output-wav``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlparse, urlunparse
+
+import numpy as np
+
+from kame.errors import UserError
+
+RATE = 24000
+FRAME = 1920
+
+
+@dataclass(frozen=True)
+class MicOptions:
+    server: str = "http://127.0.0.1:8998"
+    protocol: str = "realtime"
+    backend: str | None = None
+    token: str | None = None
+    input_wav: Path | None = None
+    output_wav: Path | None = None
+    tail_s: float = 4.0
+    instructions: str | None = None
+    oracle_policy: str | None = None
+
+
+def websocket_url(server: str, protocol: str) -> str:
+    """``http(s)://host:port`` -> the websocket URL of ``protocol`` (ws/wss)."""
+    parsed = urlparse(server if "://" in server else f"http://{server}")
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parsed.scheme)
+    if scheme is None or not parsed.netloc:
+        raise UserError(f"--server {server}: expected http(s)://host:port")
+    path = "/v1/realtime" if protocol == "realtime" else "/api/chat"
+    return urlunparse((scheme, parsed.netloc, parsed.path.rstrip("/") + path, "", "", ""))
+
+
+# --------------------------------------------------------------------------- terminal display
+
+
+class Display:
+    """Line-oriented live view: user transcript, oracle answer, assistant text, state."""
+
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self.out = out
+        self.assistant = ""
+
+    def line(self, label: str, text: str) -> None:
+        self.out.write(f"{label:>9} | {text}\n")
+        self.out.flush()
+
+    def state(self, text: str) -> None:
+        self.line("state", text)
+
+    def assistant_piece(self, piece: str) -> None:
+        self.assistant += piece
+        if piece.endswith((".", "?", "!")) or len(self.assistant) > 70:
+            self.flush_assistant()
+
+    def flush_assistant(self) -> None:
+        if self.assistant.strip():
+            self.line("kame", self.assistant.strip())
+        self.assistant = ""
+
+
+# --------------------------------------------------------------------------- sound devices
+
+
+def _sounddevice() -> Any:
+    try:
+        import sounddevice
+    except (ImportError, OSError) as exc:
+        raise UserError(
+            f"no sound I/O here ({exc}); install PortAudio (Debian: apt install libportaudio2) and "
+            "`pip install sounddevice`, or use --input-wav/--output-wav"
+        ) from None
+    return sounddevice
+
+
+class Speaker:
+    """Plays received audio through a small jitter buffer fed from the event loop."""
+
+    def __init__(self, sd: Any, prebuffer_s: float = 0.12) -> None:
+        self._buf: collections.deque[np.ndarray] = collections.deque()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._started = False
+        self._prebuffer = int(prebuffer_s * RATE)
+        self.underruns = 0
+        self.stream = sd.OutputStream(samplerate=RATE, channels=1, dtype="float32", blocksize=480, callback=self._cb)
+
+    def push(self, pcm: np.ndarray) -> None:
+        with self._lock:
+            self._buf.append(np.asarray(pcm, np.float32).reshape(-1))
+            self._queued += pcm.size
+
+    def _cb(self, outdata: np.ndarray, frames: int, _t: Any, _status: Any) -> None:
+        out = outdata[:, 0]
+        out[:] = 0
+        with self._lock:
+            if not self._started and self._queued < self._prebuffer:
+                return
+            self._started = True
+            filled = 0
+            while filled < frames and self._buf:
+                head = self._buf[0]
+                take = min(frames - filled, head.size)
+                out[filled : filled + take] = head[:take]
+                filled += take
+                self._queued -= take
+                if take == head.size:
+                    self._buf.popleft()
+                else:
+                    self._buf[0] = head[take:]
+            if filled < frames and self._started:
+                self.underruns += 1
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+async def _connect(opts: MicOptions) -> Any:
+    url = websocket_url(opts.server, opts.protocol)
+    try:
+        if opts.protocol == "realtime":
+            from kame.client.realtime_client import RealtimeClient
+
+            return await RealtimeClient.connect(url, token=opts.token)
+        from kame.client.moshi_client import MoshiClient
+
+        query = {"backend": opts.backend} if opts.backend else None
+        if opts.oracle_policy:
+            query = {**(query or {}), "oracle_policy": opts.oracle_policy}
+        return await MoshiClient.connect(url, token=opts.token, query=query)
+    except OSError as exc:
+        raise UserError(f"cannot connect to {url}: {exc}") from None
+    except Exception as exc:  # websockets' handshake errors (401, 503...)
+        raise UserError(f"cannot connect to {url}: {type(exc).__name__}: {exc}") from None
+
+
+async def _ready(client: Any, opts: MicOptions, display: Display) -> None:
+    if opts.protocol == "realtime":
+        ev = await client.wait_for_type("session.created", 30)
+        if ev is None:
+            raise UserError(f"no session from the server ({client.close_code} {client.close_reason})".strip())
+        kame = {k: v for k, v in {"backend": opts.backend, "oracle_policy": opts.oracle_policy}.items() if v}
+        if kame or opts.instructions:
+            await client.update_session(instructions=opts.instructions, kame=kame or None)
+    else:
+        if not await client.wait_handshake(30):
+            raise UserError(f"no handshake from the server ({client.close_code} {client.close_reason})".strip())
+    display.state(f"connected ({opts.protocol})")
+
+
+class _EventPrinter:
+    """Prints what a client received since the last call."""
+
+    def __init__(self, client: Any, protocol: str, display: Display) -> None:
+        self.client, self.protocol, self.display = client, protocol, display
+        self.seen = 0
+
+    def poll(self) -> None:
+        if self.protocol == "realtime":
+            events = self.client.events
+            for _, ev in events[self.seen :]:
+                self._realtime(ev)
+            self.seen = len(events)
+        else:
+            texts = self.client.texts
+            for piece in texts[self.seen :]:
+                self.display.assistant_piece(piece)
+            self.seen = len(texts)
+
+    def _realtime(self, ev: dict[str, Any]) -> None:
+        t = ev.get("type", "")
+        if t == "conversation.item.input_audio_transcription.completed":
+            self.display.line("you", str(ev.get("transcript", "")))
+        elif t == "response.output_audio_transcript.delta":
+            self.display.assistant_piece(str(ev.get("delta", "")))
+        elif t in ("kame.oracle.reset",):
+            self.display.line("oracle", str(ev.get("text", "")))
+        elif t == "kame.backend.down":
+            self.display.state(f"LLM back-end down ({ev.get('error', '')}): the voice goes on alone")
+        elif t == "error":
+            err = ev.get("error", {})
+            self.display.state(f"error: {err.get('code', '')} {err.get('message', '')}")
+        elif t == "kame.session.ending":
+            self.display.state("the session ends soon (maximum duration)")
+
+
+@dataclass
+class MicResult:
+    received: np.ndarray
+    time_to_first_audio_s: float | None
+    rtf: float
+    underruns: int = 0
+
+
+async def run_wav(opts: MicOptions, display: Display) -> MicResult:
+    from kame.audio import read_audio, write_wav
+
+    assert opts.input_wav is not None
+    pcm = read_audio(opts.input_wav)
+    client = await _connect(opts)
+    printer = _EventPrinter(client, opts.protocol, display)
+    try:
+        await _ready(client, opts, display)
+
+        async def show() -> None:
+            while True:
+                printer.poll()
+                await asyncio.sleep(0.1)
+
+        shower = asyncio.create_task(show())
+        await client.send_pcm(pcm, realtime=True)
+        await client.send_silence(opts.tail_s)  # the line stays open for the reply, full duplex
+        await client.drain_output(2.0, until_complete=True)
+        shower.cancel()
+        printer.poll()
+        display.flush_assistant()
+    finally:
+        await client.close()
+    received = client.received_pcm()
+    if opts.output_wav is not None:
+        write_wav(opts.output_wav, received)
+    return MicResult(received, client.stats.time_to_first_audio_s, client.stats.rtf)
+
+
+async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> MicResult:
+    sd = _sounddevice()
+    loop = asyncio.get_running_loop()
+    mic_q: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=200)
+
+    def on_mic(indata: np.ndarray, _frames: int, _t: Any, _status: Any) -> None:
+        block = indata[:, 0].copy()
+        loop.call_soon_threadsafe(lambda: mic_q.full() or mic_q.put_nowait(block))
+
+    try:
+        mic = sd.InputStream(samplerate=RATE, channels=1, dtype="float32", blocksize=480, callback=on_mic)
+        speaker = Speaker(sd)
+    except Exception as exc:  # PortAudioError: no device
+        raise UserError(f"no usable audio device ({exc}); use --input-wav/--output-wav") from None
+    client = await _connect(opts)
+    printer = _EventPrinter(client, opts.protocol, display)
+    played = 0
+    try:
+        await _ready(client, opts, display)
+        display.state("listening: speak (use headphones: the speakers would reach the microphone)")
+        with mic, speaker.stream:
+            while not stop.is_set() and not client.closed.is_set():
+                try:
+                    block = await asyncio.wait_for(mic_q.get(), 0.05)
+                    await client.send_pcm(block, chunk=block.size, realtime=False)
+                except asyncio.TimeoutError:
+                    pass
+                chunks = client.pcm_chunks
+                for chunk in chunks[played:]:
+                    speaker.push(chunk)
+                played = len(chunks)
+                printer.poll()
+    finally:
+        await client.close()
+        display.flush_assistant()
+    return MicResult(client.received_pcm(), client.stats.time_to_first_audio_s, client.stats.rtf, speaker.underruns)
+
+
+def summary_lines(result: MicResult) -> list[str]:
+    ttfa = "n/a" if result.time_to_first_audio_s is None else f"{result.time_to_first_audio_s * 1000:.0f} ms"
+    return [
+        f"time to first reply audio: {ttfa} (from the first frame sent)",
+        f"received audio: {result.received.size / RATE:.2f} s, real-time factor {result.rtf:.3f}"
+        + (f", playback underruns {result.underruns}" if result.underruns else ""),
+    ]
+
+
+def run_mic(opts: MicOptions, display: Display | None = None) -> int:
+    display = display or Display()
+    if opts.protocol not in ("realtime", "moshi"):
+        raise UserError(f"--protocol {opts.protocol}: realtime or moshi")
+    websocket_url(opts.server, opts.protocol)  # validate early
+    if opts.input_wav is not None:
+        result = asyncio.run(run_wav(opts, display))
+    else:
+        stop = asyncio.Event()
+
+        async def main() -> MicResult:
+            return await run_live(opts, display, stop)
+
+        try:
+            result = asyncio.run(main())
+        except KeyboardInterrupt:
+            display.state("stopped")
+            return 0
+    for line in summary_lines(result):
+        display.line("stats", line)
+    return 0

@@ -1,0 +1,291 @@
+"""A Moshi-protocol websocket client (websockets + sphn Ogg/Opus), used by ``kame mic``, tests and benches.
+
+It speaks to ``/api/chat`` the way Kyutai's web client and ``moshi``'s
+Python client do: binary messages, first byte = kind, Ogg/Opus audio both
+ways at 24 kHz. Audio is sent at real time (an absolute 80 ms schedule, so
+pacing does not drift), in 1920-sample frames like moshi's client or 480-
+sample (20 ms) frames like the browser's opus-recorder. Everything received
+is timestamped so that callers can measure real-time factor, time to first
+audio and the lateness of each output frame against the 80 ms schedule.
+
+    client = await MoshiClient.connect("ws://127.0.0.1:8998/api/chat", query={"text_topk": 10})
+    assert await client.wait_handshake(10)
+    await client.send_pcm(pcm, realtime=True)
+    await client.close()
+    print(client.stats.rtf, client.stats.lateness_ms(99), client.text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
+
+RATE = 24000
+FRAME = 1920
+FRAME_S = FRAME / RATE
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+
+
+@dataclass
+class ClientStats:
+    """What one session sent and received, with client-side timestamps (time.monotonic)."""
+
+    connected_t: float = 0.0
+    handshake_t: float | None = None
+    first_send_t: float | None = None
+    last_send_t: float | None = None
+    samples_sent: int = 0
+    samples_received: int = 0
+    frame_arrivals: list[float] = field(default_factory=list)  # one per complete 1920-sample output frame
+    messages: dict[int, int] = field(default_factory=dict)  # kind -> count
+
+    @property
+    def audio_sent_s(self) -> float:
+        return self.samples_sent / RATE
+
+    @property
+    def audio_received_s(self) -> float:
+        return self.samples_received / RATE
+
+    @property
+    def wall_s(self) -> float:
+        """From the first audio sent to the last audio received."""
+        if self.first_send_t is None or not self.frame_arrivals:
+            return 0.0
+        return max(self.frame_arrivals[-1], self.last_send_t or 0.0) - self.first_send_t
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: audio received / wall time (1.0 = the server keeps up exactly)."""
+        wall = self.wall_s
+        return self.audio_received_s / wall if wall > 0 else 0.0
+
+    @property
+    def time_to_first_audio_s(self) -> float | None:
+        if self.first_send_t is None or not self.frame_arrivals:
+            return None
+        return self.frame_arrivals[0] - self.first_send_t
+
+    def lateness_s(self) -> list[float]:
+        """How late each output frame arrived against t0 + k * 80 ms, t0 = the first frame's arrival."""
+        if not self.frame_arrivals:
+            return []
+        t0 = self.frame_arrivals[0]
+        return [max(0.0, t - (t0 + k * FRAME_S)) for k, t in enumerate(self.frame_arrivals)]
+
+    def lateness_ms(self, q: float) -> float:
+        return 1000 * percentile(self.lateness_s(), q)
+
+    def max_gap_s(self, start: int = 0) -> float:
+        """Longest pause between two consecutive output frames (from frame ``start`` on)."""
+        arr = self.frame_arrivals[start:]
+        return max((b - a for a, b in zip(arr, arr[1:])), default=0.0)
+
+
+class MoshiClient:
+    """One ``/api/chat`` session seen from the client side."""
+
+    def __init__(self, ws: Any) -> None:
+        import sphn
+
+        self.ws = ws
+        self.stats = ClientStats(connected_t=time.monotonic())
+        self.texts: list[str] = []
+        self.errors: list[str] = []
+        self.metadata: list[Any] = []
+        self.pcm_chunks: list[np.ndarray] = []
+        self.handshake = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.close_code: int | None = None
+        self.close_reason: str = ""
+        self._reader = sphn.OpusStreamReader(RATE)
+        self._writer = sphn.OpusStreamWriter(RATE)
+        self._pending = 0
+        self._recv_task = asyncio.create_task(self._receive())
+
+    # ------------------------------------------------------------------ connecting
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        token: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        subprotocols: Sequence[str] | None = None,
+        origin: str | None = None,
+        open_timeout: float = 10.0,
+    ) -> MoshiClient:
+        """Open the websocket (``token`` goes in an Authorization header)."""
+        from websockets.asyncio.client import connect
+
+        if query:
+            url = url + ("&" if "?" in url else "?") + urlencode({k: str(v) for k, v in query.items()})
+        hdrs = dict(headers or {})
+        if token is not None:
+            hdrs["Authorization"] = f"Bearer {token}"
+        ws = await connect(
+            url,
+            additional_headers=hdrs or None,
+            subprotocols=list(subprotocols) if subprotocols else None,  # type: ignore[arg-type]
+            origin=origin,  # type: ignore[arg-type]
+            open_timeout=open_timeout,
+            max_size=1 << 22,
+            compression=None,
+            ping_interval=None,
+        )
+        return cls(ws)
+
+    @property
+    def subprotocol(self) -> str | None:
+        return self.ws.subprotocol
+
+    async def wait_handshake(self, timeout: float = 10.0) -> bool:
+        """True once 0x00 arrived; False if the server closed first or the timeout passed."""
+        hs = asyncio.create_task(self.handshake.wait())
+        cl = asyncio.create_task(self.closed.wait())
+        try:
+            await asyncio.wait({hs, cl}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hs.cancel()
+            cl.cancel()
+        return self.handshake.is_set()
+
+    async def wait_closed(self, timeout: float = 10.0) -> tuple[int | None, str]:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), timeout)
+        return self.close_code, self.close_reason
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for message in self.ws:
+                now = time.monotonic()
+                if isinstance(message, str):
+                    self.errors.append(f"text frame from server: {message[:80]}")
+                    continue
+                if not message:
+                    continue
+                kind, payload = message[0], message[1:]
+                self.stats.messages[kind] = self.stats.messages.get(kind, 0) + 1
+                if kind == 0:
+                    self.stats.handshake_t = now
+                    self.handshake.set()
+                elif kind == 1:
+                    pcm = np.asarray(self._reader.append_bytes(payload), dtype=np.float32)
+                    if pcm.size:
+                        self.pcm_chunks.append(pcm)
+                        self.stats.samples_received += pcm.size
+                        self._pending += pcm.size
+                        while self._pending >= FRAME:
+                            self._pending -= FRAME
+                            self.stats.frame_arrivals.append(now)
+                elif kind == 2:
+                    self.texts.append(payload.decode("utf-8"))
+                elif kind == 4:
+                    self.metadata.append(json.loads(payload.decode("utf-8")))
+                elif kind == 5:
+                    self.errors.append(payload.decode("utf-8"))
+        except ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.ws.close_code
+            self.close_reason = self.ws.close_reason or ""
+            self.closed.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    def received_pcm(self) -> np.ndarray:
+        return np.concatenate(self.pcm_chunks) if self.pcm_chunks else np.zeros(0, np.float32)
+
+    # ------------------------------------------------------------------ sending
+    async def send_raw(self, data: bytes | str) -> bool:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self.ws.send(data)
+            return True
+        except ConnectionClosed:
+            return False
+
+    async def send_pcm(self, pcm: np.ndarray, *, chunk: int = FRAME, realtime: bool = True) -> int:
+        """Encode and send ``pcm`` in ``chunk``-sample pieces, at real time; returns samples sent.
+
+        Stops early (without raising) when the server closes the session.
+        """
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        step = chunk / RATE
+        start = time.monotonic()
+        if self.stats.first_send_t is None:
+            self.stats.first_send_t = start
+        sent = 0
+        for k, i in enumerate(range(0, pcm.size, chunk)):
+            if self.closed.is_set():
+                break
+            if realtime:
+                delay = start + k * step - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            piece = pcm[i : i + chunk]
+            if piece.size < chunk:
+                piece = np.concatenate([piece, np.zeros(chunk - piece.size, np.float32)])
+            ogg = self._writer.append_pcm(piece)
+            self.stats.samples_sent += piece.size
+            sent += piece.size
+            self.stats.last_send_t = time.monotonic()
+            if ogg and not await self.send_raw(b"\x01" + bytes(ogg)):
+                break
+        return sent
+
+    async def send_silence(self, seconds: float, *, chunk: int = FRAME) -> int:
+        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk)
+
+    async def drain_output(self, seconds: float = 0.5, *, until_complete: bool = False) -> None:
+        """Keep receiving after the last audio was sent (frames in flight): ``seconds``, or with
+        ``until_complete`` until as much audio came back as was sent (at most ``seconds``)."""
+        deadline = time.monotonic() + seconds
+        while not self.closed.is_set() and time.monotonic() < deadline:
+            # the last frame may still sit in the client's Opus encoder: one frame of slack
+            if until_complete and self.stats.samples_received >= self.stats.samples_sent - FRAME:
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.closed.wait(), min(0.05, max(0.0, deadline - time.monotonic())))
+
+    async def close(self, code: int = 1000) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close(code)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._recv_task, 5)
+
+
+async def run_session(
+    url: str,
+    pcm: np.ndarray,
+    *,
+    chunk: int = FRAME,
+    tail_s: float = 3.0,
+    handshake_timeout: float = 15.0,
+    **connect_kwargs: Any,
+) -> MoshiClient:
+    """Connect, send ``pcm`` at real time, collect the rest of the output (at most ``tail_s``), close."""
+    client = await MoshiClient.connect(url, **connect_kwargs)
+    if await client.wait_handshake(handshake_timeout):
+        await client.send_pcm(pcm, chunk=chunk)
+        await client.drain_output(tail_s, until_complete=True)
+    await client.close()
+    return client

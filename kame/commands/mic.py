@@ -1,0 +1,40 @@
+"""``kame mic``: microphone to server to speakers, or wav in / wav out, with a live transcript."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+NAME = "mic"
+HELP = "Talk to a kame server from the terminal (microphone and speakers, or --input-wav/--output-wav)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default="http://127.0.0.1:8998", help="Server base URL, http(s)://host:port.")
+    p.add_argument("--protocol", choices=["realtime", "moshi"], default="realtime",
+                   help="realtime (/v1/realtime: transcripts and oracle shown) or moshi (/api/chat).")
+    p.add_argument("--backend", default=None, help="LLM back-end by name (see GET /v1/backends).")
+    p.add_argument("--oracle-policy", default=None, choices=["reset", "keep_if_same_start", "freeze_when_speaking"])
+    p.add_argument("--instructions", default=None, help="Per-session instructions for the LLM (realtime only).")
+    p.add_argument("--token", default=None, help="Bearer token (default: $KAME_AUTH_TOKEN).")
+    p.add_argument("--input-wav", type=Path, default=None, help="Send this file at real time instead of the microphone.")
+    p.add_argument("--output-wav", type=Path, default=None, help="Write everything the server sent here.")
+    p.add_argument("--tail", type=float, default=4.0, help="Seconds the line stays open after --input-wav ends.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kame.client.mic import MicOptions, run_mic
+
+    opts = MicOptions(
+        server=args.server,
+        protocol=args.protocol,
+        backend=args.backend,
+        token=args.token or os.environ.get("KAME_AUTH_TOKEN") or None,
+        input_wav=args.input_wav,
+        output_wav=args.output_wav,
+        tail_s=args.tail,
+        instructions=args.instructions,
+        oracle_policy=args.oracle_policy,
+    )
+    return run_mic(opts)
