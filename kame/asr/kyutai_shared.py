@@ -11,7 +11,9 @@ other recogniser; its audio was already fed through the engine slot.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -87,3 +89,19 @@ class SharedKyutaiAsr:
 
     def close(self) -> None:
         """Nothing to free: the model belongs to the engine."""
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def same_mimi(a: Path, b: Path) -> bool:
+    """Whether two checkpoints' Mimi weights are the same file content (then one encode serves both)."""
+    a, b = Path(a), Path(b)
+    if a.resolve() == b.resolve():
+        return True
+    return a.stat().st_size == b.stat().st_size and _digest(a) == _digest(b)
