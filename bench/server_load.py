@@ -30,14 +30,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from moshi_client import FRAME, RATE, MoshiClient, percentile  # noqa: E402
+from moshi_client import FRAME, RATE, MoshiClient, percentile
 
 SENTENCES = (
     "Hello there. What is the capital of France?",
@@ -95,9 +94,9 @@ def histogram_quantile(body: str, name: str, q: float) -> float | None:
     if not buckets or buckets[-1][1] == 0:
         return None
     total = buckets[-1][1]
-    for le, count in buckets:
+    for bound, count in buckets:
         if count >= q * total:
-            return le
+            return bound
     return None
 
 

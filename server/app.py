@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-
 from kame.server.host import ModelHost
 from kame.server.metrics import ServerMetrics
 from kame.server.sessions import SessionManager
 
 if TYPE_CHECKING:
     import torch
+    from kame.server.http_routes import BackendHealthCache
 
     from kame.config import KameConfig
-    from kame.server.http_routes import BackendHealthCache
 
 
 @dataclass
@@ -58,9 +57,10 @@ def create_app(
 ) -> FastAPI:
     """A server for ``cfg`` on ``device`` (see :func:`kame.server.host.choose_device`)."""
     from kame.server.chat import router as chat_router
-    from kame.server.realtime import install as install_realtime
     from kame.server.http_routes import BackendHealthCache
     from kame.server.http_routes import router as http_router
+    from kame.server.realtime import install as install_realtime
+
     from kame.versions import runtime_versions
 
     metrics = ServerMetrics()

@@ -9,11 +9,11 @@ for "starting" and "full", 1001 while draining. Refusals are counted in
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, WebSocket
-
 from kame.server import protocol
 from kame.server.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.logs import session_logger
@@ -29,12 +29,10 @@ router = APIRouter()
 
 async def _refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, error: str | None = None) -> None:
     state.metrics.sessions_rejected.labels(reason=label).inc()
-    try:
+    with contextlib.suppress(Exception):  # the client may have gone already
         if error:
             await ws.send_bytes(protocol.encode_error(error))
         await ws.close(code=code, reason=protocol.close_reason(reason))
-    except Exception:  # noqa: BLE001 - the client may have gone already
-        pass
 
 
 @router.websocket("/api/chat")

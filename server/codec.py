@@ -23,7 +23,7 @@ class FrameChunker:
 
     def __init__(self, frame_size: int = FRAME_SIZE) -> None:
         self.frame_size = frame_size
-        self._pending = np.zeros(0, np.float32)
+        self._pending: np.ndarray = np.zeros(0, np.float32)
 
     def push(self, pcm: np.ndarray) -> list[np.ndarray]:
         data = np.asarray(pcm, dtype=np.float32).reshape(-1)

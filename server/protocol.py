@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Union
+from typing import Any
 
 #: SentencePiece's word-start marker, shown to clients as a space.
 WORD_START = "\u2581"
@@ -104,7 +104,7 @@ class ClientHandshake:
     payload: bytes
 
 
-ClientMessage = Union[ClientAudio, ClientControl, ClientMetadata, ClientPing, ClientHandshake]
+ClientMessage = ClientAudio | ClientControl | ClientMetadata | ClientPing | ClientHandshake
 
 
 def kind_name(kind: int) -> str:

@@ -10,6 +10,7 @@ waited for).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -71,36 +72,28 @@ class SessionRecorder:
         self._thread.join(timeout)
 
     # ------------------------------------------------------------------ writer thread
-    def _open_wav(self, name: str) -> wave.Wave_write:
-        w = wave.open(str(self.directory / name), "wb")
+    def _open_wav(self, stack: contextlib.ExitStack, name: str) -> wave.Wave_write:
+        w = stack.enter_context(wave.open(str(self.directory / name), "wb"))  # noqa: SIM115
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(self.sample_rate)
         return w
 
     def _run(self) -> None:
-        user = assistant = None
-        events = None
         try:
-            user = self._open_wav("user.wav")
-            assistant = self._open_wav("assistant.wav")
-            events = open(self.directory / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-            while True:
-                item = self._queue.get()
-                if item is _STOP:
-                    return
-                what, payload = item
-                if what == "event":
-                    events.write(json.dumps(payload, ensure_ascii=False, default=str) + "\n")
-                else:
-                    ints = (np.clip(payload, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
-                    (user if what == "user" else assistant).writeframes(ints)
-        except Exception:  # noqa: BLE001 - a full disk must not take the session down
+            with contextlib.ExitStack() as stack:
+                user = self._open_wav(stack, "user.wav")
+                assistant = self._open_wav(stack, "assistant.wav")
+                events = stack.enter_context(open(self.directory / "events.jsonl", "w", encoding="utf-8"))
+                while True:
+                    item = self._queue.get()
+                    if item is _STOP:
+                        return
+                    what, payload = item
+                    if what == "event":
+                        events.write(json.dumps(payload, ensure_ascii=False, default=str) + "\n")
+                    else:
+                        ints = (np.clip(payload, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+                        (user if what == "user" else assistant).writeframes(ints)
+        except Exception:  # a full disk must not take the session down
             log.exception("recording %s failed", self.directory)
-        finally:
-            for f in (user, assistant, events):
-                if f is not None:
-                    try:
-                        f.close()
-                    except Exception:  # noqa: BLE001
-                        pass

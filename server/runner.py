@@ -14,9 +14,9 @@ import socket
 from collections.abc import Mapping
 
 import uvicorn
+from kame.server.app import AppState, create_app
 
 from kame.config import KameConfig
-from kame.server.app import AppState, create_app
 
 log = logging.getLogger("kame.server")
 
@@ -35,7 +35,7 @@ class KameServer(uvicorn.Server):
             server.close()  # stop accepting; uvicorn closes them again, harmlessly
         try:
             await self.kame.drain()
-        except Exception:  # noqa: BLE001 - never block the exit
+        except Exception:
             log.exception("draining sessions failed")
         await super().shutdown(sockets=sockets)
 

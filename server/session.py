@@ -23,27 +23,27 @@ and closes the Tandem (which detaches and so resets the slot for reuse).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.logs import SessionLogger
 from kame.server.pacing import InputPacer
 
 if TYPE_CHECKING:
-    from starlette.websockets import WebSocket
-
-    from kame.frontend.engine import SlotOutput
-    from kame.frontend.engine_thread import AsyncSlot
     from kame.server.config import ServerConfig
     from kame.server.host import ModelHost
     from kame.server.metrics import ServerMetrics
     from kame.server.params import SessionParams
     from kame.server.recording import SessionRecorder
+    from starlette.websockets import WebSocket
+
+    from kame.frontend.engine import SlotOutput
+    from kame.frontend.engine_thread import AsyncSlot
     from kame.tandem import Tandem, TandemEvent
 
 FRAME_S = 0.08
@@ -161,7 +161,7 @@ class ChatSession:
                     asyncio.create_task(self._guard(self._watch(), "watch")),
                 ]
                 await self._end_event.wait()
-        except Exception as exc:  # noqa: BLE001 - a session bug ends that session only
+        except Exception as exc:
             self.log.exception("session failed")
             self.end("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error", error=f"internal error ({exc.__class__.__name__})")
         finally:
@@ -176,7 +176,7 @@ class ChatSession:
             await coro
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if self.ended is None:
                 self.log.exception("session task %s failed", name)
                 self.end(
@@ -193,7 +193,7 @@ class ChatSession:
             try:
                 # a draining server does not wait for the ASR to flush the last words
                 await self.tandem.aclose(flush_asr=end.label != "draining")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self.log.exception("closing the tandem failed")
         if self.slot is not None:
             self.slot.detach()  # no-op when the Tandem already detached it
@@ -218,16 +218,12 @@ class ChatSession:
         )
 
     async def _send_now(self, data: bytes, timeout: float = 1.0) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the client may be gone or not reading
             await asyncio.wait_for(self.ws.send_bytes(data), timeout)
-        except Exception:  # noqa: BLE001 - the client may be gone
-            pass
 
     async def _close_now(self, code: int, reason: str, timeout: float = 1.0) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the client may be gone or not reading
             await asyncio.wait_for(self.ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
-        except Exception:  # noqa: BLE001
-            pass
 
     # ------------------------------------------------------------------ tasks
     async def _receive(self) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from moshi_client import FRAME, MoshiClient, ServerProcess, run_session
 from speech import silence, synthesize
 

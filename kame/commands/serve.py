@@ -6,6 +6,10 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kame.config import KameConfig
 
 NAME = "serve"
 HELP = "Serve the voice assistant over websockets (Moshi protocol on /api/chat); see docs/server.md."
@@ -22,15 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
 
 
-def _secrets(cfg: object, environ: dict[str, str]) -> list[str]:
+def _secrets(cfg: KameConfig, environ: dict[str, str]) -> list[str]:
     """Values that must never reach a log line: the auth token and the back-ends' API keys."""
     from kame.backend.resolve import resolve_backends
 
     out: list[str] = []
-    token = getattr(cfg, "server").auth_token
+    token = cfg.server.auth_token
     if token is not None and token.get_secret_value():
         out.append(token.get_secret_value())
-    for bcfg in resolve_backends(cfg, environ).backends.values():  # type: ignore[arg-type]
+    for bcfg in resolve_backends(cfg, environ).backends.values():
         for name in bcfg.key_env_names():
             if environ.get(name):
                 out.append(environ[name])
