@@ -194,12 +194,14 @@ def test_timeline_places_assistant_audio_as_a_player_hears_it() -> None:
     assert tl.add_user(np.ones(4800, np.float32)) == pytest.approx(0.2)
     tl.add_assistant(one, 0.1)  # plays 0.1-0.18
     tl.add_assistant(one, 0.12)  # arrived while the first plays: right after it, 0.18-0.26
-    written = tl.add_assistant(one, 0.5)  # late: 0.26-0.5 is a gap
-    assert len(written) == int(0.5 * RATE) - int(0.26 * RATE) + 1920
+    tl.add_assistant(one, 0.33)  # 70 ms late: the jitter buffer hides it, 0.26-0.34
+    written = tl.add_assistant(one, 0.5)  # 160 ms late: a stall, 0.34-0.5 is a gap
+    assert len(written) == int(0.5 * RATE) - int(0.34 * RATE) + 1920
     st = tl.stereo()
     assert st.shape[1] == 2 and len(st) == int(0.5 * RATE) + 1920
     a = st[:, 1]
-    assert a[int(0.1 * RATE)] == 0.5 and a[int(0.25 * RATE)] == 0.5 and a[int(0.3 * RATE)] == 0.0
+    assert a[int(0.1 * RATE)] == 0.5 and a[int(0.25 * RATE)] == 0.5 and a[int(0.3 * RATE)] == 0.5
+    assert a[int(0.4 * RATE)] == 0.0 and a[int(0.55 * RATE)] == 0.5
     assert tl.late_chunks == 1
     part = tl.stereo(0.2, 0.3)
     assert len(part) == int(0.1 * RATE) and part[0, 0] == 1.0

@@ -127,15 +127,15 @@ class Judge:
         last_error = ""
         last_text: str | None = None
         attempts = 0
-        for attempt in range(self.cfg.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.cfg.backoff_s * attempt)
+        for _ in range(self.cfg.retries + 1):
             attempts += 1
             try:
                 async with self._gate:
                     text = await self._complete(messages)
             except Exception as exc:  # noqa: BLE001 - any transport or API failure is retried, then recorded
                 last_error = f"judge request failed: {type(exc).__name__}: {_one_line(str(exc))}"
+                if attempts <= self.cfg.retries:
+                    await asyncio.sleep(self.cfg.backoff_s * attempts)  # a garbled answer is asked again at once
                 continue
             last_text = text
             score = parse_rating(text)

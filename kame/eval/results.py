@@ -53,7 +53,12 @@ FIELDS = (
     "events",
     "settings",
     "session_id",
+    "server_settings",
+    "session_audio_s",
+    "send_lateness_max_s",
 )
+#: Only with ``--score-from asr``.
+OPTIONAL_FIELDS = ("assistant_asr_text",)
 
 
 class ResultsFile:

@@ -3,11 +3,13 @@
 ``t = 0`` is when the first user audio was sent. The user's audio sits at
 the position it was scheduled for (it is sent on an absolute 80 ms
 schedule, so sample count = time). The assistant's audio is placed the way
-a simple player without a jitter buffer plays it: a chunk starts when it
-arrives, or right after the previous chunk if that one is still playing;
-a chunk that arrives late leaves a gap of silence. Latencies measured on
-this recording therefore include the server's processing and the network,
-exactly what a user would experience.
+a player with a small jitter buffer plays it: the first chunk starts when
+it arrives; each next chunk follows the previous one seamlessly if it
+arrived no more than :data:`JITTER_S` after the previous one finished (so
+network jitter does not chop the speech), or starts when it arrives if it
+is later than that (a stall the listener hears as a gap). Latencies
+measured on this recording therefore include the server's processing and
+the network, as a user would experience them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 RATE = 24000
+#: Lateness a player's jitter buffer hides (s).
+JITTER_S = 0.1
 
 
 class GrowingPcm:
@@ -45,7 +49,7 @@ class SessionTimeline:
         self.assistant = GrowingPcm()
         self._user_cursor = 0
         self._assistant_cursor = 0
-        self.late_chunks = 0  # assistant chunks that arrived after the previous one had finished playing
+        self.late_chunks = 0  # assistant chunks that arrived too late to follow the previous one (gaps)
 
     @property
     def user_s(self) -> float:
@@ -62,9 +66,13 @@ class SessionTimeline:
         """Place a chunk that arrived at ``arrival_s``; returns what was written (gap silence + chunk)."""
         pcm = np.asarray(pcm, np.float32)
         at = max(0, int(round(arrival_s * RATE)))
-        if self._assistant_cursor > 0 and at > self._assistant_cursor:
+        if self._assistant_cursor == 0:
+            pos = at
+        elif at > self._assistant_cursor + int(JITTER_S * RATE):
             self.late_chunks += 1
-        pos = max(self._assistant_cursor, at)
+            pos = at
+        else:
+            pos = self._assistant_cursor
         gap = pos - self._assistant_cursor
         self.assistant.write(pos, pcm)
         self._assistant_cursor = pos + len(pcm)

@@ -12,8 +12,8 @@ when sound was heard. Frames are 30 ms. A frame is voiced when
   well below -50).
 
 Voiced frames are smoothed into segments: a segment starts at the first
-frame of ``min_speech_s`` (90 ms) of consecutive voiced frames (clicks are
-not speech) and ends at the last voiced frame before ``hangover_s`` (300 ms)
+frame of ``min_speech_s`` (150 ms, about a syllable) of consecutive voiced
+frames (clicks, breaths and codec blips are not an answer) and ends at the last voiced frame before ``hangover_s`` (300 ms)
 of silence (pauses between words do not split it).
 
 Latency of a turn = first assistant segment that *starts* after the user's
@@ -44,7 +44,7 @@ class VadConfig:
     aggressiveness: int = 2
     gate_dbfs: float = -50.0
     energy_dbfs: float = -40.0
-    min_speech_s: float = 0.09
+    min_speech_s: float = 0.15
     hangover_s: float = 0.3
 
     def __post_init__(self) -> None:
@@ -186,15 +186,24 @@ class TurnLatency:
     assistant_segments: list[Segment] = field(default_factory=list)
 
 
+#: A segment's start is the start of its first voiced 30 ms frame, so speech that begins exactly
+#: at a window's edge can be dated up to a frame (plus the resampler's delay) earlier.
+EDGE_S = 0.06
+
+
 def turn_latency(
     user: list[Segment], assistant: list[Segment], window_start_s: float, window_end_s: float
 ) -> TurnLatency:
-    """The latency of the turn spoken in ``[window_start_s, window_end_s)`` (see the module doc)."""
-    mine = [s for s in user if window_start_s <= s.start_s < window_end_s]
+    """The latency of the turn spoken in ``[window_start_s, window_end_s)`` (see the module doc).
+
+    Segments are assigned by their start, with windows moved :data:`EDGE_S` earlier.
+    """
+    lo, hi = window_start_s - EDGE_S, window_end_s - EDGE_S
+    mine = [s for s in user if lo <= s.start_s < hi]
     if not mine:
         return TurnLatency(None, None, None, None, "no user speech found in the turn")
     u_start, u_end = mine[0].start_s, mine[-1].end_s
-    theirs = [s for s in assistant if u_start <= s.start_s < window_end_s]
+    theirs = [s for s in assistant if u_start <= s.start_s < hi]
     if not theirs:
         return TurnLatency(u_start, u_end, None, None, "the assistant did not start speaking in the turn")
     a_start = theirs[0].start_s
