@@ -33,6 +33,7 @@ from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.logs import SessionLogger
 from kame.server.pacing import InputPacer
+from starlette.websockets import WebSocketDisconnect
 
 if TYPE_CHECKING:
     from kame.server.config import ServerConfig
@@ -150,10 +151,14 @@ class ChatSession:
                 self.slot.set_sampling(self.params.temp_text, self.params.top_k_text)
             if self.ended is None:
                 await self.tandem.start()
-                await self.ws.send_bytes(protocol.encode_handshake())
+                try:
+                    await self.ws.send_bytes(protocol.encode_handshake())
+                except (WebSocketDisconnect, OSError, RuntimeError):
+                    self.end("client_closed", None)
                 now = time.monotonic()
                 self.started = self.last_audio = self._last_send = now
                 self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=0.0, now=now)
+            if self.ended is None:
                 tasks = [
                     asyncio.create_task(self._guard(self._receive(), "receive")),
                     asyncio.create_task(self._guard(self._pump(), "pump")),
@@ -312,7 +317,11 @@ class ChatSession:
             if self._send_q.empty():
                 self._last_send = time.monotonic()
             data, index = await self._send_q.get()
-            await self.ws.send_bytes(data)
+            try:
+                await self.ws.send_bytes(data)
+            except (WebSocketDisconnect, OSError, RuntimeError):  # the client vanished mid-send
+                self.end("client_closed", None)
+                return
             now = time.monotonic()
             self._last_send = now
             if index is not None:

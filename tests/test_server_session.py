@@ -214,3 +214,26 @@ def test_audio_sent_far_ahead_of_real_time_is_dropped_then_the_session_closed() 
     assert any(m.startswith(b"\x05audio sent faster than real time") for m in ws.sent)
     assert 12 <= session.frames_in <= 14  # the 1 s burst allowance, nothing more
     assert 'kame_frames_dropped_total{direction="in"}' in metrics.render().decode()
+
+
+def test_a_client_that_vanishes_mid_send_ends_as_client_closed() -> None:
+    class Vanishing(FakeWebSocket):
+        async def send_bytes(self, data: bytes) -> None:
+            if self.sent:
+                raise OSError("connection reset")
+            self.sent.append(data)
+
+    metrics = ServerMetrics()
+    host = FakeHost()
+    ws = Vanishing()
+
+    async def main() -> ChatSession:
+        session = _session(ws, host, metrics, ServerConfig())
+        task = asyncio.create_task(session.run())
+        host.slot.outputs.put_nowait(_output(0, text_id=None))
+        await asyncio.wait_for(task, 5)
+        return session
+
+    session = asyncio.run(main())
+    assert session.ended is not None and session.ended.label == "client_closed"
+    assert 'kame_sessions_ended_total{reason="client_closed"} 1.0' in metrics.render().decode()
