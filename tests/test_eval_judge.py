@@ -1,5 +1,7 @@
 """kame eval's judge against a real HTTP chat-completions server: prompts, retries, garbled judgements."""
 
+# ruff: noqa: F811 - the llm_server fixture is imported and used as a parameter
+
 from __future__ import annotations
 
 import asyncio

@@ -30,7 +30,7 @@ FRAME = 1920
 
 
 def burst(seconds: float, amp: float = 0.3) -> np.ndarray:
-    t = np.arange(int(round(seconds * RATE))) / RATE
+    t = np.arange(round(seconds * RATE)) / RATE
     x = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((150, 300, 450, 750, 1200), 1))
     return (amp * x / np.max(np.abs(x))).astype(np.float32)
 
@@ -80,7 +80,7 @@ class ScriptedPeer:
                 if loud and quiet >= 7:  # loud after >= 0.56 s of quiet: a new utterance, schedule the answer
                     turn += 1
                     end_frame = frame_i + self.utterance_s[turn] / 0.08
-                    play_at = int(round(end_frame + self.offsets[turn] / 0.08))
+                    play_at = round(end_frame + self.offsets[turn] / 0.08)
                     played = 0
                     await ws.send(json.dumps({"type": "kame.oracle.reset", "request_id": turn + 1,
                                               "text": "Hello", "tokens": 2}))

@@ -16,7 +16,13 @@ from kame.eval.summary import build_summary, render_markdown, write_summary
 from kame.eval.sweep import parse_sweep, write_sweep
 from kame.eval.timeline import SessionTimeline
 from kame.eval.tts import make_tts
-from kame.eval.vad import Segment, SpeechTracker, VadConfig, speech_segments, turn_latency
+from kame.eval.vad import (
+    Segment,
+    SpeechTracker,
+    VadConfig,
+    speech_segments,
+    turn_latency,
+)
 
 RATE = 24000
 REPO = Path(__file__).resolve().parent.parent

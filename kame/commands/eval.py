@@ -90,7 +90,13 @@ def _judge_key(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from kame.eval.judge import Judge, JudgeConfig
     from kame.eval.questions import load_judge_prompts, load_questions
-    from kame.eval.runner import EvalConfig, ServerTarget, Services, fetch_health, synthesize_all
+    from kame.eval.runner import (
+        EvalConfig,
+        ServerTarget,
+        Services,
+        fetch_health,
+        synthesize_all,
+    )
     from kame.eval.session import DriveConfig
     from kame.eval.sweep import parse_sweep
     from kame.eval.tts import make_tts

@@ -110,8 +110,7 @@ class ResultsFile:
         """Replace the file (after re-judging), atomically."""
         tmp = self.path.with_suffix(".jsonl.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(dict(r), ensure_ascii=False) + "\n")
+            f.writelines(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows)
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(self.path)

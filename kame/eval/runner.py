@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,12 @@ from kame.eval.analysis import turn_facts
 from kame.eval.judge import Judge, Judgement
 from kame.eval.questions import Question
 from kame.eval.results import ResultsFile, check_run_file
-from kame.eval.session import DriveConfig, SessionError, SessionRecording, drive_question
+from kame.eval.session import (
+    DriveConfig,
+    SessionError,
+    SessionRecording,
+    drive_question,
+)
 from kame.eval.summary import build_summary, write_summary
 from kame.eval.transcribe import ReplyTranscriber
 from kame.eval.tts import RATE, Tts
@@ -68,21 +72,30 @@ class ServerTarget:
         return cls(ws, health, token)
 
 
-def fetch_health(target: ServerTarget, timeout_s: float = 30.0) -> dict[str, Any]:
-    """``GET /health`` until the server says ``ok`` (at most ``timeout_s``); a UserError otherwise."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
+def fetch_health(target: ServerTarget, starting_timeout_s: float = 600.0, unreachable_timeout_s: float = 5.0,
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
+    """``GET /health``, waiting while the server says ``starting`` (models load for minutes on a GPU box).
+
+    A server that does not answer at all fails after ``unreachable_timeout_s``; a UserError either way.
+    """
+    t0 = time.monotonic()
+    told = False
     while True:
         try:
             with urllib.request.urlopen(target.health_url, timeout=5.0) as resp:
                 body = json.loads(resp.read().decode("utf-8"))
-            if body.get("status") == "ok":
+            status = body.get("status")
+            if status == "ok":
                 return dict(body)
-            last = f"status {body.get('status')!r}"
-        except (OSError, ValueError, urllib.error.URLError) as exc:
-            last = str(getattr(exc, "reason", exc))
-        if time.monotonic() >= deadline:
-            raise UserError(f"server at {target.health_url} is not ready ({last})")
+            if status != "starting" or time.monotonic() - t0 >= starting_timeout_s:
+                raise UserError(f"server at {target.health_url} is not ready (status {status!r})")
+            if not told:
+                say(f"kame eval: the server is starting; waiting up to {starting_timeout_s:g} s")
+                told = True
+        except (OSError, ValueError) as exc:
+            if time.monotonic() - t0 >= unreachable_timeout_s:
+                why = getattr(exc, "reason", None) or exc
+                raise UserError(f"cannot reach the server at {target.health_url} ({why})") from None
         time.sleep(0.5)
 
 

@@ -99,13 +99,13 @@ class _AssistantFeed:
         self._tracker = tracker
         self._chunks = 0
         self._frames = 0
-        self._rest = np.zeros(0, np.float32)
+        self._rest: np.ndarray = np.zeros(0, np.float32)
 
     def poll(self, t0: float) -> None:
         chunks = self._client.pcm_chunks
         new = chunks[self._chunks :]
         self._chunks = len(chunks)
-        buf = np.concatenate([self._rest, *new]) if new else self._rest
+        buf: np.ndarray = np.concatenate([self._rest, *new]) if new else self._rest
         arrivals = self._client.stats.frame_arrivals
         used = 0
         while len(buf) - used >= FRAME and self._frames < len(arrivals):
@@ -178,7 +178,7 @@ async def _stream(
     timeline = SessionTimeline()
     tracker = SpeechTracker(cfg.vad)
     feed = _AssistantFeed(client, timeline, tracker)
-    lead = np.zeros(int(round(cfg.lead_in_s * RATE)), np.float32)
+    lead = np.zeros(round(cfg.lead_in_s * RATE), np.float32)
     plan = np.concatenate([lead, np.asarray(turns[0], np.float32)])
     timings = [TurnTiming(1, 0.0, len(lead) / RATE, len(plan) / RATE)]
     pos = 0

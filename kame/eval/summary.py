@@ -120,7 +120,7 @@ def render_markdown(summary: Mapping[str, Any], label: str = "this run") -> str:
     scores = summary["scores"]
     lat = summary["latency"]
     cats = list(CATEGORIES) + [c for c in scores["by_category"] if c not in CATEGORIES]
-    head = ["system", *[CATEGORY_TITLES.get(c, c) for c in cats], "avg", "median latency"]
+    head: list[str] = ["system", *[str(CATEGORY_TITLES.get(c, c)) for c in cats], "avg", "median latency"]
     lines = [
         "# MT-Bench in speech",
         "",
@@ -130,7 +130,7 @@ def render_markdown(summary: Mapping[str, Any], label: str = "this run") -> str:
     for p in PUBLISHED:
         vals = [_fmt(getattr(p, c, None)) for c in cats]
         lines.append(f"| {p.system} (published) | " + " | ".join(vals) + f" | {_fmt(p.average)} | {p.median_latency} |")
-    ours = [_fmt(scores["by_category"].get(c)) for c in cats]
+    ours: list[str] = [_fmt(scores["by_category"].get(c)) for c in cats]
     median = "–" if lat["median_s"] is None else f"{lat['median_s']:.2f} s"
     lines.append(f"| **{label}** | " + " | ".join(ours) + f" | {_fmt(scores['overall'])} | {median} |")
     lines += ["", f"Published rows: {SOURCE}.", ""]
@@ -140,11 +140,11 @@ def render_markdown(summary: Mapping[str, Any], label: str = "this run") -> str:
     lines += [
         "## This run",
         "",
-        f"- questions: {summary['questions']} ({summary['turns']} turns), judged turns: {scores['judged']}, "
-        f"unscored: {scores['unscored']}",
+        (f"- questions: {summary['questions']} ({summary['turns']} turns), judged turns: {scores['judged']}, "
+         f"unscored: {scores['unscored']}"),
         f"- judge: {scores['judge'] or 'none'}; answer judged: {cfg.get('score_from', 'text')}",
-        f"- latency (VAD on the recordings): median {_fmt(lat['median_s'])} s, p90 {_fmt(lat['p90_s'])} s, "
-        f"n = {lat['n']} (not measurable: {lat['missing']}); negative = the assistant started before the user ended",
+        (f"- latency (VAD on the recordings): median {_fmt(lat['median_s'])} s, p90 {_fmt(lat['p90_s'])} s, "
+         f"n = {lat['n']} (not measurable: {lat['missing']}); negative = the assistant started before the user ended"),
     ]
     wall = summary.get("wall") or {}
     if wall:
@@ -164,8 +164,8 @@ def render_markdown(summary: Mapping[str, Any], label: str = "this run") -> str:
             lines.append(f"- {side} versions: " + ", ".join(f"{k} {val}" for k, val in sorted(v.items())))
     lines += [
         "",
-        "Scores come from an LLM judge and are only meaningful with the real weights and a GPT-4-class judge; "
-        "a tiny random model (the CPU demo) babbles.",
+        ("Scores come from an LLM judge and are only meaningful with the real weights and a GPT-4-class judge; "
+         "a tiny random model (the CPU demo) babbles."),
         "",
     ]
     return "\n".join(lines)

@@ -65,7 +65,7 @@ class SessionTimeline:
     def add_assistant(self, pcm: np.ndarray, arrival_s: float) -> np.ndarray:
         """Place a chunk that arrived at ``arrival_s``; returns what was written (gap silence + chunk)."""
         pcm = np.asarray(pcm, np.float32)
-        at = max(0, int(round(arrival_s * RATE)))
+        at = max(0, round(arrival_s * RATE))
         if self._assistant_cursor == 0:
             pos = at
         elif at > self._assistant_cursor + int(JITTER_S * RATE):
@@ -83,8 +83,8 @@ class SessionTimeline:
     def stereo(self, start_s: float = 0.0, end_s: float | None = None) -> np.ndarray:
         """``[n, 2]`` float32: column 0 the user, column 1 the assistant, from ``start_s`` to ``end_s``."""
         n = max(self.user.size, self.assistant.size)
-        a = int(round(start_s * RATE))
-        b = n if end_s is None else min(n, int(round(end_s * RATE)))
+        a = round(start_s * RATE)
+        b = n if end_s is None else min(n, round(end_s * RATE))
         b = max(a, b)
         out = np.zeros((b - a, 2), np.float32)
         u, s = self.user.array(), self.assistant.array()

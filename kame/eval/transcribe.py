@@ -29,7 +29,11 @@ class ReplyTranscriber:
             from faster_whisper import WhisperModel
         except ImportError:
             raise UserError("--score-from asr needs faster-whisper (pip install faster-whisper)") from None
-        from kame.asr.whisper import default_whisper_model, model_directory, resolve_device
+        from kame.asr.whisper import (
+            default_whisper_model,
+            model_directory,
+            resolve_device,
+        )
 
         directory = model_directory(model or default_whisper_model())
         dev, index = resolve_device(device)

@@ -73,7 +73,7 @@ class SpeechTracker:
     def __init__(self, cfg: VadConfig | None = None, rate: int = RATE) -> None:
         self.cfg = cfg or VadConfig()
         self._rate = rate
-        self._frame = int(round(FRAME_S * (_VAD_RATE if self.cfg.kind == "webrtc" else rate)))
+        self._frame = round(FRAME_S * (_VAD_RATE if self.cfg.kind == "webrtc" else rate))
         self._min_frames = max(1, math.ceil(self.cfg.min_speech_s / FRAME_S - 1e-9))
         self._hang_frames = max(1, math.ceil(self.cfg.hangover_s / FRAME_S - 1e-9))
         self._gate = 10.0 ** (self.cfg.gate_dbfs / 20.0)
@@ -86,7 +86,7 @@ class SpeechTracker:
 
             self._vad = webrtcvad.Vad(self.cfg.aggressiveness)
             self._resampler = soxr.ResampleStream(rate, _VAD_RATE, 1, dtype="float32", quality="HQ")
-        self._rest = np.zeros(0, np.float32)
+        self._rest: np.ndarray = np.zeros(0, np.float32)
         self._index = 0  # frames classified so far
         self._run = 0  # consecutive voiced frames while not in speech
         self._silent = 0  # consecutive unvoiced frames while in speech
@@ -129,7 +129,7 @@ class SpeechTracker:
         return list(self.segments)
 
     def _consume(self, x: np.ndarray) -> None:
-        buf = np.concatenate([self._rest, x]) if self._rest.size else x
+        buf: np.ndarray = np.concatenate([self._rest, x]) if self._rest.size else x
         n = len(buf) // self._frame
         for i in range(n):
             self._classify(buf[i * self._frame : (i + 1) * self._frame])
