@@ -211,7 +211,8 @@ def test_run_set_scores_from_an_asr_transcript_of_the_reply(tmp_path: Path) -> N
     async def body(url: str) -> Any:
         cfg = EvalConfig(target=ServerTarget.parse(url), questions=(q,), questions_source="test", tts=tts,
                          drive=DriveConfig(reply_silence_s=1.0, max_reply_s=6.0), score_from="asr")
-        services = Services(None, ReplyTranscriber(), speech, {"local": {}}, say=lines.append)
+        services = Services(None, ReplyTranscriber(), speech, {"kame": "test"}, lambda: {"kame": "here"},
+                            say=lines.append)
         return await run_set(cfg, tmp_path, {}, services)
 
     outcome = asyncio.run(_with_peer(peer, body))
@@ -224,3 +225,5 @@ def test_run_set_scores_from_an_asr_transcript_of_the_reply(tmp_path: Path) -> N
         assert r["assistant_text"] == "Hello there."  # the text stream is kept beside it
         assert 0.0 < r["latency_s"] < 1.0  # exact values: the burst test above
     assert any("q7 (reasoning)" in line for line in lines)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["versions"] == {"server": {"kame": "test"}, "local": {"kame": "here"}}

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from kame.eval.questions import load_judge_prompts, load_questions
     from kame.eval.runner import (
         EvalConfig,
+        LocalVersions,
         ServerTarget,
         Services,
         fetch_health,
@@ -101,7 +102,6 @@ def run(args: argparse.Namespace) -> int:
     from kame.eval.sweep import parse_sweep
     from kame.eval.tts import make_tts
     from kame.eval.vad import VadConfig
-    from kame.versions import runtime_versions
 
     _check_numbers(args)
     if args.judge_base_url and not args.judge_model:
@@ -138,13 +138,13 @@ def run(args: argparse.Namespace) -> int:
     base: dict[str, Any] = {"backend": args.backend} if args.backend else {}
     t0 = time.monotonic()
     print(f"kame eval: {len(questions)} question(s) against {target.ws_url}; speaking them with {tts.name}", flush=True)
+    local_versions = LocalVersions()  # in a child process, meanwhile
     speech = synthesize_all(tts, questions)
     transcriber = None
     if args.score_from == "asr":
         from kame.eval.transcribe import ReplyTranscriber
 
         transcriber = ReplyTranscriber(args.asr_model)
-    versions = {"server": health.get("versions") or {}, "local": runtime_versions()}
     if not args.judge_model:
         print("kame eval: no judge configured (--judge-model): scores will not be computed", flush=True)
 
@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         if args.judge_model:
             judge = Judge(JudgeConfig(args.judge_model, args.judge_base_url, key, args.judge_retries),
                           load_judge_prompts())
-        services = Services(judge, transcriber, speech, versions, say=lambda s: print(s, flush=True))
+        services = Services(judge, transcriber, speech, dict(health.get("versions") or {}), local_versions.get,
+                            say=lambda s: print(s, flush=True))
         try:
             if sweep is None:
                 return [await run_set(cfg, out, base, services)]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -140,6 +142,37 @@ class SetOutcome:
     failures: list[str] = field(default_factory=list)
 
 
+class LocalVersions:
+    """``kame.versions.runtime_versions()`` of this machine, computed in a child process.
+
+    It imports torch (about 3 s), which would otherwise sit on the run's
+    critical path or, in a thread, hold the GIL while sessions stream.
+    """
+
+    _CODE = "import json; from kame.versions import runtime_versions; print(json.dumps(runtime_versions()))"
+
+    def __init__(self) -> None:
+        self._value: dict[str, str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-c", self._CODE], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+
+    def get(self) -> dict[str, str]:
+        if self._value is None:
+            try:
+                assert self._proc is not None
+                out, _ = self._proc.communicate(timeout=120)
+                self._value = dict(json.loads(out))
+            except (subprocess.TimeoutExpired, ValueError, TypeError, AssertionError):
+                if self._proc is not None and self._proc.poll() is None:
+                    self._proc.kill()
+                from kame.versions import runtime_versions
+
+                self._value = runtime_versions()
+            self._proc = None
+        return self._value
+
+
 @dataclass
 class Services:
     """What a run shares across sweep points."""
@@ -147,8 +180,12 @@ class Services:
     judge: Judge | None
     transcriber: ReplyTranscriber | None
     speech: dict[str, list[np.ndarray]]
-    versions: dict[str, Any]
+    server_versions: dict[str, Any]
+    local_versions: Callable[[], dict[str, str]]
     say: Callable[[str], None] = print
+
+    def versions(self) -> dict[str, Any]:
+        return {"server": self.server_versions, "local": self.local_versions()}
 
 
 def fingerprint(cfg: EvalConfig, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,7 +343,7 @@ async def run_set(
     outcome.summary = build_summary(
         rows,
         config=config_summary(cfg, settings),
-        versions=services.versions,
+        versions=await asyncio.to_thread(services.versions),
         judge=cfg.judge_model,
         wall=wall_block(outcome.audio_s, cfg.concurrency, outcome.wall_s, outcome.sessions),
     )
