@@ -12,10 +12,11 @@ stops (it often starts before).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 SOURCE = "KAME, arXiv 2510.02327 (ICASSP 2026), MT-Bench table"
 CATEGORIES = ("reasoning", "stem", "humanities")
-CATEGORY_TITLES = {"reasoning": "reasoning", "stem": "STEM", "humanities": "humanities"}
+CATEGORY_TITLES = MappingProxyType({"reasoning": "reasoning", "stem": "STEM", "humanities": "humanities"})
 
 
 @dataclass(frozen=True)
