@@ -70,6 +70,11 @@ class RealtimeStats:
     event_counts: dict[str, int] = field(default_factory=dict)
 
     @property
+    def handshake_t(self) -> float | None:
+        """When the session became usable (``session.created``), as the Moshi-protocol client names it."""
+        return self.created_t
+
+    @property
     def audio_sent_s(self) -> float:
         return self.samples_sent / RATE
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +103,7 @@ class RealtimeSession:
         self.settings = settings
         self.log = log
         self.new_recorder = new_recorder
-        self.recorder: SessionRecorder | None = new_recorder(settings) if new_recorder and settings.record else None
+        self.recorder: SessionRecorder | None = None  # started once the slot is attached
         self.slot: AsyncSlot | None = None
         self.tandem: Tandem | None = None
         self.done = asyncio.Event()
@@ -192,6 +192,8 @@ class RealtimeSession:
             await self._close_now(protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
             return
         self.log.info("session started", extra={"slot": self.slot.slot, "protocol": PROTOCOL})
+        if self.settings.record:
+            self._start_recording()
         self.metrics.sessions_total.inc()
         self.pmetrics.sessions.labels(protocol=PROTOCOL).inc()
         try:
@@ -205,14 +207,14 @@ class RealtimeSession:
                 now = time.monotonic()
                 self.started = self.last_audio = self._last_send = now
                 self._pacer.last = now
-                for name, coro in (
-                    ("receive", self._receive()),
-                    ("feed", self._feed_loop()),
-                    ("pump", self._pump()),
-                    ("send", self._send()),
-                    ("watch", self._watch()),
+                for name, work in (
+                    ("receive", self._receive),
+                    ("feed", self._feed_loop),
+                    ("pump", self._pump),
+                    ("send", self._send),
+                    ("watch", self._watch),
                 ):
-                    self._tasks[name] = asyncio.create_task(self._guard(coro, name))
+                    self._tasks[name] = asyncio.create_task(self._guard(work, name))
                 await self._end_event.wait()
         except Exception as exc:  # noqa: BLE001 - a session bug ends that session only
             self.log.exception("session failed")
@@ -226,9 +228,9 @@ class RealtimeSession:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self._finish()
 
-    async def _guard(self, coro: Any, name: str) -> None:
+    async def _guard(self, work: Callable[[], Awaitable[None]], name: str) -> None:
         try:
-            await coro
+            await work()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -399,7 +401,8 @@ class RealtimeSession:
                 )
 
     def _feed(self, frame: np.ndarray) -> None:
-        assert self.tandem is not None
+        if self.tandem is None:  # between two pipelines during kame.session.reset
+            return
         self.frames_in += 1
         self.tandem.feed_user_audio(frame)
         if self.recorder is not None:
@@ -463,7 +466,7 @@ class RealtimeSession:
             return
         self._new_conversation()
         await self._start_tandem()
-        self._tasks["pump"] = asyncio.create_task(self._guard(self._pump(), "pump"))
+        self._tasks["pump"] = asyncio.create_task(self._guard(self._pump, "pump"))
         self.log.info("session reset by the client")
         self._queue({"type": "kame.session.reset", "reason": "client"})
 
