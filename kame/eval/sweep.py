@@ -168,27 +168,29 @@ def plot_sweep(path: Path, sweep: Sweep, rows: Sequence[Mapping[str, Any]]) -> N
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     try:
-        for p in PUBLISHED:
-            ax.scatter([p.median_latency_s], [p.average], color="0.6", marker="s", zorder=2)
-            ax.annotate(f"{p.system} (paper)", (p.median_latency_s, p.average), textcoords="offset points",
-                        xytext=(6, -3), fontsize=7, color="0.4")
+        for p, marker in zip(PUBLISHED, "sDv^<>"):
+            ax.scatter([p.median_latency_s], [p.average], color="0.55", marker=marker, zorder=2,
+                       label=f"{p.system} (paper)")
         pts = [r for r in rows if r["latency_median_s"] is not None]
         scored = [r for r in pts if r["score"] is not None]
         if scored:
             xs = [r["latency_median_s"] for r in scored]
             ys = [r["score"] for r in scored]
             err = [[0.0] * len(scored), [max(0.0, (r["latency_p90_s"] or x) - x) for r, x in zip(scored, xs)]]
-            ax.errorbar(xs, ys, xerr=err, fmt="o-", color="C0", capsize=3, zorder=3, label=f"kame: {sweep.key}")
+            ax.errorbar(xs, ys, xerr=err, fmt="o-", color="C0", capsize=3, zorder=3, label=f"this run: {sweep.key}")
             for r, x, y in zip(scored, xs, ys):
-                ax.annotate(f"{sweep.key}={r['dir'].split('=', 1)[1]}", (x, y), textcoords="offset points",
-                            xytext=(6, 4), fontsize=8, color="C0")
-            ax.legend(loc="lower right", fontsize=8)
+                ax.annotate(r["dir"].split("=", 1)[1], (x, y), textcoords="offset points",
+                            xytext=(4, 6), fontsize=8, color="C0")
         else:
             for r in pts:
                 ax.axvline(r["latency_median_s"], color="C0", alpha=0.5)
                 ax.annotate(r["dir"], (r["latency_median_s"], 0.5), rotation=90, fontsize=7, color="C0")
             ax.text(0.5, 0.95, "no scores (no judge configured): median latencies only", transform=ax.transAxes,
                     ha="center", va="top", fontsize=9, color="C3")
+        xs_all = [p.median_latency_s for p in PUBLISHED] + [float(r["latency_median_s"]) for r in pts]
+        xs_all += [float(r["latency_p90_s"]) for r in pts if r["latency_p90_s"] is not None]
+        ax.set_xlim(min(xs_all) - 0.3, max(xs_all) + 0.5)
+        ax.legend(loc="lower right", fontsize=7)
         ax.set_xlabel("median response latency (s; bar to p90); < 0: starts before the user ends")
         ax.set_ylabel("MT-Bench score (avg of categories)")
         ax.set_ylim(0, 10)
