@@ -49,7 +49,8 @@ class ServerConfig(BaseModel):
         25,
         ge=2,
         le=1000,
-        description="Messages buffered per session towards a slow client; beyond it audio frames are dropped.",
+        description="Audio frames (80 ms) queued per session towards a slow client; beyond it further frames are "
+        "dropped (counted).",
     )
     slow_client_timeout_s: float = Field(
         10.0, gt=0, description="A client that accepts no message for this long while output waits is closed."

@@ -105,6 +105,7 @@ class ChatSession:
             frame_s=FRAME_S, burst_s=cfg.input_burst_s, buffer_s=0.0, now=self.started
         )
         self.frames_out = 0
+        self._queued_audio = 0  # audio frames waiting in the send queue
         self.frames_dropped = 0
         self.texts_out = 0
 
@@ -302,7 +303,7 @@ class ChatSession:
     def _queue_audio(self, out: SlotOutput, limit: int) -> None:
         index = self.frames_out
         self.frames_out += 1
-        if self._send_q.qsize() >= limit:
+        if self._queued_audio >= limit:
             self.frames_dropped += 1
             self.metrics.frames_dropped.labels(direction="out").inc()
             return
@@ -310,6 +311,7 @@ class ChatSession:
             self.recorder.assistant_audio(out.pcm)
         ogg = self._opus_out.encode(out.pcm)
         if ogg:
+            self._queued_audio += 1
             self._send_q.put_nowait((protocol.encode_audio(ogg), index))
 
     async def _send(self) -> None:
@@ -325,6 +327,7 @@ class ChatSession:
             now = time.monotonic()
             self._last_send = now
             if index is not None:
+                self._queued_audio -= 1
                 if self._anchor is None:
                     self._anchor = now - index * FRAME_S
                 self.metrics.frame_lateness.observe(max(0.0, now - (self._anchor + index * FRAME_S)))
@@ -367,7 +370,7 @@ class ChatSession:
             self.recorder.event(event.type, dict(event.data))
         if event.type == "assistant.text":
             msg = protocol.text_message(event.data.get("id"), str(event.data.get("piece", "")))
-            if msg is not None and self._send_q.qsize() < 2 * self.cfg.send_queue_frames:
+            if msg is not None and self._send_q.qsize() < 3 * self.cfg.send_queue_frames:
                 self.texts_out += 1
                 self._send_q.put_nowait((msg, None))
         if event.type in _TEXT_EVENTS:
