@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -41,10 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moshi_client import percentile  # noqa: E402
-from server_load import http_base, http_get, noise_audio, speech_audio  # noqa: E402
-
-from kame.client.realtime_client import RealtimeClient  # noqa: E402
+from kame.client.realtime_client import RealtimeClient
+from moshi_client import percentile
+from server_load import http_base, http_get, noise_audio, speech_audio
 
 
 def realtime_url(url: str) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -113,7 +114,7 @@ class RealtimeStats:
 
     def gaps_s(self, start: int = 0) -> list[float]:
         arr = self.frame_arrivals[start:]
-        return [b - a for a, b in zip(arr, arr[1:])]
+        return [b - a for a, b in itertools.pairwise(arr)]
 
     def max_gap_s(self, start: int = 0) -> float:
         return max(self.gaps_s(start), default=0.0)

@@ -35,7 +35,7 @@ class InputPacer(Generic[T]):
     def __init__(self, *, frame_s: float = 0.08, burst_s: float = 0.5, buffer_s: float = 10.0, now: float = 0.0) -> None:
         self.frame_s = frame_s
         self.capacity = max(1.0, burst_s / frame_s)
-        self.max_queued = max(0, int(round(buffer_s / frame_s)))
+        self.max_queued = max(0, round(buffer_s / frame_s))
         self.tokens = self.capacity
         self.last = now
         self.queue: deque[T] = deque()

@@ -12,11 +12,11 @@ event first. OpenAI's SDKs build the URL from ``base_url``
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, WebSocket
-
 from kame.server import protocol
 from kame.server.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.logs import session_logger
@@ -48,13 +48,11 @@ def protocol_metrics(app: Any) -> ProtocolMetrics:
 
 async def _refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, error: str | None = None) -> None:
     state.metrics.sessions_rejected.labels(reason=label).inc()
-    try:
+    with contextlib.suppress(Exception):  # the client may have gone already
         if error:
             event = error_event("invalid_value", error)
             await ws.send_text(EventEncoder(Ids()).encode(event))
         await ws.close(code=code, reason=protocol.close_reason(reason))
-    except Exception:  # noqa: BLE001 - the client may have gone already
-        pass
 
 
 def server_info(state: AppState, session_id: str, model: str) -> ServerInfo:

@@ -13,7 +13,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from kame.server.realtime_events import ClientError
 
@@ -51,7 +51,7 @@ class SessionReset:
     event_id: str | None = None
 
 
-ClientCommand = Union[AppendAudio, SessionUpdate, SessionReset]
+ClientCommand = AppendAudio | SessionUpdate | SessionReset
 
 
 def _event_id(obj: dict[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ Tandem events (ASR, LLM, oracle) become user-turn and ``kame.*`` events in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,22 +31,32 @@ from kame.server import protocol
 from kame.server import realtime_events as ev
 from kame.server.pacing import InputPacer
 from kame.server.realtime_audio import Pcm16In
-from kame.server.realtime_decode import AppendAudio, SessionReset, SessionUpdate, decode_client_event
+from kame.server.realtime_decode import (
+    AppendAudio,
+    SessionReset,
+    SessionUpdate,
+    decode_client_event,
+)
 from kame.server.realtime_events import ClientError, Event, EventEncoder, Ids
-from kame.server.realtime_settings import RealtimeSettings, ServerInfo, parse_session_update, session_object
+from kame.server.realtime_settings import (
+    RealtimeSettings,
+    ServerInfo,
+    parse_session_update,
+    session_object,
+)
 from kame.server.realtime_turns import AssistantTurns, Conversation, UserTurns
 
 if TYPE_CHECKING:
     import numpy as np
-    from starlette.websockets import WebSocket
-
-    from kame.frontend.engine_thread import AsyncSlot
     from kame.server.config import ServerConfig
     from kame.server.host import ModelHost
     from kame.server.logs import SessionLogger
     from kame.server.metrics import ServerMetrics
     from kame.server.realtime_metrics import ProtocolMetrics
     from kame.server.recording import SessionRecorder
+    from starlette.websockets import WebSocket
+
+    from kame.frontend.engine_thread import AsyncSlot
     from kame.tandem import Tandem, TandemEvent
 
 FRAME_S = 0.08
@@ -216,7 +227,7 @@ class RealtimeSession:
                 ):
                     self._tasks[name] = asyncio.create_task(self._guard(work, name))
                 await self._end_event.wait()
-        except Exception as exc:  # noqa: BLE001 - a session bug ends that session only
+        except Exception as exc:
             self.log.exception("session failed")
             self.end("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error",
                      error=f"internal error ({exc.__class__.__name__})", error_code="internal_error")
@@ -233,7 +244,7 @@ class RealtimeSession:
             await work()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if self.ended is None:
                 self.log.exception("session task %s failed", name)
                 self.end("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error",
@@ -252,7 +263,7 @@ class RealtimeSession:
         if self.tandem is not None:
             try:
                 await self.tandem.aclose()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self.log.exception("closing the tandem failed")
         if self.slot is not None:
             self.slot.detach()
@@ -278,16 +289,12 @@ class RealtimeSession:
         )
 
     async def _send_now(self, text: str, timeout: float = 1.0) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the client may be gone or not reading
             await asyncio.wait_for(self.ws.send_text(text), timeout)
-        except Exception:  # noqa: BLE001 - the client may be gone
-            pass
 
     async def _close_now(self, code: int, reason: str, timeout: float = 1.0) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the client may be gone or not reading
             await asyncio.wait_for(self.ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
-        except Exception:  # noqa: BLE001
-            pass
 
     def _session(self) -> dict[str, Any]:
         return session_object(self.settings, self.info)

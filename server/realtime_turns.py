@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from kame.server import realtime_events as ev
 from kame.server.realtime_events import Event, Ids
 
@@ -209,4 +208,4 @@ class UserTurns:
 
 
 def _ms(seconds: float) -> int:
-    return max(0, int(round(seconds * 1000)))
+    return max(0, round(seconds * 1000))

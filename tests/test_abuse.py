@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -21,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from kame.client.realtime_client import RealtimeClient, RealtimeStats
 from moshi_client import FRAME, MoshiClient, ServerProcess
 
@@ -92,12 +92,10 @@ async def raw_ws(url: str, *, never_read: bool = False) -> Any:
 
 async def recv_until_closed(ws: Any, timeout: float) -> list[str | bytes]:
     got: list[str | bytes] = []
-    try:
+    with contextlib.suppress(Exception, asyncio.TimeoutError):  # closed abruptly, or still open
         async with asyncio.timeout(timeout):
             async for message in ws:
                 got.append(message)
-    except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - closed abruptly or still open
-        pass
     return got
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from kame.client.realtime_client import RealtimeClient
 from moshi_client import ServerProcess
 from speech import silence, synthesize
@@ -106,9 +105,8 @@ class Recorder:
                 self.violations.append(f"{t} before response.content_part.added")
             if t == "response.output_audio.delta":
                 self.audio_bytes += len(base64.b64decode(event.delta))
-        elif t == "response.done":
-            if self._open.pop(event.response.id, None) is None:
-                self.violations.append(f"response.done for unknown response {event.response.id}")
+        elif t == "response.done" and self._open.pop(event.response.id, None) is None:
+            self.violations.append(f"response.done for unknown response {event.response.id}")
         if t not in ("response.output_audio.delta", "kame.output_audio.delta", "response.output_audio_transcript.delta"):
             self.events.append(event)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics
@@ -18,8 +17,9 @@ from kame.server.realtime_metrics import ProtocolMetrics
 from kame.server.realtime_session import RealtimeSession
 from kame.server.realtime_settings import RealtimeSettings, ServerInfo
 from kame.server.recording import SessionRecorder
-from kame.tandem import TandemEvent
 from test_server_session import FakeHost, FakeWebSocket, _output
+
+from kame.tandem import TandemEvent
 
 
 class FakeTextSocket(FakeWebSocket):

@@ -9,15 +9,25 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pydantic import TypeAdapter
-
 from kame.server import realtime_events as ev
 from kame.server.pacing import InputPacer
 from kame.server.realtime_audio import Pcm16In
-from kame.server.realtime_decode import UNSUPPORTED, AppendAudio, SessionReset, SessionUpdate, decode_client_event
+from kame.server.realtime_decode import (
+    UNSUPPORTED,
+    AppendAudio,
+    SessionReset,
+    SessionUpdate,
+    decode_client_event,
+)
 from kame.server.realtime_events import ClientError, EventEncoder, Ids
-from kame.server.realtime_settings import RealtimeSettings, ServerInfo, parse_session_update, session_object
+from kame.server.realtime_settings import (
+    RealtimeSettings,
+    ServerInfo,
+    parse_session_update,
+    session_object,
+)
 from kame.server.realtime_turns import AssistantTurns, Conversation, UserTurns
+from pydantic import TypeAdapter
 
 INFO = ServerInfo(session_id="abc", backends=("fast", "slow"), default_backend="fast", asr_kind="whisper")
 
