@@ -7,6 +7,8 @@ One module per idea:
 - :mod:`~kame.eval.vad` - speech/silence on recorded audio, latency per turn;
 - :mod:`~kame.eval.timeline` - both sides of a session on one wall-clock timeline;
 - :mod:`~kame.eval.session` - drives one question (two turns) over a realtime session;
+- :mod:`~kame.eval.analysis` - a session's recording cut into turns: texts, oracle answers, latency, wavs;
+- :mod:`~kame.eval.transcribe` - ``--score-from asr``: Whisper on the recorded replies;
 - :mod:`~kame.eval.judge` - MT-Bench judging through any OpenAI-compatible model;
 - :mod:`~kame.eval.results` - ``results.jsonl`` with resume bookkeeping;
 - :mod:`~kame.eval.summary` - ``summary.json`` and ``summary.md`` (with the paper's numbers);
