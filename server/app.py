@@ -60,6 +60,7 @@ def create_app(
     from kame.server.http_routes import BackendHealthCache
     from kame.server.http_routes import router as http_router
     from kame.server.realtime import install as install_realtime
+    from kame.server.static_routes import router as static_router
 
     from kame.versions import runtime_versions
 
@@ -89,4 +90,5 @@ def create_app(
     app.include_router(http_router)
     app.include_router(chat_router)
     install_realtime(app)  # /v1/realtime (OpenAI Realtime events), docs/protocol.md
+    app.include_router(static_router)  # the browser page at /, docs/browser.md
     return app

@@ -1,0 +1,634 @@
+// The page's controller: wires the microphone and speaker (audio-io.js), the
+// /v1/realtime socket (realtime-client.js) and the DOM (panes.js, the
+// controls). Everything a test needs to read is mirrored on `window.kame`.
+
+import { AudioIO } from "./audio-io.js";
+import { FRAME, InputClock } from "./latency.js";
+import { Panes, seconds } from "./panes.js";
+import { RealtimeClient, base64ToFloat32 } from "./realtime-client.js";
+
+const $ = (id) => document.getElementById(id);
+const SILENCE = new Int16Array(FRAME);
+const MAX_EVENTS = 400;
+
+const ui = {
+  state: $("conn-state"),
+  notice: $("notice"),
+  noticeText: $("notice-text"),
+  connect: $("connect"),
+  talk: $("talk"),
+  talkHint: $("talk-hint"),
+  micState: $("mic-state"),
+  micLevel: $("mic-level"),
+  reset: $("reset"),
+  backend: $("backend"),
+  backendInfo: $("backend-info"),
+  policy: $("policy"),
+  policyInfo: $("policy-info"),
+  instructions: $("instructions"),
+  apply: $("apply"),
+  settingsStatus: $("settings-status"),
+  access: $("access"),
+  token: $("token"),
+  rtt: $("m-rtt"),
+  buffer: $("m-buffer"),
+  reply: $("m-reply"),
+  underruns: $("m-underruns"),
+};
+const panes = new Panes({ user: $("user-log"), oracle: $("oracle-log"), assistant: $("assistant-log") });
+const io = new AudioIO();
+const clock = new InputClock();
+
+// Mirrored on window.kame for tests and for curious users in the console.
+const counters = {
+  framesSent: 0, // input_audio_buffer.append messages (one 80 ms frame each)
+  micFramesSent: 0, // ... carrying the microphone's audio
+  silentFramesSent: 0, // ... carrying exact zeros (push to talk released)
+  nonZeroSamplesWhileReleased: 0, // non-zero samples actually sent while released: must stay 0
+  outputFrames: 0,
+  responseFrames: 0,
+};
+const latency = { roundTripMs: null, replyMs: [] };
+const kame = {
+  phase: "idle",
+  micMode: "open",
+  talking: false,
+  counters,
+  latency,
+  playback: null,
+  events: [],
+  session: null,
+  micSettings: null,
+  sampleRate: null,
+};
+window.kame = kame;
+
+let client = null;
+let sessionReady = false;
+let closeMessage = null; // the fatal error event's text, shown when the socket closes
+let framesAtReset = null;
+let updateSeq = 0;
+const pendingUpdates = new Map(); // event_id -> what it changed, to revert on error
+let markSeq = 0;
+let reply = null; // {endAt, responseId, mark}: timing the reply to the last user turn
+const turns = new Map(); // user item id -> {startAt, endAt}
+let lastTurn = null;
+const requests = new Map(); // request id -> {backend, turn, arrivedAt}
+let downNotice = false;
+
+// ------------------------------------------------------------------ notices and state
+function notice(kind, text) {
+  ui.notice.dataset.kind = kind;
+  ui.noticeText.textContent = text;
+  ui.notice.hidden = false;
+  downNotice = false;
+}
+
+function clearNotice() {
+  ui.notice.hidden = true;
+  downNotice = false;
+}
+
+$("notice-close").addEventListener("click", clearNotice);
+
+function setPhase(phase, label, kind) {
+  kame.phase = phase;
+  ui.state.textContent = label;
+  ui.state.dataset.kind = kind;
+  const busy = phase === "connecting";
+  ui.connect.textContent = phase === "idle" ? "Connect" : busy ? "Connecting…" : "Disconnect";
+  ui.connect.classList.toggle("primary", phase === "idle");
+  ui.connect.disabled = busy;
+  ui.reset.disabled = phase !== "live";
+  updateMicState();
+}
+
+function updateMicState() {
+  const live = kame.phase === "live";
+  let label = "Mic off";
+  if (live) label = kame.micMode === "open" ? "Mic on" : kame.talking ? "Talking" : "Muted";
+  ui.micState.textContent = label;
+  ui.micState.dataset.kind = !live ? "off" : kame.micMode === "open" || kame.talking ? "on" : "muted";
+  ui.talk.disabled = !live;
+}
+
+function recordEvent(event) {
+  const { type, receivedAt } = event;
+  const small = { type, at: Math.round(receivedAt) };
+  for (const k of ["item_id", "response_id", "request_id", "backend", "transcript", "text", "audio_start_ms", "audio_end_ms", "reason", "error", "code"]) {
+    if (event[k] !== undefined) small[k] = event[k];
+  }
+  if (event.error && typeof event.error === "object") small.error = event.error.code;
+  if (event.response) small.response_id = event.response.id;
+  kame.events.push(small);
+  if (kame.events.length > MAX_EVENTS) kame.events.splice(0, kame.events.length - MAX_EVENTS);
+}
+
+// ------------------------------------------------------------------ environment checks
+function environmentProblem() {
+  if (!window.isSecureContext || !navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
+    return (
+      "The microphone only works on a secure page: open this page over HTTPS, or as http://localhost " +
+      `on the machine running the server. This page is ${location.origin}, which the browser does not trust.`
+    );
+  }
+  if (typeof AudioWorkletNode === "undefined") return "This browser lacks AudioWorklet, which the page needs for audio.";
+  return null;
+}
+
+function micErrorText(err) {
+  switch (err && err.name) {
+    case "NotAllowedError":
+    case "SecurityError":
+      return "Microphone access was refused. Allow the microphone for this site (the icon in the address bar), then press Connect again.";
+    case "NotFoundError":
+    case "OverconstrainedError":
+      return "No microphone was found. Plug one in, then press Connect again.";
+    case "NotReadableError":
+    case "AbortError":
+      return "The microphone could not be opened: another application may be using it.";
+    default:
+      return `The audio could not start (${(err && err.message) || err}).`;
+  }
+}
+
+function closeText(code, reason, opened) {
+  if (code === 1013) {
+    return reason.startsWith("server starting")
+      ? ["warn", "The server is still loading its models. Try again in a few seconds."]
+      : ["warn", "The server is full: every conversation slot is taken. Try again in a moment."];
+  }
+  if (code === 1008 && reason === "unauthorized") {
+    ui.access.open = true;
+    return ["error", "This server needs an access token: enter it under “Server access”, then connect again."];
+  }
+  if (code === 1008 && reason === "origin not allowed") {
+    return ["error", `This server does not accept conversations from ${location.origin} (server.allowed_origins).`];
+  }
+  if (code === 1001) return ["warn", "The server is shutting down. Connect again in a moment."];
+  if (code === 1011) return ["error", `${closeMessage || "The server hit an error"}. Connect again to start afresh.`];
+  if (code === 1000 && reason) return ["info", `The conversation ended: ${reason}.`];
+  if (!opened) return ["error", `Cannot reach the server at ${location.host}.`];
+  if (code === 1006) return ["error", "The connection to the server was lost."];
+  return ["error", `The conversation ended (${code}${reason ? `: ${closeMessage || reason}` : ""}).`];
+}
+
+// ------------------------------------------------------------------ back-ends and settings
+async function loadBackends() {
+  const headers = ui.token.value ? { Authorization: `Bearer ${ui.token.value}` } : {};
+  let body;
+  try {
+    const res = await fetch("v1/backends", { headers, cache: "no-store" });
+    if (res.status === 401) {
+      ui.access.open = true;
+      ui.backendInfo.textContent = "Enter the server's access token to list the back-ends.";
+      return;
+    }
+    if (!res.ok) throw new Error(`HTTP ${res.status}`);
+    body = await res.json();
+  } catch (err) {
+    ui.backendInfo.textContent = `Back-ends unavailable (${err.message}).`;
+    return;
+  }
+  const current = ui.backend.value;
+  ui.backend.replaceChildren();
+  if (!body.backends.length) {
+    ui.backend.append(new Option("none (the voice model alone)", ""));
+    ui.backend.disabled = true;
+    return;
+  }
+  for (const b of body.backends) {
+    const down = b.reachable === false ? " (unreachable)" : "";
+    const opt = new Option(`${b.name} · ${b.kind}${down}`, b.name);
+    opt.title = b.description || "";
+    ui.backend.append(opt);
+  }
+  ui.backend.disabled = false;
+  ui.backend.value = current && body.backends.some((b) => b.name === current) ? current : body.default;
+  describeBackend(body.backends);
+}
+
+let backendList = [];
+function describeBackend(list = backendList) {
+  backendList = list;
+  const b = list.find((x) => x.name === ui.backend.value);
+  ui.backendInfo.textContent = b ? `${b.description || b.model || b.kind}${/[.!?]$/.test(b.description || "") ? "" : "."}` : "";
+}
+
+function sendUpdate(fields, what) {
+  const id = `ui_${++updateSeq}`;
+  pendingUpdates.set(id, what);
+  client.updateSession(fields, id);
+  ui.settingsStatus.textContent = `Applying ${what.label}…`;
+}
+
+function applySession(session) {
+  kame.session = session;
+  const k = session.kame || {};
+  if (k.backend && [...ui.backend.options].some((o) => o.value === k.backend)) ui.backend.value = k.backend;
+  if (k.oracle_policy) ui.policy.value = k.oracle_policy;
+  describeBackend();
+  describePolicy();
+}
+
+ui.backend.addEventListener("change", () => {
+  describeBackend();
+  if (downNotice) clearNotice();
+  if (sessionReady) sendUpdate({ kame: { backend: ui.backend.value } }, { label: `back-end ${ui.backend.value}` });
+});
+const POLICIES = {
+  reset: "Each newer answer replaces the one being fed.",
+  keep_if_same_start: "A newer answer that starts with the words already fed continues them.",
+  freeze_when_speaking: "Once the assistant speaks after your last word, newer answers are ignored.",
+};
+function describePolicy() {
+  ui.policyInfo.textContent = POLICIES[ui.policy.value] || "";
+}
+
+ui.policy.addEventListener("change", () => {
+  describePolicy();
+  if (sessionReady) sendUpdate({ kame: { oracle_policy: ui.policy.value } }, { label: `policy ${ui.policy.value}` });
+});
+ui.apply.addEventListener("click", () => {
+  if (sessionReady) sendUpdate({ instructions: ui.instructions.value.trim() || null }, { label: "instructions" });
+  else ui.settingsStatus.textContent = "The instructions apply when you connect.";
+});
+$("access-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  loadBackends();
+});
+
+// ------------------------------------------------------------------ connecting
+async function connect() {
+  const problem = environmentProblem();
+  if (problem) {
+    notice("error", problem);
+    return;
+  }
+  clearNotice();
+  setPhase("connecting", "Connecting…", "busy");
+  try {
+    await io.start();
+  } catch (err) {
+    await io.stop().catch(() => {});
+    setPhase("idle", "Disconnected", "idle");
+    notice("error", micErrorText(err));
+    return;
+  }
+  kame.micSettings = io.micSettings;
+  kame.sampleRate = io.sampleRate;
+  clock.reset();
+  sessionReady = false;
+  closeMessage = null;
+  framesAtReset = null;
+  reply = null;
+  turns.clear();
+  requests.clear();
+  try {
+    client = new RealtimeClient({ token: ui.token.value.trim() });
+    client.addEventListener("event", (e) => onServerEvent(e.detail));
+    client.addEventListener("close", (e) => onClose(e.detail));
+    client.connect();
+  } catch (err) {
+    client = null;
+    await io.stop();
+    setPhase("idle", "Disconnected", "idle");
+    notice("error", `Cannot open the connection (${err.message}).`);
+  }
+}
+
+async function disconnect() {
+  sessionReady = false;
+  if (client) client.close();
+  client = null;
+  await io.stop();
+  setPhase("idle", "Disconnected", "idle");
+}
+
+function onClose({ code, reason, opened }) {
+  client = null;
+  sessionReady = false;
+  io.stop();
+  setPhase("idle", "Disconnected", "idle");
+  const [kind, text] = closeText(code, reason || "", opened);
+  notice(kind, text);
+}
+
+ui.connect.addEventListener("click", () => (kame.phase === "idle" ? connect() : disconnect()));
+ui.reset.addEventListener("click", () => {
+  if (!sessionReady) return;
+  framesAtReset = clock.sent.length; // frames sent after this go to the new conversation
+  client.resetSession();
+  ui.settingsStatus.textContent = "Starting a new conversation…";
+});
+
+// ------------------------------------------------------------------ microphone -> server
+io.addEventListener("frame", (e) => {
+  const { pcm, rms } = e.detail;
+  ui.micLevel.style.transform = `scaleX(${Math.min(1, Math.sqrt(rms) * 2.2).toFixed(3)})`;
+  if (!sessionReady || !client) return;
+  // Push to talk, released: the microphone's samples never leave the page. The
+  // same number of zero samples go instead, because the server's voice model
+  // steps once per 80 ms of input and would stop answering without them.
+  const open = kame.micMode === "open" || kame.talking;
+  const out = open ? pcm : SILENCE;
+  if (!client.appendAudio(out)) return;
+  clock.frameSent(performance.now());
+  counters.framesSent += 1;
+  if (open) counters.micFramesSent += 1;
+  else {
+    counters.silentFramesSent += 1;
+    for (let i = 0; i < out.length; i++) if (out[i] !== 0) counters.nonZeroSamplesWhileReleased += 1;
+  }
+});
+
+// ------------------------------------------------------------------ server -> page
+function onServerEvent(event) {
+  const t = event.type;
+  if (t === "response.output_audio.delta" || t === "kame.output_audio.delta") {
+    onAudio(event);
+    return;
+  }
+  recordEvent(event);
+  switch (t) {
+    case "session.created":
+      onSessionCreated(event.session);
+      break;
+    case "session.updated": {
+      applySession(event.session);
+      const what = pendingUpdates.get(event.event_id);
+      ui.settingsStatus.textContent = "Settings applied.";
+      pendingUpdates.clear();
+      if (what) ui.settingsStatus.textContent = `Applied ${what.label}.`;
+      break;
+    }
+    case "error":
+      onError(event);
+      break;
+    case "kame.session.reset":
+      clock.rebase(framesAtReset ?? clock.sent.length);
+      framesAtReset = null;
+      io.flush();
+      panes.clear();
+      reply = null;
+      turns.clear();
+      requests.clear();
+      ui.settingsStatus.textContent = "New conversation started.";
+      break;
+    // ---- the user's side
+    case "input_audio_buffer.speech_started": {
+      const turn = { startAt: clock.timeOfAudio(event.audio_start_ms) ?? event.receivedAt, endAt: null };
+      turns.set(event.item_id, turn);
+      lastTurn = turn;
+      panes.userTurn(event.item_id);
+      break;
+    }
+    case "kame.input_audio_transcription.partial":
+      panes.userPartial(event.item_id, event.text || "", event.stable || "");
+      break;
+    case "input_audio_buffer.speech_stopped":
+      onSpeechStopped(event);
+      break;
+    case "conversation.item.input_audio_transcription.completed":
+      panes.userFinal(event.item_id, event.transcript || "");
+      break;
+    case "conversation.item.input_audio_transcription.failed":
+      panes.userFailed(event.item_id);
+      break;
+    // ---- the back-end and the oracle
+    case "kame.backend.request_started":
+      requests.set(event.request_id, { backend: event.backend, turn: lastTurn, arrivedAt: null });
+      break;
+    case "kame.backend.first_token": {
+      const req = requests.get(event.request_id);
+      if (req) req.ttft = event.ttft_s;
+      panes.oracleStatus(event.request_id, `first token ${seconds(event.ttft_s * 1000)}`);
+      break;
+    }
+    case "kame.oracle.reset":
+    case "kame.oracle.text":
+      onOracle(event);
+      break;
+    case "kame.backend.done":
+      panes.oracleStatus(event.request_id, `done in ${seconds(event.duration_s * 1000)}`, "done");
+      break;
+    case "kame.backend.cancelled":
+    case "kame.backend.dropped":
+      panes.oracleStatus(event.request_id, t.endsWith("cancelled") ? "superseded" : "too late", "bad");
+      break;
+    case "kame.backend.error":
+      panes.oracleStatus(event.request_id, `failed: ${event.error}`, "bad");
+      break;
+    case "kame.oracle.cleared":
+      panes.oracleCleared();
+      break;
+    case "kame.backend.down":
+      notice(
+        "warn",
+        `The back-end “${event.backend}” is not answering (${event.error}); the assistant goes on without its ` +
+          `answers. Retrying in ${Number(event.retry_in_s).toFixed(1)} s, or pick another back-end.`,
+      );
+      downNotice = true;
+      break;
+    case "kame.backend.up":
+      if (downNotice) clearNotice();
+      ui.settingsStatus.textContent = `Back-end ${event.backend} answers again.`;
+      break;
+    // ---- the assistant
+    case "response.created":
+      if (reply && !reply.responseId) reply.responseId = event.response.id;
+      break;
+    case "response.output_audio_transcript.delta":
+      panes.assistantText(event.response_id, event.delta || "");
+      break;
+    case "response.done": {
+      const r = event.response;
+      const item = r.output && r.output[0];
+      const part = item && item.content && item.content[0];
+      panes.assistantDone(r.id, (part && part.transcript) || "");
+      break;
+    }
+    case "kame.asr.error":
+      notice("warn", `Speech recognition stopped (${event.message}); the conversation goes on without transcripts.`);
+      break;
+    case "kame.session.ending":
+      notice("info", `This conversation reaches its maximum length in ${Math.round(event.seconds_left)} s.`);
+      break;
+    default:
+      break;
+  }
+}
+
+function onSessionCreated(session) {
+  applyServerInfo(session);
+  const k = session.kame || {};
+  // The choices made before connecting, in one update before any audio flows.
+  const fields = {};
+  const kameFields = {};
+  if (ui.backend.value && ui.backend.value !== k.backend) kameFields.backend = ui.backend.value;
+  if (ui.policy.value !== k.oracle_policy) kameFields.oracle_policy = ui.policy.value;
+  if (Object.keys(kameFields).length) fields.kame = kameFields;
+  if (ui.instructions.value.trim()) fields.instructions = ui.instructions.value.trim();
+  kame.session = session;
+  sessionReady = true;
+  if (Object.keys(fields).length) sendUpdate(fields, { label: "your settings" });
+  else applySession(session);
+  setPhase("live", "Live", "live");
+}
+
+function applyServerInfo(session) {
+  const server = (session.kame && session.kame.server) || {};
+  if (Array.isArray(server.oracle_policies) && server.oracle_policies.length) {
+    const chosen = ui.policy.value;
+    ui.policy.replaceChildren(...server.oracle_policies.map((p) => new Option(p, p)));
+    ui.policy.value = server.oracle_policies.includes(chosen) ? chosen : session.kame.oracle_policy;
+  }
+  if (!ui.backend.options.length && Array.isArray(server.backends)) {
+    for (const name of server.backends) ui.backend.append(new Option(name, name));
+    ui.backend.disabled = !server.backends.length;
+  }
+}
+
+function onError(event) {
+  const err = event.error || {};
+  const what = err.event_id && pendingUpdates.get(err.event_id);
+  if (what) {
+    pendingUpdates.delete(err.event_id);
+    ui.settingsStatus.textContent = `Not applied (${err.message}).`;
+    if (kame.session) applySession(kame.session); // back to what the server has
+    return;
+  }
+  const fatal = ["engine_error", "internal_error", "too_many_errors", "rate_limited", "audio_flood", "server_full"];
+  if (fatal.includes(err.code)) closeMessage = err.message;
+  else if (err.code === "input_audio_buffer_overflow") notice("warn", "The page sends audio faster than the server plays it; some was dropped.");
+  else ui.settingsStatus.textContent = err.message || "The server reported an error.";
+}
+
+function onSpeechStopped(event) {
+  const turn = turns.get(event.item_id) || { startAt: event.receivedAt };
+  turn.endAt = clock.timeOfAudio(event.audio_end_ms) ?? event.receivedAt;
+  turns.set(event.item_id, turn);
+  panes.userStopped(event.item_id);
+  // The next response is the reply: time it from here to its first audible sample.
+  reply = { endAt: turn.endAt, responseId: null, mark: null };
+  for (const [id, req] of requests) if (req.turn === turn && req.arrivedAt !== null) labelOracle(id, req);
+}
+
+function onOracle(event) {
+  const req = requests.get(event.request_id) || { backend: null, turn: lastTurn, arrivedAt: null };
+  requests.set(event.request_id, req);
+  if (req.arrivedAt === null) req.arrivedAt = event.receivedAt;
+  panes.oracleText(event.request_id, req.backend, event.text || "");
+  labelOracle(event.request_id, req);
+}
+
+// When the answer reached the voice model, against the user's turn it answers.
+function labelOracle(requestId, req) {
+  const turn = req.turn;
+  let label = "";
+  if (turn && turn.endAt) {
+    const d = req.arrivedAt - turn.endAt;
+    label = d < 0 ? `${seconds(d)} before you stopped` : `${seconds(d)} after you stopped`;
+  } else if (turn) {
+    label = `while you speak (${seconds(req.arrivedAt - turn.startAt)} in)`;
+  }
+  panes.oracleWhen(requestId, label);
+}
+
+function onAudio(event) {
+  const pcm = base64ToFloat32(event.delta);
+  const rtt = clock.frameReceived(event.receivedAt);
+  if (rtt !== null) latency.roundTripMs = clock.roundTrip();
+  counters.outputFrames += 1;
+  let mark = null;
+  if (event.type === "response.output_audio.delta") {
+    counters.responseFrames += 1;
+    if (reply && reply.responseId === event.response_id && reply.mark === null) mark = reply.mark = ++markSeq;
+  }
+  // Frames outside responses are the assistant's silence: skippable when late.
+  io.play(pcm, { mark, droppable: event.type === "kame.output_audio.delta" });
+}
+
+io.addEventListener("mark", (e) => {
+  if (!reply || e.detail.mark !== reply.mark) return;
+  const ms = e.detail.at - reply.endAt;
+  latency.replyMs.push(Math.round(ms));
+  reply = null;
+});
+
+io.addEventListener("stats", (e) => {
+  kame.playback = e.detail;
+});
+
+// ------------------------------------------------------------------ push to talk
+function setMicMode(mode) {
+  kame.micMode = mode;
+  const ptt = mode === "ptt";
+  ui.talk.hidden = !ptt;
+  ui.talkHint.hidden = !ptt;
+  if (!ptt) setTalking(false);
+  updateMicState();
+}
+
+function setTalking(on) {
+  if (kame.talking === on) return;
+  kame.talking = on;
+  ui.talk.setAttribute("aria-pressed", String(on));
+  ui.talk.classList.toggle("active", on);
+  updateMicState();
+}
+
+for (const input of document.querySelectorAll('input[name="mic-mode"]')) {
+  input.addEventListener("change", () => input.checked && setMicMode(input.value));
+}
+ui.talk.addEventListener("pointerdown", (e) => {
+  ui.talk.setPointerCapture(e.pointerId);
+  setTalking(true);
+});
+for (const type of ["pointerup", "pointercancel", "lostpointercapture"]) ui.talk.addEventListener(type, () => setTalking(false));
+ui.talk.addEventListener("contextmenu", (e) => e.preventDefault()); // long press on phones
+
+// Space talks everywhere but in fields that take typing (Enter still activates buttons).
+function spaceIsForTalking(e) {
+  if (e.code !== "Space" || kame.micMode !== "ptt") return false;
+  const t = e.target;
+  return !(t instanceof HTMLInputElement && t.type !== "radio") && !(t instanceof HTMLTextAreaElement) && !(t instanceof HTMLSelectElement);
+}
+document.addEventListener("keydown", (e) => {
+  if (!spaceIsForTalking(e)) return;
+  e.preventDefault();
+  if (!e.repeat) setTalking(true);
+});
+document.addEventListener("keyup", (e) => {
+  if (!spaceIsForTalking(e)) return;
+  e.preventDefault();
+  setTalking(false);
+});
+window.addEventListener("blur", () => setTalking(false));
+
+// ------------------------------------------------------------------ read-outs
+function showMetrics() {
+  const rtt = latency.roundTripMs;
+  ui.rtt.textContent = rtt === null ? "–" : `${Math.round(rtt)} ms`;
+  ui.rtt.dataset.kind = rtt !== null && rtt > 500 ? "warn" : ""; // the server is behind real time
+  const p = kame.playback;
+  ui.buffer.innerHTML = "";
+  if (p && kame.phase === "live") {
+    ui.buffer.append(`${p.depthMs} ms`, Object.assign(document.createElement("small"), { textContent: ` target ${p.targetMs}` }));
+  } else ui.buffer.textContent = "–";
+  const last = latency.replyMs[latency.replyMs.length - 1];
+  ui.reply.textContent = last === undefined ? "–" : seconds(last);
+  ui.underruns.textContent = p ? String(p.underruns) : "–";
+}
+setInterval(showMetrics, 250);
+
+// ------------------------------------------------------------------ start-up
+setMicMode(document.querySelector('input[name="mic-mode"]:checked').value);
+describePolicy();
+setPhase("idle", "Disconnected", "idle");
+const problem = environmentProblem();
+if (problem) {
+  notice("error", problem);
+  ui.connect.disabled = true;
+}
+loadBackends();
