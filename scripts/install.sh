@@ -38,6 +38,9 @@ if [ "$WITH_TEST" = "1" ]; then
   need=()
   command -v espeak-ng >/dev/null || need+=(espeak-ng)
   command -v sox >/dev/null || need+=(sox)
+  # tests/test_browser.py drives Debian's Chromium with the Python playwright
+  # package (its own driver; no browser download: never `playwright install`).
+  [ -x /usr/bin/chromium ] || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     echo "install.sh: installing Debian packages: ${need[*]}"
