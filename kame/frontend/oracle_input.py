@@ -23,7 +23,10 @@ class OracleTextEmbedding(nn.Module):
     def __init__(self, text_emb: nn.Module, oracle_weight: torch.Tensor, batch_size: int, idle_id: int) -> None:
         super().__init__()
         self.text = text_emb  # registered first: LMModel.dtype = first parameter's dtype
-        self.oracle_weight = nn.Parameter(oracle_weight.detach().clone(), requires_grad=False)
+        # One extra all-zero row at the end: id -1 wraps to it (``ids % rows``), so the lookup is a
+        # single embedding op and -1 gives an exact zero vector.
+        zero = torch.zeros(1, oracle_weight.shape[1], dtype=oracle_weight.dtype, device=oracle_weight.device)
+        self.oracle_table = nn.Parameter(torch.cat([oracle_weight.detach(), zero]), requires_grad=False)
         self.register_buffer(
             "tokens", torch.full((batch_size,), idle_id, dtype=torch.long, device=oracle_weight.device), persistent=False
         )
@@ -38,13 +41,11 @@ class OracleTextEmbedding(nn.Module):
         self.tokens.copy_(values, non_blocking=True)
 
     def oracle_embedding(self) -> torch.Tensor:
-        ids = self.tokens
-        emb = nn.functional.embedding(ids.clamp(min=0), self.oracle_weight)
-        return torch.where((ids == ZERO_ID)[:, None], torch.zeros_like(emb), emb)
+        return nn.functional.embedding(self.tokens.remainder(self.oracle_table.shape[0]), self.oracle_table)
 
     def forward(self, text_tokens: torch.Tensor) -> torch.Tensor:
         text = self.text(text_tokens)  # [B, S, D]
-        return text + self.oracle_embedding()[:, None, :].to(text.dtype)
+        return text + self.oracle_embedding()[:, None, :]
 
 
 def install_oracle_input(lm: nn.Module, oracle_weight: torch.Tensor, batch_size: int, idle_id: int) -> OracleTextEmbedding:
