@@ -15,7 +15,6 @@ import secrets
 from typing import Any
 
 import numpy as np
-
 from kame.server.auth import redact
 
 Event = dict[str, Any]

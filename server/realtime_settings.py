@@ -221,9 +221,7 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
             out[key] = None if value is None else _choice(value, param, list(info.oracle_policies))
         elif key == "barge_in":
             out[key] = None if value is None else _choice(value, param, list(info.barge_in_values))
-        elif key == "oracle_delay_s":
-            out[key] = None if value is None else _number(value, param, 0.0, 10.0)
-        elif key == "text_temperature":
+        elif key in ("oracle_delay_s", "text_temperature"):
             out[key] = None if value is None else _number(value, param, 0.0, 10.0)
         elif key == "text_topk":
             out[key] = None if value is None else _integer(value, param, 1, 100_000)

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from kame.client.realtime_client import RealtimeClient
 from moshi_client import MoshiClient, ServerProcess
 
