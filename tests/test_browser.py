@@ -242,8 +242,9 @@ async () => {
   frame(); frame();
   for (let k = 0; k < 100; k++) { frame(); pullMs(80); }
   out.regular = jb.stats();
-  // a 300 ms stall: one underrun, the cushion grows
+  // a 300 ms stall: one underrun; when audio comes back the cushion has grown by how late it was
   pullMs(300);
+  frame();
   out.afterStall = jb.stats();
   // back to regular, for 12 s: the cushion shrinks again (slowly)
   for (let k = 0; k < 8; k++) frame();
@@ -254,8 +255,10 @@ async () => {
   out.burst = jb.stats();
   for (let k = 0; k < 5; k++) { frame(); pullMs(80); }
   out.draining = jb.stats();
-  for (let k = 0; k < 250; k++) { frame(); pullMs(80); }
-  out.drained = jb.stats();
+  let normal = 0;
+  // (the assistant is silent now and then: every third frame may be skipped)
+  for (let k = 0; k < 250; k++) { frame(null, k % 3 === 0); pullMs(80); if (k > 100 && jb.speed === 1) normal += 1; }
+  out.drained = { ...jb.stats(), normalSpeedFrames: normal };
   // marks come back with their position; a flush empties the buffer
   frame(42);
   const marks = [];
@@ -284,11 +287,13 @@ def test_audio_modules_in_chromium(server: ServerProcess, browser: Browser) -> N
     assert abs(r["up1k"]["fed"] - 300 * 64) < 20 and abs(r["up1k"]["rms"] - 0.7071) < 0.01, r["up1k"]
     regular, stall, stable = r["regular"], r["afterStall"], r["afterStable"]
     assert regular["underruns"] == 0 and regular["state"] == "playing", regular
-    assert stall["underruns"] == 1 and stall["cushionMs"] > regular["cushionMs"], (regular, stall)
+    assert stall["underruns"] == 1 and stall["cushionMs"] >= regular["cushionMs"] + 100, (regular, stall)
     assert stable["underruns"] == 1 and stable["cushionMs"] < stall["cushionMs"], (stall, stable)
     assert r["burst"]["skippedMs"] > 0, r["burst"]
     assert r["draining"]["speed"] > 1, r["draining"]
-    assert r["drained"]["speed"] == 1 and r["drained"]["depthMs"] < r["burst"]["depthMs"], r["drained"]
+    drained = r["drained"]
+    assert drained["depthMs"] < r["burst"]["depthMs"] - 500 and drained["underruns"] == 1, drained  # no underrun from draining
+    assert drained["normalSpeedFrames"] > 100, drained  # back at normal speed once caught up
     assert [m["mark"] for m in r["marks"]] == [42], r["marks"]
     assert r["flushed"]["depthMs"] == 0 and r["flushed"]["state"] == "idle" and r["flushed"]["silent"], r["flushed"]
 
@@ -305,6 +310,14 @@ def test_voice_conversation_in_chromium(
     assert kame(page, "k.phase") == "idle"
     assert page.input_value("#backend") == "alpha"
     assert "unreachable" in page.inner_text("#backend option[value=offline]")
+    # the keyboard reaches every control in reading order (disabled and hidden ones are skipped)
+    order = []
+    for _ in range(8):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate("document.activeElement.id || document.activeElement.className || document.activeElement.tagName"))
+    assert order[:8] == ["skip", "connect", "mode-open", "backend", "policy", "instructions", "apply", "SUMMARY"], order
+    # settings chosen before connecting are sent once the session exists
+    page.fill("#instructions", "Answer in one short sentence.")
 
     # ---- connect (a click: the gesture that lets audio start) and hear the question
     page.click("#connect")
@@ -314,6 +327,9 @@ def test_voice_conversation_in_chromium(
     assert kame(page, "k.sampleRate") == 24000  # Chromium runs the context at 24 kHz: no resampling
     assert page.inner_text("#conn-state") == "Live"
     connected_at = time.monotonic()
+    page.evaluate("window.kame.latency.startedAt = performance.now()")
+    wait_until(page, "() => window.kame.session?.instructions === 'Answer in one short sentence.'", 10,
+               "session.updated with the instructions typed before connecting", dump)
     wait_until(
         page,
         """() => window.kame.events.some((e) => e.type === 'conversation.item.input_audio_transcription.completed'
@@ -332,7 +348,14 @@ def test_voice_conversation_in_chromium(
     assert c["responseFrames"] > 0 and c["outputFrames"] > 0, c
     assert events(page, "response.done"), "no response ended"
 
-    # ---- switch the back-end mid-conversation
+    # ---- change the settings mid-conversation: policy, instructions, back-end
+    page.select_option("#policy", "freeze_when_speaking")
+    wait_until(page, "() => window.kame.session?.kame?.oracle_policy === 'freeze_when_speaking'", 10, "policy updated", dump)
+    page.fill("#instructions", "Be brief.")
+    page.click("#apply")
+    wait_until(page, "() => window.kame.session?.instructions === 'Be brief.'", 10, "instructions updated", dump)
+    assert "Applied instructions" in page.inner_text("#settings-status")
+    page.select_option("#policy", "reset")
     page.select_option("#backend", "beta")
     wait_until(page, "() => window.kame.session?.kame?.backend === 'beta'", 10, "session.updated with beta", dump)
     wait_until(page, "() => /Beta answers/.test(document.getElementById('oracle-log').innerText)", 40, "beta's oracle text", dump)
@@ -340,11 +363,17 @@ def test_voice_conversation_in_chromium(
     assert "alpha" in started and "beta" in started and started.index("beta") > started.index("alpha"), started
     assert server.metric("kame_llm_ttft_seconds_count", 'backend="beta"') >= 1
     assert "beta" in page.inner_text("#oracle-log")
+    page.mouse.move(0, 0)  # no hover highlight in the picture
     page.screenshot(path=str(artifacts_dir / "browser-desktop.png"))
 
     # ---- push to talk: released, the page sends exact silence and the server hears no one
     page.click("label[for=mode-ptt]")
     assert page.is_visible("#talk") and page.inner_text("#mic-state") == "Muted"
+    page.hover("#talk")  # the button talks while held
+    page.mouse.down()
+    assert page.get_attribute("#talk", "aria-pressed") == "true" and page.inner_text("#mic-state") == "Talking"
+    page.mouse.up()
+    assert page.get_attribute("#talk", "aria-pressed") == "false" and page.inner_text("#mic-state") == "Muted"
     page.wait_for_timeout(200)
     before = kame(page, "k.counters")
     released_ms = before["framesSent"] * 80
@@ -393,9 +422,22 @@ def test_voice_conversation_in_chromium(
     assert phone.is_hidden("#notice")
     wait_until(phone, "() => /Alpha thinks/.test(document.getElementById('oracle-log').innerText)", 45,
                "the phone's oracle text", lambda: summary(phone))
+    phone.mouse.move(0, 0)
     phone.screenshot(path=str(artifacts_dir / "browser-phone.png"), full_page=True)
     width = phone.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the page scrolls sideways on a phone ({width} px)"
+    # a new conversation on the same connection: panes emptied, queued audio flushed
+    flushes = kame(phone, "k.playback.flushes")
+    shown = "() => [...document.querySelectorAll('#panes [data-id]')].map((e) => e.dataset.id)"
+    old_entries = phone.evaluate(shown)
+    assert old_entries
+    phone.click("#reset")
+    wait_until(phone, "() => window.kame.events.some((e) => e.type === 'kame.session.reset')", 10, "kame.session.reset",
+               lambda: summary(phone))
+    assert not set(phone.evaluate(shown)) & set(old_entries)  # (the microphone may have started a new turn since)
+    wait_until(phone, f"() => window.kame.playback.flushes > {flushes}", 5, "the jitter buffer flushed", lambda: summary(phone))
+    wait_until(phone, "() => (window.kame.latency.roundTripMs ?? 1e9) < 5000", 10, "round trips after the reset",
+               lambda: summary(phone))
     phone.click("#connect")
     wait_until(phone, "() => window.kame.phase === 'idle'", 5, "phone disconnected", lambda: summary(phone))
 
@@ -408,6 +450,9 @@ def test_voice_conversation_in_chromium(
         "underruns_after_first_second": stats["lateUnderruns"],
         "underruns_total": stats["underruns"],
         "underrun_times_s": stats["recentUnderruns"],
+        # gaps over 150 ms between output frames received / input frames sent (s since connecting)
+        "output_gaps": [{"s": round((x["at"] - latency["startedAt"]) / 1000, 2), "ms": x["ms"]} for x in latency["stalls"]],
+        "input_gaps": [{"s": round((x["at"] - latency["startedAt"]) / 1000, 2), "ms": x["ms"]} for x in latency["inputStalls"]],
         "jitter_buffer_target_ms": stats["targetMs"],
         "played_s": round(stats["played"] / 24000, 1),
         "session_s": round(playing_s, 1),
@@ -431,6 +476,34 @@ def test_voice_conversation_in_chromium(
     received_ms = counters["outputFrames"] * 80
     accounted_ms = stats["played"] / 24 + stats["depthMs"] + stats["skippedMs"]
     assert received_ms - 500 <= accounted_ms <= received_ms + 100, (received_ms, accounted_ms, report)
+
+
+def test_resampling_worklets_at_48khz(server: ServerProcess, browser: Browser) -> None:
+    """A context at 48 kHz (what a browser that refuses 24 kHz gets): the worklets resample both ways."""
+    deadline = time.monotonic() + 10
+    while server.get("/ready")[0] != 200:  # the previous test's session is closing
+        assert time.monotonic() < deadline, "no free slot"
+        time.sleep(0.1)
+    console = Console()
+    ctx = browser.new_context(viewport=DESKTOP)
+    try:
+        page = console.watch(ctx.new_page(), "48k")
+        page.goto(server.http_url + "/?rate=48000")
+        page.click("#connect")
+        wait_until(page, "() => window.kame.phase === 'live'", 20, "session.created", lambda: summary(page))
+        assert kame(page, "k.sampleRate") == 48000
+        wait_until(
+            page,
+            """() => window.kame.events.some((e) => e.type === 'conversation.item.input_audio_transcription.completed'
+                   && /capital|france/i.test(e.transcript))""",
+            45, "the user's final transcript from 48 kHz capture", lambda: summary(page),
+        )
+        wait_until(page, "() => (window.kame.playback?.played ?? 0) > 2 * 24000", 20, "2 s played at 48 kHz",
+                   lambda: summary(page))
+        page.click("#connect")
+    finally:
+        ctx.close()
+    assert console.errors == [], console.errors
 
 
 # --------------------------------------------------------------------------- what users are told

@@ -36,7 +36,10 @@ const ui = {
   underruns: $("m-underruns"),
 };
 const panes = new Panes({ user: $("user-log"), oracle: $("oracle-log"), assistant: $("assistant-log") });
-const io = new AudioIO();
+// ?rate=48000 (or ?rate=device) runs the audio at another rate, through the
+// worklets' resamplers: what browsers that refuse a 24 kHz context get.
+const rateParam = new URLSearchParams(location.search).get("rate");
+const io = new AudioIO({ contextRate: rateParam ? Number(rateParam) || null : 24000 });
 const clock = new InputClock();
 
 // Mirrored on window.kame for tests and for curious users in the console.
@@ -48,7 +51,20 @@ const counters = {
   outputFrames: 0,
   responseFrames: 0,
 };
-const latency = { roundTripMs: null, replyMs: [] };
+// Gaps over 150 ms (a frame late by more than the starting cushion) between output
+// frames received (`stalls`: the server or the network was late) and between input
+// frames sent (`inputStalls`: this page was late), the last 20 of each.
+const latency = { roundTripMs: null, replyMs: [], stalls: [], inputStalls: [] };
+const STALL_MS = 150;
+let lastOutputAt = null;
+let lastInputAt = null;
+
+function noteGap(list, last, now) {
+  if (last !== null && now - last > STALL_MS) {
+    list.push({ at: Math.round(now), ms: Math.round(now - last) });
+    if (list.length > 20) list.shift();
+  }
+}
 const kame = {
   phase: "idle",
   micMode: "open",
@@ -68,7 +84,7 @@ let sessionReady = false;
 let closeMessage = null; // the fatal error event's text, shown when the socket closes
 let framesAtReset = null;
 let updateSeq = 0;
-const pendingUpdates = new Map(); // event_id -> what it changed, to revert on error
+const pendingUpdates = new Map(); // event_id -> what it changed, oldest first
 let markSeq = 0;
 let reply = null; // {endAt, responseId, mark}: timing the reply to the last user turn
 const turns = new Map(); // user item id -> {startAt, endAt}
@@ -278,6 +294,7 @@ async function connect() {
   kame.micSettings = io.micSettings;
   kame.sampleRate = io.sampleRate;
   clock.reset();
+  lastOutputAt = lastInputAt = null;
   sessionReady = false;
   closeMessage = null;
   framesAtReset = null;
@@ -308,7 +325,7 @@ async function disconnect() {
 function onClose({ code, reason, opened }) {
   client = null;
   sessionReady = false;
-  io.stop();
+  io.stop().catch(() => {});
   setPhase("idle", "Disconnected", "idle");
   const [kind, text] = closeText(code, reason || "", opened);
   notice(kind, text);
@@ -333,7 +350,10 @@ io.addEventListener("frame", (e) => {
   const open = kame.micMode === "open" || kame.talking;
   const out = open ? pcm : SILENCE;
   if (!client.appendAudio(out)) return;
-  clock.frameSent(performance.now());
+  const now = performance.now();
+  clock.frameSent(now);
+  noteGap(latency.inputStalls, lastInputAt, now);
+  lastInputAt = now;
   counters.framesSent += 1;
   if (open) counters.micFramesSent += 1;
   else {
@@ -355,11 +375,12 @@ function onServerEvent(event) {
       onSessionCreated(event.session);
       break;
     case "session.updated": {
+      // Updates are answered in order, each by session.updated or by an error
+      // naming it: the oldest one still pending is the one applied.
       applySession(event.session);
-      const what = pendingUpdates.get(event.event_id);
-      ui.settingsStatus.textContent = "Settings applied.";
-      pendingUpdates.clear();
-      if (what) ui.settingsStatus.textContent = `Applied ${what.label}.`;
+      const [id, what] = pendingUpdates.entries().next().value || [];
+      pendingUpdates.delete(id);
+      ui.settingsStatus.textContent = what ? `Applied ${what.label}.` : "Settings applied.";
       break;
     }
     case "error":
@@ -538,6 +559,8 @@ function labelOracle(requestId, req) {
 function onAudio(event) {
   const pcm = base64ToFloat32(event.delta);
   const rtt = clock.frameReceived(event.receivedAt);
+  noteGap(latency.stalls, lastOutputAt, event.receivedAt);
+  lastOutputAt = event.receivedAt;
   if (rtt !== null) latency.roundTripMs = clock.roundTrip();
   counters.outputFrames += 1;
   let mark = null;

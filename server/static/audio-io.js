@@ -17,8 +17,10 @@ export const MIC_CONSTRAINTS = {
 };
 
 export class AudioIO extends EventTarget {
-  constructor() {
+  /** `contextRate`: 24000 (no resampling), another rate, or null for the device's own. */
+  constructor({ contextRate = RATE } = {}) {
     super();
+    this.contextRate = contextRate;
     this.ctx = null;
     this.stream = null;
     this.source = null;
@@ -29,7 +31,7 @@ export class AudioIO extends EventTarget {
 
   /** Open the microphone and start both worklets. Throws getUserMedia's errors. */
   async start() {
-    if (!this.ctx) await this._openContext(RATE);
+    if (!this.ctx) await this._openContext(this.contextRate);
     // Resume inside the user's gesture (autoplay rules), before awaiting permission.
     const resumed = this.ctx.resume();
     this.stream = await navigator.mediaDevices.getUserMedia({ audio: MIC_CONSTRAINTS });
@@ -40,7 +42,7 @@ export class AudioIO extends EventTarget {
       // Some browsers refuse a microphone in a context at another rate.
       if (this.ctx.sampleRate === RATE && err.name === "NotSupportedError") {
         await this._closeContext();
-        await this._openContext(undefined);
+        await this._openContext(null);
         await this.ctx.resume();
         this.source = this.ctx.createMediaStreamSource(this.stream);
       } else {

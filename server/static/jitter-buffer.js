@@ -5,11 +5,13 @@
 // own clock but with network and engine-step jitter. The buffer keeps a
 // "cushion": audio that should still be queued just before the next frame
 // lands. Playback starts (and restarts after an underrun) once one frame plus
-// the cushion is queued. An underrun grows the cushion at once; a long stable
-// stretch shrinks it slowly. When the buffer holds clearly more than the
-// cushion (a burst after a stall) it first skips frames the caller marked as
-// droppable (the assistant's silence between responses), then asks for
-// slightly faster playback until the excess is gone: speech is never cut.
+// the cushion is queued. An underrun grows the cushion at once, by how long
+// the buffer then stayed empty (the frame's lateness) when that is more than
+// the usual step; a long stable stretch shrinks it slowly. When the buffer holds clearly more than the
+// cushion (a burst after a stall, or a cushion that just shrank) it skips
+// frames the caller marked as droppable (the assistant's silence between
+// responses); a large excess also plays slightly faster until it is gone.
+// Speech is never cut.
 
 export class JitterBuffer {
   constructor({
@@ -19,13 +21,15 @@ export class JitterBuffer {
     minCushionMs = 20,
     maxCushionMs = 800,
     growMs = 40, // per underrun
+    maxGrowMs = 200, // per underrun, when the buffer stayed empty that long
     shrinkMs = 10, // per stable stretch (or a tenth of the cushion, if more)
     stableS = 5, // no underrun for this long -> shrink
     windowS = 1, // low-water mark measured over this much playback
-    excessMs = 40, // low-water above cushion + this -> drain
+    excessMs = 40, // queued audio above the cushion + this when a frame lands -> skip droppable frames
+    drainMs = 120, // low-water mark above the cushion + this -> play faster
     drainSpeed = 1.03,
-    fastDrainSpeed = 1.06, // when the excess is over `fastDrainMs`
-    fastDrainMs = 300,
+    fastDrainMs = 300, // ... + this -> faster still
+    fastDrainSpeed = 1.06,
     warmupS = 1, // underruns in the first second after a (re)start are counted apart
   } = {}) {
     const ms = (v) => Math.round((v * rate) / 1000);
@@ -35,10 +39,12 @@ export class JitterBuffer {
     this.minCushion = ms(minCushionMs);
     this.maxCushion = ms(maxCushionMs);
     this.grow = ms(growMs);
+    this.maxGrow = ms(maxGrowMs);
     this.shrink = ms(shrinkMs);
     this.stable = Math.round(stableS * rate);
     this.window = Math.round(windowS * rate);
     this.excess = ms(excessMs);
+    this.drain = ms(drainMs);
     this.drainSpeed = drainSpeed;
     this.fastDrainSpeed = fastDrainSpeed;
     this.fastDrain = ms(fastDrainMs);
@@ -48,15 +54,18 @@ export class JitterBuffer {
     this.playedTotal = 0;
     this.skipped = 0; // droppable samples skipped to bring the latency back
     this.recent = []; // when the last underruns happened (s of playback since the flush)
+    this.flushes = -1; // flush() below is not one
     this.flush();
   }
 
   /** Drop everything queued (session reset, reconnect); the learnt cushion is kept. */
   flush() {
+    this.flushes += 1;
     this.chunks = []; // {data: Float32Array, offset, mark}
     this.depth = 0; // samples queued
     this.state = "idle"; // idle (nothing since flush) | buffering | playing
     this.played = 0; // samples played since the flush
+    this.dry = null; // samples of silence played since an underrun, until audio comes back
     this.draining = 0; // 0, or the speed-up while an excess drains
     this.sinceChange = 0;
     this.windowMin = Infinity;
@@ -74,9 +83,15 @@ export class JitterBuffer {
   /** Queue a chunk; a `droppable` one is skipped while the buffer is too deep. */
   push(data, mark = null, droppable = false) {
     if (!data.length) return;
-    if (droppable && mark === null && this.state === "playing" && this.depth >= this.target + this.excess) {
+    if (droppable && mark === null && this.state === "playing" && this.depth > this.cushion + this.excess) {
       this.skipped += data.length;
       return;
+    }
+    if (this.dry !== null) {
+      // Audio is back after an underrun: a cushion this much larger would have hidden it.
+      const extra = Math.min(this.dry, this.maxGrow) - this.grow;
+      if (extra > 0) this.cushion = Math.min(this.maxCushion, this.cushion + extra);
+      this.dry = null;
     }
     this.chunks.push({ data, offset: 0, mark });
     this.depth += data.length;
@@ -94,6 +109,7 @@ export class JitterBuffer {
         this.state = "playing";
       } else {
         out.fill(0);
+        if (this.dry !== null && this.depth === 0) this.dry += out.length;
         return marks;
       }
     }
@@ -112,15 +128,16 @@ export class JitterBuffer {
     this.playedTotal += i;
     if (i < out.length) {
       out.fill(0, i);
-      this._underrun();
+      this._underrun(out.length - i);
     } else {
       this._adapt(out.length);
     }
     return marks;
   }
 
-  _underrun() {
+  _underrun(missing) {
     this.underruns += 1;
+    this.dry = missing;
     this.recent.push(Math.round((this.played / this.rate) * 100) / 100);
     if (this.recent.length > 20) this.recent.shift();
     if (this.played > this.warmup) this.lateUnderruns += 1;
@@ -138,8 +155,8 @@ export class JitterBuffer {
     if (this.windowPlayed >= this.window) {
       const excess = this.windowMin - this.cushion;
       if (excess > this.fastDrain) this.draining = this.fastDrainSpeed;
-      else if (excess > this.excess) this.draining = this.drainSpeed;
-      else if (excess <= this.excess / 4) this.draining = 0;
+      else if (excess > this.drain) this.draining = this.drainSpeed;
+      else if (excess <= this.excess) this.draining = 0;
       this.windowMin = Infinity;
       this.windowPlayed = 0;
     } else if (this.draining && this.depth <= this.cushion) {
@@ -166,6 +183,7 @@ export class JitterBuffer {
       played: this.playedTotal,
       skippedMs: ms(this.skipped),
       recentUnderruns: this.recent.slice(),
+      flushes: this.flushes,
     };
   }
 }

@@ -23,6 +23,7 @@ class Log {
   }
 
   add(key, node) {
+    node.dataset.id = key; // the server's item / request / response id
     if (this.placeholder) this.placeholder.hidden = true;
     const stick = this.atBottom();
     this.root.append(node);

@@ -7,9 +7,11 @@
 
 const KEY_PROTOCOL = "openai-insecure-api-key.";
 
-export function realtimeUrl(loc = window.location) {
-  const scheme = loc.protocol === "https:" ? "wss:" : "ws:";
-  return `${scheme}//${loc.host}/v1/realtime?model=kame`;
+// Relative to the page, so a reverse proxy may serve it under a path prefix.
+export function realtimeUrl(base = document.baseURI) {
+  const url = new URL("v1/realtime?model=kame", base);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
 }
 
 export class RealtimeClient extends EventTarget {
