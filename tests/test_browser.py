@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 import pytest
 from moshi_client import ServerProcess
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    Playwright,
+    ViewportSize,
+    sync_playwright,
+)
 from speech import silence, synthesize
 
 from kame.audio import write_wav
@@ -78,8 +85,8 @@ default_backend: alpha
 server:
   max_sessions: 1
 """
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1280, "height": 800}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +171,7 @@ def summary(page: Page) -> dict[str, Any]:
                       "last: k.events.slice(-12).map((e) => e.type)})")
 
 
-def open_page(browser: Browser, server: ServerProcess, console: Console, name: str, viewport: dict[str, int]) -> Page:
+def open_page(browser: Browser, server: ServerProcess, console: Console, name: str, viewport: ViewportSize) -> Page:
     ctx = browser.new_context(viewport=viewport, device_scale_factor=1, has_touch=viewport is PHONE, is_mobile=viewport is PHONE)
     page = console.watch(ctx.new_page(), name)
     page.goto(server.http_url + "/")
@@ -306,7 +313,7 @@ def test_voice_conversation_in_chromium(
 ) -> None:
     console = Console()
     page = open_page(browser, server, console, "desktop", DESKTOP)
-    dump = lambda: summary(page)  # noqa: E731
+    dump = lambda: summary(page)
     assert kame(page, "k.phase") == "idle"
     assert page.input_value("#backend") == "alpha"
     assert "unreachable" in page.inner_text("#backend option[value=offline]")

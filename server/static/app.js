@@ -80,6 +80,7 @@ const kame = {
 window.kame = kame;
 
 let client = null;
+let micPending = false; // waiting for getUserMedia (the permission prompt)
 let sessionReady = false;
 let closeMessage = null; // the fatal error event's text, shown when the socket closes
 let framesAtReset = null;
@@ -111,10 +112,11 @@ function setPhase(phase, label, kind) {
   kame.phase = phase;
   ui.state.textContent = label;
   ui.state.dataset.kind = kind;
+  // While connecting the button cancels, except during the microphone prompt.
   const busy = phase === "connecting";
-  ui.connect.textContent = phase === "idle" ? "Connect" : busy ? "Connecting…" : "Disconnect";
+  ui.connect.textContent = phase === "idle" ? "Connect" : !busy ? "Disconnect" : micPending ? "Connecting…" : "Cancel";
   ui.connect.classList.toggle("primary", phase === "idle");
-  ui.connect.disabled = busy;
+  ui.connect.disabled = busy && micPending;
   ui.reset.disabled = phase !== "live";
   updateMicState();
 }
@@ -282,15 +284,19 @@ async function connect() {
     return;
   }
   clearNotice();
+  micPending = true;
   setPhase("connecting", "Connecting…", "busy");
   try {
     await io.start();
   } catch (err) {
+    micPending = false;
     await io.stop().catch(() => {});
     setPhase("idle", "Disconnected", "idle");
     notice("error", micErrorText(err));
     return;
   }
+  micPending = false;
+  setPhase("connecting", "Connecting…", "busy");
   kame.micSettings = io.micSettings;
   kame.sampleRate = io.sampleRate;
   clock.reset();
@@ -299,8 +305,10 @@ async function connect() {
   closeMessage = null;
   framesAtReset = null;
   reply = null;
+  lastTurn = null;
   turns.clear();
   requests.clear();
+  pendingUpdates.clear();
   try {
     client = new RealtimeClient({ token: ui.token.value.trim() });
     client.addEventListener("event", (e) => onServerEvent(e.detail));
@@ -392,6 +400,7 @@ function onServerEvent(event) {
       io.flush();
       panes.clear();
       reply = null;
+      lastTurn = null;
       turns.clear();
       requests.clear();
       ui.settingsStatus.textContent = "New conversation started.";
@@ -492,6 +501,7 @@ function onSessionCreated(session) {
   if (ui.instructions.value.trim()) fields.instructions = ui.instructions.value.trim();
   kame.session = session;
   sessionReady = true;
+  panes.clear(); // a new session is a new conversation
   if (Object.keys(fields).length) sendUpdate(fields, { label: "your settings" });
   else applySession(session);
   setPhase("live", "Live", "live");
