@@ -42,7 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kame.client.realtime_client import RealtimeClient
 from moshi_client import percentile
-from server_load import http_base, http_get, noise_audio, speech_audio
+from server_load import (
+    _gap_at,
+    histogram_mean,
+    histogram_quantile,
+    http_base,
+    http_get,
+    noise_audio,
+    speech_audio,
+)
 
 
 def realtime_url(url: str) -> str:
@@ -149,7 +157,9 @@ async def run(args: argparse.Namespace, pid: int | None) -> int:
 
     print(f"# {args.sessions} realtime sessions x {args.duration:g} s, {args.chunk}-sample appends, "
           f"{args.abusers} abusers, wall {wall:.1f} s")
-    print("session  created   sent_s  recv_s    rtf  first_audio_ms  late_p50_ms  late_p99_ms  max_gap_ms  errors  close")
+    print(
+        "session  created   sent_s  recv_s    rtf  first_audio_ms  late_p50_ms  late_p99_ms  max_gap_ms  (at s)  errors  close"
+    )
     rtfs, p99s, all_late = [], [], []
     failed = 0
     for i, c in enumerate(clients):
@@ -165,7 +175,8 @@ async def run(args: argparse.Namespace, pid: int | None) -> int:
         print(
             f"{i:7d}  {1000 * (s.created_t - s.connected_t):6.0f}ms  {s.audio_sent_s:6.1f}  {s.audio_received_s:6.1f}  "
             f"{s.rtf:5.3f}  {1000 * ttfa if ttfa is not None else float('nan'):14.0f}  {s.lateness_ms(50):11.1f}  "
-            f"{s.lateness_ms(99):11.1f}  {1000 * s.max_gap_s():10.0f}  {len(c.errors):6d}  {c.close_code}"
+            f"{s.lateness_ms(99):11.1f}  {1000 * s.max_gap_s():10.0f}  {_gap_at(s.frame_arrivals) - t0:6.1f}  "
+            f"{len(c.errors):6d}  {c.close_code}"
         )
     if not rtfs:
         print("realtime_load: no session got through", file=sys.stderr)
@@ -176,6 +187,13 @@ async def run(args: argparse.Namespace, pid: int | None) -> int:
     if args.abusers:
         print(f"# abusive cases run: {abuse_counts}")
     if after[0] == 200:
+        step_mean = histogram_mean(after[1], "kame_step_seconds") or 0.0
+        step_p99 = histogram_quantile(after[1], "kame_step_seconds", 0.99) or 0.0
+        late_p99 = histogram_quantile(after[1], "kame_frame_lateness_seconds", 0.99) or 0.0
+        print(
+            f"# server side: step mean {1000 * step_mean:.1f} ms, step p99 <= {1000 * step_p99:.0f} ms, "
+            f"frame lateness at send p99 <= {1000 * late_p99:.0f} ms"
+        )
         wanted = ("kame_sessions_ended_total{", "kame_frames_dropped_total{", "kame_audio_dropped_seconds_total{",
                   "kame_sessions_rejected_total{")
         for line in after[1].splitlines():
