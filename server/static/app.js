@@ -446,9 +446,13 @@ function onServerEvent(event) {
     case "kame.backend.dropped":
       panes.oracleStatus(event.request_id, t.endsWith("cancelled") ? "superseded" : "too late", "bad");
       break;
-    case "kame.backend.error":
+    case "kame.backend.error": {
+      // A failed request gets a card too: the answer the voice model did not get.
+      const req = requests.get(event.request_id);
+      if (!req || req.arrivedAt === null) panes.oracleText(event.request_id, event.backend, "(no answer)");
       panes.oracleStatus(event.request_id, `failed: ${event.error}`, "bad");
       break;
+    }
     case "kame.oracle.cleared":
       panes.oracleCleared();
       break;

@@ -16,6 +16,7 @@ class CaptureProcessor extends AudioWorkletProcessor {
     this.fill = 0;
     this.energy = 0;
     this.mono = new Float32Array(128);
+    this.resampled = new Float32Array(256); // reused: no garbage on the audio thread
   }
 
   process(inputs) {
@@ -35,7 +36,9 @@ class CaptureProcessor extends AudioWorkletProcessor {
     }
     if (this.rs) {
       this.rs.write(mono);
-      this.append(this.rs.readAvailable());
+      const n = this.rs.available();
+      if (this.resampled.length < n) this.resampled = new Float32Array(2 * n);
+      this.append(this.rs.read(this.resampled.subarray(0, n)));
     } else {
       this.append(mono);
     }
