@@ -366,6 +366,7 @@ def test_voice_conversation_in_chromium(
     # ---- connect (a click: the gesture that lets audio start) and hear the question
     page.click("#connect")
     wait_until(page, "() => window.kame.phase === 'live'", 20, "session.created", dump)
+    assert kame(page, "k.micOpen") is True
     mic = kame(page, "k.micSettings")
     assert mic and mic.get("echoCancellation") is True, mic  # what getUserMedia applied
     assert kame(page, "k.sampleRate") == 24000  # Chromium runs the context at 24 kHz: no resampling
@@ -454,11 +455,11 @@ def test_voice_conversation_in_chromium(
     wait_until(phone, "() => !document.getElementById('notice').hidden", 20, "the server-full message", lambda: summary(phone))
     assert "server is full" in phone.inner_text("#notice-text"), phone.inner_text("#notice-text")
     assert kame(phone, "k.phase") == "idle"
-    assert kame(phone, "k.micSettings") is not None  # the microphone was opened, and is released again
+    assert kame(phone, "k.micSettings") is not None and kame(phone, "k.micOpen") is False  # opened, then released
     sent_frames = kame(page, "k.counters.framesSent")
     page.click("#connect")  # the desktop hangs up ...
     wait_until(page, "() => window.kame.phase === 'idle'", 5, "disconnected", dump)
-    assert page.inner_text("#conn-state") == "Disconnected"
+    assert page.inner_text("#conn-state") == "Disconnected" and kame(page, "k.micOpen") is False
     deadline = time.monotonic() + 10
     while server.get("/ready")[0] != 200:  # the server frees the slot once it sees the close
         assert time.monotonic() < deadline, "the desktop's slot was not freed"
@@ -593,7 +594,7 @@ def test_refused_microphone_is_explained(server: ServerProcess, playwright: Play
         page.click("#connect")
         page.wait_for_function("() => !document.getElementById('notice').hidden", timeout=10000)
         assert "Microphone access was refused" in page.inner_text("#notice-text")
-        assert page.evaluate("window.kame.phase") == "idle"
+        assert page.evaluate("window.kame.phase") == "idle" and page.evaluate("window.kame.micOpen") is False
         assert page.inner_text("#connect") == "Connect"
         assert server.metric("kame_sessions_total") == sessions_before  # no socket without a microphone
     finally:

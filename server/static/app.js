@@ -76,6 +76,9 @@ const kame = {
   session: null,
   micSettings: null,
   sampleRate: null,
+  get micOpen() {
+    return io.stream !== null && io.stream.active; // the browser is capturing
+  },
 };
 window.kame = kame;
 
