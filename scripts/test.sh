@@ -8,7 +8,7 @@ t0=$(date +%s)
 ./scripts/install.sh --test || { echo "test.sh: installation failed" >&2; exit 1; }
 t1=$(date +%s)
 export NO_TORCH_COMPILE=1
-export KAME_TEST_ARTIFACTS=${KAME_TEST_ARTIFACTS:-$PWD/artifacts}
+export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 .venv/bin/python -m pytest -ra "$@"
 rc=$?
 t2=$(date +%s)

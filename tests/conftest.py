@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def kame_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache directory shared by the whole run (tiny checkpoints live here)."""
-    path = Path(os.environ.get("KAME_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kame-cache"))
+    path = Path(os.environ.get("PYTEST_KAME_CACHE_DIR") or tmp_path_factory.mktemp("kame-cache"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -22,7 +22,7 @@ def kame_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
     """Where tests leave files for people to look at (screenshots, wavs)."""
-    path = Path(os.environ.get("KAME_TEST_ARTIFACTS") or (Path(__file__).resolve().parent.parent / "artifacts"))
+    path = Path(os.environ.get("PYTEST_KAME_ARTIFACTS") or (Path(__file__).resolve().parent.parent / "artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 

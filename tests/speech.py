@@ -31,7 +31,7 @@ STOPWORDS = frozenset(
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("KAME_SPEECH_CACHE") or Path(tempfile.gettempdir()) / "kame-speech-cache")
+    d = Path(os.environ.get("PYTEST_KAME_SPEECH_CACHE") or Path(tempfile.gettempdir()) / "kame-speech-cache")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

