@@ -40,6 +40,13 @@ class FrontendConfig(BaseModel):
         description="Oracle token when idle: pad (3) for KAME checkpoints, zero (-1, exact vanilla Moshi) "
         "for plain Moshi ones; auto picks by whether the checkpoint has oracle_emb.",
     )
+    batch_wait_s: float = Field(
+        0.03,
+        ge=0,
+        le=0.08,
+        description="Longest a session's frame waits for other sessions' frames to share an engine tick "
+        "(more sharing = fewer ticks, less = lower latency for sessions whose audio arrives at other phases).",
+    )
     oracle_fifo_size: int = Field(256, ge=8, description="Per-slot oracle token queue bound.")
     seed: int | None = Field(None, description="Seed for sampling (None: random).")
     cpu_threads: int | None = Field(

@@ -64,7 +64,7 @@ class EngineThread:
         self,
         core: EngineCore,
         *,
-        max_batch_wait_s: float = 0.05,
+        max_batch_wait_s: float | None = None,
         live_window_s: float = 0.5,
         max_buffer_s: float = 2.0,
         on_tick: Callable[[TickStats], None] | None = None,
@@ -72,7 +72,7 @@ class EngineThread:
         self.core = core
         self.frame_size = core.frame_size
         self.sample_rate = core.models.sample_rate
-        self.max_batch_wait_s = max_batch_wait_s
+        self.max_batch_wait_s = core.cfg.batch_wait_s if max_batch_wait_s is None else max_batch_wait_s
         self.live_window_s = live_window_s
         self.max_buffer_samples = int(max_buffer_s * self.sample_rate)
         self.on_tick = on_tick
@@ -129,16 +129,13 @@ class EngineThread:
         return slot
 
     def detach(self, slot: int) -> None:
+        """Release the slot at once; the engine thread resets it before anyone steps it again
+        (commands run in order, and frames taken for the old session are dropped)."""
         with self._wake:
             if self._io.pop(slot, None) is None:
                 return
-
-            def do_detach() -> None:
-                self.core.detach(slot)
-                with self._lock:
-                    self._free.append(slot)
-
-            self._commands.put(do_detach)
+            self._free.append(slot)
+            self._commands.put(lambda: self.core.detach(slot))
             self._wake.notify_all()
 
     def feed(self, slot: int, pcm: np.ndarray) -> None:
@@ -254,7 +251,8 @@ class EngineThread:
                 continue
             frames, waited = taken
             # A slot detached since its frames were taken must not be stepped.
-            frames = {s: f for s, f in frames.items() if self.core.slots[s].attached and s in callbacks}
+            with self._lock:  # a slot detached (and maybe re-attached) since its frames were taken: drop them
+                frames = {s: f for s, f in frames.items() if s in callbacks and self._io.get(s) is callbacks[s]}
             if not frames:
                 continue
             t0 = time.perf_counter()
