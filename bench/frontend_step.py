@@ -103,10 +103,11 @@ def bench_overhead(ckpt: Path, device: torch.device, steps: int) -> tuple[float,
     return statistics.median(ours_t[warm:]), statistics.median(base_t[warm:])
 
 
-def bench_batches(ckpt: Path, device: torch.device, batches: list[int], steps: int) -> dict[int, float]:
+def bench_batches(ckpt: Path, device: torch.device, batches: list[int], steps: int,
+                  threads: int | None = None) -> dict[int, float]:
     out: dict[int, float] = {}
     for b in batches:
-        cfg = FrontendConfig(checkpoint=str(ckpt), batch_size=b)
+        cfg = FrontendConfig(checkpoint=str(ckpt), batch_size=b, cpu_threads=threads)
         core = EngineCore(load_frontend(cfg, device), cfg)
         for s in range(b):
             core.attach(s)
@@ -123,6 +124,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="Fewer steps (CI).")
     p.add_argument("--checkpoint", type=Path, default=None, help="Checkpoint dir (default: tiny, made in a temp dir).")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the batch sweep (default: frontend.cpu_threads).")
     args = p.parse_args()
     device = torch.device(args.device)
     print(f"# frontend_step: {versions_line()} device={device} threads={torch.get_num_threads()}")
@@ -133,15 +135,16 @@ def main() -> int:
     print(f"batch 1 tick, oracle active: kame {ours * 1e3:.2f} ms vs moshi LMGen+Mimi {base * 1e3:.2f} ms "
           f"-> overhead {100 * (ours / base - 1):+.1f} % (target <= 5 %)")
 
-    batches = bench_batches(ckpt, device, [1, 4, 8, 16], steps // 2)
+    threads = args.threads or FrontendConfig.model_fields["cpu_threads"].default
+    batches = bench_batches(ckpt, device, [1, 4, 8, 16], steps // 2, threads)
+    print(f"per tick, every slot stepping, {threads} torch thread(s) (frontend.cpu_threads):")
     for b, t in batches.items():
         print(f"batch {b:>2}: {t * 1e3:.2f} ms per tick ({t / b * 1e3:.2f} ms per session)")
     print(f"batch 16 / batch 1 = {batches[16] / batches[1]:.2f}x (target <= 2x)")
 
     if device.type == "cpu":
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        one = bench_batches(ckpt, device, [1], steps // 2)[1]
+        one = bench_batches(ckpt, device, [1], steps // 2, threads=1)[1]
         torch.set_num_threads(threads)
         print(f"one CPU thread, batch 1: {one * 1e3:.2f} ms per 80 ms frame -> {0.08 / one:.1f}x real time (target >= 2x)")
     return 0
