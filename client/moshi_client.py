@@ -27,70 +27,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
-
-RATE = 24000
-FRAME = 1920
-FRAME_S = FRAME / RATE
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+from kame.client.stats import FRAME, FRAME_S, RATE, StreamStats, percentile  # noqa: F401  (re-exported)
 
 
 @dataclass
-class ClientStats:
-    """What one session sent and received, with client-side timestamps (time.monotonic)."""
+class ClientStats(StreamStats):
+    """:class:`StreamStats` plus the Moshi protocol's handshake time and message counts."""
 
-    connected_t: float = 0.0
     handshake_t: float | None = None
-    first_send_t: float | None = None
-    last_send_t: float | None = None
-    samples_sent: int = 0
-    samples_received: int = 0
-    frame_arrivals: list[float] = field(default_factory=list)  # one per complete 1920-sample output frame
     messages: dict[int, int] = field(default_factory=dict)  # kind -> count
-
-    @property
-    def audio_sent_s(self) -> float:
-        return self.samples_sent / RATE
-
-    @property
-    def audio_received_s(self) -> float:
-        return self.samples_received / RATE
-
-    @property
-    def wall_s(self) -> float:
-        """From the first audio sent to the last audio received."""
-        if self.first_send_t is None or not self.frame_arrivals:
-            return 0.0
-        return max(self.frame_arrivals[-1], self.last_send_t or 0.0) - self.first_send_t
-
-    @property
-    def rtf(self) -> float:
-        """Real-time factor: audio received / wall time (1.0 = the server keeps up exactly)."""
-        wall = self.wall_s
-        return self.audio_received_s / wall if wall > 0 else 0.0
-
-    @property
-    def time_to_first_audio_s(self) -> float | None:
-        if self.first_send_t is None or not self.frame_arrivals:
-            return None
-        return self.frame_arrivals[0] - self.first_send_t
-
-    def lateness_s(self) -> list[float]:
-        """How late each output frame arrived against t0 + k * 80 ms, t0 = the first frame's arrival."""
-        if not self.frame_arrivals:
-            return []
-        t0 = self.frame_arrivals[0]
-        return [max(0.0, t - (t0 + k * FRAME_S)) for k, t in enumerate(self.frame_arrivals)]
-
-    def lateness_ms(self, q: float) -> float:
-        return 1000 * percentile(self.lateness_s(), q)
-
-    def max_gap_s(self, start: int = 0) -> float:
-        """Longest pause between two consecutive output frames (from frame ``start`` on)."""
-        arr = self.frame_arrivals[start:]
-        return max((b - a for a, b in zip(arr, arr[1:])), default=0.0)
 
 
 class MoshiClient:

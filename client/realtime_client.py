@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,18 +31,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
+from kame.client.stats import FRAME, FRAME_S, RATE, StreamStats, percentile  # noqa: F401  (re-exported)
 
-RATE = 24000
-FRAME = 1920
-FRAME_S = FRAME / RATE
 AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 Event = dict[str, Any]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
 
 
 def pcm16_b64(pcm: np.ndarray) -> str:
@@ -58,66 +51,16 @@ def b64_pcm(delta: str) -> np.ndarray:
 
 
 @dataclass
-class RealtimeStats:
-    """Client-side timestamps (time.monotonic) of one session."""
+class RealtimeStats(StreamStats):
+    """:class:`StreamStats` plus when ``session.created`` came and counts of each event type."""
 
-    connected_t: float = 0.0
     created_t: float | None = None
-    first_send_t: float | None = None
-    last_send_t: float | None = None
-    samples_sent: int = 0
-    samples_received: int = 0
-    frame_arrivals: list[float] = field(default_factory=list)  # one per 1920-sample output frame
     event_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def handshake_t(self) -> float | None:
         """When the session became usable (``session.created``), as the Moshi-protocol client names it."""
         return self.created_t
-
-    @property
-    def audio_sent_s(self) -> float:
-        return self.samples_sent / RATE
-
-    @property
-    def audio_received_s(self) -> float:
-        return self.samples_received / RATE
-
-    @property
-    def wall_s(self) -> float:
-        if self.first_send_t is None or not self.frame_arrivals:
-            return 0.0
-        return max(self.frame_arrivals[-1], self.last_send_t or 0.0) - self.first_send_t
-
-    @property
-    def rtf(self) -> float:
-        """Audio received / wall time from the first audio sent to the last received."""
-        wall = self.wall_s
-        return self.audio_received_s / wall if wall > 0 else 0.0
-
-    @property
-    def time_to_first_audio_s(self) -> float | None:
-        if self.first_send_t is None or not self.frame_arrivals:
-            return None
-        return self.frame_arrivals[0] - self.first_send_t
-
-    def lateness_s(self, start: int = 0) -> list[float]:
-        """Lateness of each frame against t0 + k * 80 ms, t0 = the arrival of frame ``start``."""
-        arr = self.frame_arrivals[start:]
-        if not arr:
-            return []
-        t0 = arr[0]
-        return [max(0.0, t - (t0 + k * FRAME_S)) for k, t in enumerate(arr)]
-
-    def lateness_ms(self, q: float, start: int = 0) -> float:
-        return 1000 * percentile(self.lateness_s(start), q)
-
-    def gaps_s(self, start: int = 0) -> list[float]:
-        arr = self.frame_arrivals[start:]
-        return [b - a for a, b in itertools.pairwise(arr)]
-
-    def max_gap_s(self, start: int = 0) -> float:
-        return max(self.gaps_s(start), default=0.0)
 
 
 class RealtimeClient:
