@@ -12,20 +12,14 @@ event first. OpenAI's SDKs build the URL from ``base_url``
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, WebSocket
-from kame.server import protocol
-from kame.server.auth import origin_ok, token_ok, websocket_credentials
-from kame.server.logs import session_logger
-from kame.server.params import ParamError, parse_session_params
+from kame.server.admission import admit
 from kame.server.realtime_events import EventEncoder, Ids, error_event
 from kame.server.realtime_metrics import ProtocolMetrics
 from kame.server.realtime_session import RealtimeSession
 from kame.server.realtime_settings import RealtimeSettings, ServerInfo, settings_dict
-from kame.server.sessions import DRAIN_REASON
 
 if TYPE_CHECKING:
     from kame.server.app import AppState
@@ -44,15 +38,6 @@ def install(app: FastAPI) -> None:
 
 def protocol_metrics(app: Any) -> ProtocolMetrics:
     return app.state.kame_protocols  # type: ignore[no-any-return]
-
-
-async def _refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, error: str | None = None) -> None:
-    state.metrics.sessions_rejected.labels(reason=label).inc()
-    with contextlib.suppress(Exception):  # the client may have gone already
-        if error:
-            event = error_event("invalid_value", error)
-            await ws.send_text(EventEncoder(Ids()).encode(event))
-        await ws.close(code=code, reason=protocol.close_reason(reason))
 
 
 def server_info(state: AppState, session_id: str, model: str) -> ServerInfo:
@@ -77,44 +62,19 @@ def server_info(state: AppState, session_id: str, model: str) -> ServerInfo:
     )
 
 
+async def _send_error(ws: WebSocket, error: str) -> None:
+    await ws.send_text(EventEncoder(Ids()).encode(error_event("invalid_value", error)))
+
+
 @router.websocket(PATH)
 async def realtime(ws: WebSocket) -> None:
     state: AppState = ws.app.state.kame
     cfg = state.cfg.server
     host = state.host
-    creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
-    await ws.accept(subprotocol=creds.subprotocol)
-    session_id = uuid.uuid4().hex[:12]
-    log = session_logger(session_id)
-    peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
-    if not origin_ok(ws.headers.get("origin"), cfg.allowed_origins):
-        log.warning("refused: origin not allowed", extra={"peer": peer, "origin": ws.headers.get("origin", "")[:100]})
-        await _refuse(ws, state, "origin", protocol.CLOSE_POLICY, "origin not allowed")
+    admitted = await admit(ws, state, _send_error)
+    if admitted is None:
         return
-    if not token_ok(cfg.auth_token, creds.token):
-        log.warning("refused: missing or wrong token", extra={"peer": peer})
-        await _refuse(ws, state, "unauthorized", protocol.CLOSE_POLICY, "unauthorized")
-        return
-    if state.sessions.draining:
-        await _refuse(ws, state, "draining", protocol.CLOSE_GOING_AWAY, DRAIN_REASON)
-        return
-    if not host.ready:
-        await _refuse(ws, state, "starting", protocol.CLOSE_TRY_AGAIN_LATER, "server starting, retry later")
-        return
-    try:
-        params = parse_session_params(
-            ws.query_params,
-            backends=host.backend_names() if host.backends is not None else None,
-            oracle_policies=host.oracle_policies(),
-        )
-    except ParamError as exc:
-        log.info("refused: %s", exc, extra={"peer": peer})
-        await _refuse(ws, state, "bad_params", protocol.CLOSE_POLICY, "invalid query parameter", error=str(exc))
-        return
-    if host.free_slots <= 0:
-        log.info("refused: server full", extra={"peer": peer})
-        await _refuse(ws, state, "full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
-        return
+    session_id, log, peer, params = admitted.session_id, admitted.log, admitted.peer, admitted.params
     model = (ws.query_params.get("model") or "kame")[:64]
     info = server_info(state, session_id, model)
     settings = RealtimeSettings(

@@ -1,0 +1,96 @@
+"""Admission of a websocket, the same for both endpoints.
+
+The checks run in one order (docs/protocol.md section 1): origin, token,
+draining, readiness, query parameters, capacity. Every refusal happens after
+``accept`` so the client gets a close code and a reason it can act on
+(browsers hide HTTP status codes of failed websocket handshakes): 1008 for
+origin, token or invalid parameters, 1013 for "starting" and "full", 1001
+while draining. Refusals are counted in ``kame_sessions_rejected_total{reason}``
+and cost no model work. How a refusal's message is worded on the wire is the
+endpoint's business (``send_error``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import WebSocket
+
+from kame.server import protocol
+from kame.server.auth import origin_ok, token_ok, websocket_credentials
+from kame.server.logs import session_logger
+from kame.server.params import ParamError, parse_session_params
+from kame.server.sessions import DRAIN_REASON
+
+if TYPE_CHECKING:
+    from kame.server.app import AppState
+
+SendError = Callable[[WebSocket, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A websocket that passed every check."""
+
+    session_id: str
+    log: logging.LoggerAdapter[Any]
+    peer: str
+    params: Any  # kame.server.params.SessionParams
+
+
+async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,
+                 error: str | None = None, send_error: SendError | None = None) -> None:
+    state.metrics.sessions_rejected.labels(reason=label).inc()
+    with contextlib.suppress(Exception):  # the client may have gone already
+        if error and send_error is not None:
+            await send_error(ws, error)
+        await ws.close(code=code, reason=protocol.close_reason(reason))
+
+
+async def admit(ws: WebSocket, state: AppState, send_error: SendError) -> Admitted | None:
+    """Accept ``ws`` and run the checks; None when it was refused (and closed)."""
+    cfg = state.cfg.server
+    host = state.host
+    creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
+    await ws.accept(subprotocol=creds.subprotocol)
+    session_id = uuid.uuid4().hex[:12]
+    log = session_logger(session_id)
+    peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
+
+    async def no(label: str, code: int, reason: str, error: str | None = None) -> None:
+        await refuse(ws, state, label, code, reason, error=error, send_error=send_error)
+
+    if not origin_ok(ws.headers.get("origin"), cfg.allowed_origins):
+        log.warning("refused: origin not allowed", extra={"peer": peer, "origin": ws.headers.get("origin", "")[:100]})
+        await no("origin", protocol.CLOSE_POLICY, "origin not allowed")
+        return None
+    if not token_ok(cfg.auth_token, creds.token):
+        log.warning("refused: missing or wrong token", extra={"peer": peer})
+        await no("unauthorized", protocol.CLOSE_POLICY, "unauthorized")
+        return None
+    if state.sessions.draining:
+        await no("draining", protocol.CLOSE_GOING_AWAY, DRAIN_REASON)
+        return None
+    if not host.ready:
+        await no("starting", protocol.CLOSE_TRY_AGAIN_LATER, "server starting, retry later")
+        return None
+    try:
+        params = parse_session_params(
+            ws.query_params,
+            backends=host.backend_names() if host.backends is not None else None,
+            oracle_policies=host.oracle_policies(),
+        )
+    except ParamError as exc:
+        log.info("refused: %s", exc, extra={"peer": peer})
+        await no("bad_params", protocol.CLOSE_POLICY, "invalid query parameter", error=str(exc))
+        return None
+    if host.free_slots <= 0:
+        log.info("refused: server full", extra={"peer": peer})
+        await no("full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+        return None
+    return Admitted(session_id=session_id, log=log, peer=peer, params=params)
