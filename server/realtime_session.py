@@ -45,6 +45,7 @@ from kame.server.realtime_settings import (
     session_object,
 )
 from kame.server.realtime_turns import AssistantTurns, Conversation, UserTurns
+from kame.server.watchdog import watch, watch_period
 
 if TYPE_CHECKING:
     import numpy as np
@@ -508,28 +509,18 @@ class RealtimeSession:
                 self._queue(event, index if audio else None)
 
     async def _watch(self) -> None:
-        cfg = self.cfg
-        period = max(0.02, min(0.25, cfg.idle_timeout_s / 4, cfg.max_duration_s / 8))
-        warn_at = max(0.0, cfg.max_duration_s - cfg.duration_warning_s)
-        warned = cfg.duration_warning_s <= 0
+        warned = False
         while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            age = now - self.started
-            if now - self.last_audio >= cfg.idle_timeout_s:
-                self.end("idle", protocol.CLOSE_NORMAL, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s")
+            await asyncio.sleep(watch_period(self.cfg))
+            verdict = watch(self.cfg, now=time.monotonic(), started=self.started, last_audio=self.last_audio,
+                            last_send=self._last_send, send_pending=not self._send_q.empty(), warned=warned)
+            if verdict.end is not None:
+                self.end(*verdict.end)
                 return
-            if age >= cfg.max_duration_s:
-                self.end("max_duration", protocol.CLOSE_NORMAL, f"maximum session duration reached ({cfg.max_duration_s:g} s)")
-                return
-            if not warned and age >= warn_at:
+            if verdict.warn_s is not None:
                 warned = True
-                left = max(0.0, cfg.max_duration_s - age)
-                self._queue({"type": "kame.session.ending", "reason": "max_duration", "seconds_left": round(left, 1)})
-                self.log.info("session ends in %.1f s (maximum duration)", left)
-            if not self._send_q.empty() and now - self._last_send >= cfg.slow_client_timeout_s:
-                self.end("slow_client", protocol.CLOSE_POLICY, "client is not reading")
-                return
+                self._queue({"type": "kame.session.ending", "reason": "max_duration", "seconds_left": round(verdict.warn_s, 1)})
+                self.log.info("session ends in %.1f s (maximum duration)", verdict.warn_s)
 
     # ------------------------------------------------------------------ tandem events
     def _on_event(self, event: TandemEvent) -> None:

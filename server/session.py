@@ -32,6 +32,7 @@ import numpy as np
 from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.logs import SessionLogger
+from kame.server.watchdog import watch, watch_period
 from kame.server.pacing import InputPacer
 from starlette.websockets import WebSocketDisconnect
 
@@ -333,35 +334,19 @@ class ChatSession:
                 self.metrics.frame_lateness.observe(max(0.0, now - (self._anchor + index * FRAME_S)))
 
     async def _watch(self) -> None:
-        cfg = self.cfg
-        period = max(0.02, min(0.25, cfg.idle_timeout_s / 4, cfg.max_duration_s / 8))
-        warn_at = max(0.0, cfg.max_duration_s - cfg.duration_warning_s)
-        warned = cfg.duration_warning_s <= 0
+        warned = False
         while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            age = now - self.started
-            if now - self.last_audio >= cfg.idle_timeout_s:
-                self.end("idle", protocol.CLOSE_NORMAL, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s")
+            await asyncio.sleep(watch_period(self.cfg))
+            verdict = watch(self.cfg, now=time.monotonic(), started=self.started, last_audio=self.last_audio,
+                            last_send=self._last_send, send_pending=not self._send_q.empty(), warned=warned)
+            if verdict.end is not None:
+                self.end(*verdict.end)
                 return
-            if age >= cfg.max_duration_s:
-                self.end("max_duration", protocol.CLOSE_NORMAL, f"maximum session duration reached ({cfg.max_duration_s:g} s)")
-                return
-            if not warned and age >= warn_at:
+            if verdict.warn_s is not None:
                 warned = True
-                left = max(0.0, cfg.max_duration_s - age)
-                self._send_q.put_nowait(
-                    (
-                        protocol.encode_metadata(
-                            {"type": "session.expiring", "reason": "max_duration", "seconds_left": round(left, 1)}
-                        ),
-                        None,
-                    )
-                )
-                self.log.info("session ends in %.1f s (maximum duration)", left)
-            if not self._send_q.empty() and now - self._last_send >= cfg.slow_client_timeout_s:
-                self.end("slow_client", protocol.CLOSE_POLICY, "client is not reading")
-                return
+                warning = {"type": "session.expiring", "reason": "max_duration", "seconds_left": round(verdict.warn_s, 1)}
+                self._send_q.put_nowait((protocol.encode_metadata(warning), None))
+                self.log.info("session ends in %.1f s (maximum duration)", verdict.warn_s)
 
     # ------------------------------------------------------------------ tandem events
     def _on_event(self, event: TandemEvent) -> None:

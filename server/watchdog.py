@@ -1,0 +1,40 @@
+"""When a session must end or be warned: idle, maximum duration, a client that does not read.
+
+Pure (the caller passes the clock and the session's timestamps), shared by
+both websocket endpoints; each endpoint words the warning in its protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kame.server import protocol
+from kame.server.config import ServerConfig
+
+
+@dataclass(frozen=True)
+class WatchVerdict:
+    """``end``: (metrics label, close code, reason); ``warn_s``: seconds left, warn the client now."""
+
+    end: tuple[str, int, str] | None = None
+    warn_s: float | None = None
+
+
+def watch_period(cfg: ServerConfig) -> float:
+    """How often to look: often enough for short test timeouts, cheap for long ones."""
+    return max(0.02, min(0.25, cfg.idle_timeout_s / 4, cfg.max_duration_s / 8))
+
+
+def watch(cfg: ServerConfig, *, now: float, started: float, last_audio: float, last_send: float,
+          send_pending: bool, warned: bool) -> WatchVerdict:
+    age = now - started
+    if now - last_audio >= cfg.idle_timeout_s:
+        return WatchVerdict(end=("idle", protocol.CLOSE_NORMAL, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s"))
+    if age >= cfg.max_duration_s:
+        return WatchVerdict(end=("max_duration", protocol.CLOSE_NORMAL,
+                                 f"maximum session duration reached ({cfg.max_duration_s:g} s)"))
+    if send_pending and now - last_send >= cfg.slow_client_timeout_s:
+        return WatchVerdict(end=("slow_client", protocol.CLOSE_POLICY, "client is not reading"))
+    if not warned and cfg.duration_warning_s > 0 and age >= max(0.0, cfg.max_duration_s - cfg.duration_warning_s):
+        return WatchVerdict(warn_s=max(0.0, cfg.max_duration_s - age))
+    return WatchVerdict()
