@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
-from kame.client.stats import FRAME, FRAME_S, RATE, StreamStats, percentile  # noqa: F401  (re-exported)
+from kame.client.stats import FRAME, FRAME_S, RATE, AudioSessionBase, StreamStats, percentile  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ClientStats(StreamStats):
     messages: dict[int, int] = field(default_factory=dict)  # kind -> count
 
 
-class MoshiClient:
+class MoshiClient(AudioSessionBase):
     """One ``/api/chat`` session seen from the client side."""
 
     def __init__(self, ws: Any) -> None:
@@ -196,27 +196,6 @@ class MoshiClient:
             if ogg and not await self.send_raw(b"\x01" + bytes(ogg)):
                 break
         return sent
-
-    async def send_silence(self, seconds: float, *, chunk: int = FRAME) -> int:
-        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk)
-
-    async def drain_output(self, seconds: float = 0.5, *, until_complete: bool = False) -> None:
-        """Keep receiving after the last audio was sent (frames in flight): ``seconds``, or with
-        ``until_complete`` until as much audio came back as was sent (at most ``seconds``)."""
-        deadline = time.monotonic() + seconds
-        while not self.closed.is_set() and time.monotonic() < deadline:
-            # the last frame may still sit in the client's Opus encoder: one frame of slack
-            if until_complete and self.stats.samples_received >= self.stats.samples_sent - FRAME:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.closed.wait(), min(0.05, max(0.0, deadline - time.monotonic())))
-
-    async def close(self, code: int = 1000) -> None:
-        with contextlib.suppress(Exception):
-            await self.ws.close(code)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._recv_task, 5)
-
 
 async def run_session(
     url: str,

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
-from kame.client.stats import FRAME, FRAME_S, RATE, StreamStats, percentile  # noqa: F401  (re-exported)
+from kame.client.stats import FRAME, FRAME_S, RATE, AudioSessionBase, StreamStats, percentile  # noqa: F401  (re-exported)
 
 AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -63,8 +63,10 @@ class RealtimeStats(StreamStats):
         return self.created_t
 
 
-class RealtimeClient:
+class RealtimeClient(AudioSessionBase):
     """One ``/v1/realtime`` session seen from the client side."""
+
+    DEFAULT_CHUNK = 480  # 20 ms appends, like a browser
 
     def __init__(self, ws: Any, *, keep_audio: bool = True) -> None:
         self.ws = ws
@@ -260,21 +262,3 @@ class RealtimeClient:
             self.stats.last_send_t = time.monotonic()
         return sent
 
-    async def send_silence(self, seconds: float, *, chunk: int = 480) -> int:
-        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk)
-
-    async def drain_output(self, seconds: float = 1.0, *, until_complete: bool = False) -> None:
-        """Keep receiving after the last audio was sent: ``seconds``, or with ``until_complete`` until as
-        much audio came back as was sent (at most ``seconds``)."""
-        deadline = time.monotonic() + seconds
-        while not self.closed.is_set() and time.monotonic() < deadline:
-            if until_complete and self.stats.samples_received >= self.stats.samples_sent - FRAME:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.closed.wait(), min(0.05, max(0.0, deadline - time.monotonic())))
-
-    async def close(self, code: int = 1000) -> None:
-        with contextlib.suppress(Exception):
-            await self.ws.close(code)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._recv_task, 5)

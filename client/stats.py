@@ -8,9 +8,13 @@ lateness against an 80 ms schedule (what ``bench/server_load.py``,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -78,3 +82,38 @@ class StreamStats:
 
     def max_gap_s(self, start: int = 0) -> float:
         return max(self.gaps_s(start), default=0.0)
+
+
+class AudioSessionBase:
+    """What both protocol clients do the same way once connected: wait for the tail of the
+    reply, send silence, close. Subclasses set ``ws``, ``stats``, ``closed``, ``_recv_task``
+    and implement ``send_pcm``."""
+
+    DEFAULT_CHUNK = FRAME
+    ws: Any
+    stats: StreamStats
+    closed: asyncio.Event
+    _recv_task: asyncio.Task[None]
+
+    async def send_pcm(self, pcm: np.ndarray, *, chunk: int = FRAME, realtime: bool = True) -> int:
+        raise NotImplementedError
+
+    async def send_silence(self, seconds: float, *, chunk: int | None = None) -> int:
+        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk or self.DEFAULT_CHUNK)
+
+    async def drain_output(self, seconds: float = 1.0, *, until_complete: bool = False) -> None:
+        """Keep receiving after the last audio was sent (frames in flight): ``seconds``, or with
+        ``until_complete`` until as much audio came back as was sent (at most ``seconds``)."""
+        deadline = time.monotonic() + seconds
+        while not self.closed.is_set() and time.monotonic() < deadline:
+            # the last frame may still sit in an encoder or a re-chunking buffer: one frame of slack
+            if until_complete and self.stats.samples_received >= self.stats.samples_sent - FRAME:
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.closed.wait(), min(0.05, max(0.0, deadline - time.monotonic())))
+
+    async def close(self, code: int = 1000) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close(code)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._recv_task, 5)
