@@ -469,7 +469,8 @@ def test_voice_conversation_in_chromium(
     assert abs(len(user) // 1920 - sent_frames) <= 3, (len(user) / 1920, sent_frames)  # frames line up
     released = user[released_ms * 24 : pressed_ms * 24]
     assert len(released) >= 40 * 1920 and not released.any(), int(np.count_nonzero(released))
-    assert np.count_nonzero(user[pressed_ms * 24 : held["framesSent"] * 1920]) > 24000  # the key down: the microphone
+    # the key down: the microphone (how long it is held depends on when the back-end-down notice shows)
+    assert np.count_nonzero(user[pressed_ms * 24 : held["framesSent"] * 1920]) > 4800
     assert np.count_nonzero(user[: released_ms * 24]) > 24000  # open mic before
     phone.click("#connect")  # ... and the phone gets the slot (on the server's default back-end)
     wait_until(phone, "() => window.kame.phase === 'live'", 20, "phone session.created", lambda: summary(phone))
