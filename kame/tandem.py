@@ -172,7 +172,9 @@ class Tandem:
             self.oracle.update(**changes)
 
     # ------------------------------------------------------------------ end
-    async def aclose(self, flush_asr: bool = True) -> None:
+    async def aclose(self, flush_asr: bool = True, release_slot: bool = True) -> None:
+        """Stop ASR, oracle and their tasks; ``release_slot=False`` keeps the engine slot attached (for a
+        reset that re-uses it)."""
         if self.closed:
             return
         self.closed = True
@@ -189,7 +191,8 @@ class Tandem:
                     task.cancel()
         if self.oracle is not None:
             await self.oracle.aclose()
-        self.slot.detach()
+        if release_slot:
+            self.slot.detach()
 
 
     async def _flush_shared_stt(self, timeout: float = 3.0) -> None:

@@ -58,6 +58,22 @@ class ServerConfig(BaseModel):
     max_message_bytes: int = Field(
         1 << 20, ge=1024, description="Largest websocket message accepted from a client."
     )
+    malloc_arena_max: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="glibc malloc arenas (mallopt M_ARENA_MAX) set at start: few arenas keep memory freed by "
+        "large client messages from fragmenting across threads; 0 keeps glibc's default (8 x cores); "
+        "$MALLOC_ARENA_MAX wins.",
+    )
+    malloc_mmap_threshold_bytes: int = Field(
+        128 * 1024,
+        ge=0,
+        le=32 << 20,
+        description="Blocks at least this large are mmapped and returned to the kernel on free (mallopt "
+        "M_MMAP_THRESHOLD; a fixed value turns off glibc's dynamic threshold, under which big messages "
+        "fragment the heap); 0 keeps glibc's default; $MALLOC_MMAP_THRESHOLD_ wins.",
+    )
     input_buffer_s: float = Field(
         10.0,
         ge=0,

@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.websockets import WebSocketDisconnect
+
 from kame.server import protocol
 from kame.server import realtime_events as ev
 from kame.server.pacing import InputPacer
@@ -188,6 +190,20 @@ class RealtimeSession:
                     return None
                 await asyncio.sleep(0.05)
 
+    async def _reset_slot(self) -> bool:
+        """Fresh engine state on the slot this session keeps; only if the engine failed the slot meanwhile
+        is another one taken (which may be refused when the server is full)."""
+        from kame.frontend.engine_thread import EngineFull
+
+        if self.slot is not None:
+            try:
+                await self.slot.reset()
+                return True
+            except EngineFull:
+                pass
+        self.slot = await self._attach(RESET_ATTACH_TIMEOUT_S)
+        return self.slot is not None
+
     async def _start_tandem(self) -> None:
         assert self.slot is not None
         self.tandem = self.host.new_tandem(self.slot, self._on_event)
@@ -319,7 +335,11 @@ class RealtimeSession:
             text, index = await self._send_q.get()
             if index is None:
                 self._events_queued -= 1
-            await self.ws.send_text(text)
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, OSError, RuntimeError):  # the client vanished mid-send
+                self.end("client_closed", None)
+                return
             now = time.monotonic()
             self._last_send = now
             if index is not None:
@@ -464,13 +484,10 @@ class RealtimeSession:
             await asyncio.gather(pump, return_exceptions=True)
         if self.tandem is not None:
             tandem, self.tandem = self.tandem, None
-            await tandem.aclose(flush_asr=False)
-        if self.slot is not None:
-            self.slot.detach()
-        self.slot = await self._attach(RESET_ATTACH_TIMEOUT_S)
-        if self.slot is None:
+            await tandem.aclose(flush_asr=False, release_slot=False)
+        if not await self._reset_slot():
             self.end("reset_failed", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later",
-                     error="the session's engine slot was taken during the reset", error_code="server_full")
+                     error="the session lost its engine slot during the reset", error_code="server_full")
             return
         self._new_conversation()
         await self._start_tandem()

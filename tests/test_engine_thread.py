@@ -86,6 +86,60 @@ def test_full_engine_refuses_and_slots_are_reused(tiny_kame_ckpt: Path) -> None:
         eng.stop()
 
 
+def test_reset_keeps_the_slot_and_starts_the_state_afresh(tiny_kame_ckpt: Path) -> None:
+    eng = make_engine(tiny_kame_ckpt, 1)
+    try:
+
+        async def main() -> tuple[list[int], list[int], int]:
+            a = AsyncSlot(eng)
+            await a.attach()
+            frame = np.zeros(1920, np.float32)
+            before = []
+            for _ in range(3):
+                a.feed(frame)
+                before.append((await asyncio.wait_for(a.outputs.get(), 10)).step)
+            a.feed(np.zeros(5000, np.float32))  # buffered input of the old state: dropped by the reset
+            stale = a.outputs
+            resetting = asyncio.create_task(a.reset())
+            await asyncio.sleep(0)
+            with pytest.raises(EngineFull):  # the slot is never free while it resets
+                await AsyncSlot(eng).attach()
+            await resetting
+            assert a.outputs is not stale and a.outputs.empty()
+            after = []
+            for _ in range(2):
+                a.feed(frame)
+                after.append((await asyncio.wait_for(a.outputs.get(), 10)).step)
+            await asyncio.sleep(0.2)
+            extra = a.outputs.qsize()  # the 5000 dropped samples would have made two more frames
+            a.detach()
+            return before, after, extra
+
+        before, after, extra = asyncio.run(main())
+    finally:
+        eng.stop()
+    assert before == [0, 1, 2]
+    assert after == [0, 1]  # fresh streaming state: steps count from 0 again
+    assert extra == 0
+
+
+def test_reset_of_a_slot_the_engine_failed_raises_engine_full(tiny_kame_ckpt: Path) -> None:
+    eng = make_engine(tiny_kame_ckpt, 1)
+    try:
+
+        async def main() -> None:
+            a = AsyncSlot(eng)
+            await a.attach()
+            eng.detach(a.slot)  # what the engine does to a slot whose step failed
+            with pytest.raises(EngineFull):
+                await a.reset()
+            assert a.slot is None
+
+        asyncio.run(main())
+    finally:
+        eng.stop()
+
+
 def test_step_failure_ends_the_slots_not_the_engine(tiny_kame_ckpt: Path) -> None:
     eng = make_engine(tiny_kame_ckpt, 2)
     core = eng.core

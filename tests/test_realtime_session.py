@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from starlette.websockets import WebSocketDisconnect
+
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics
@@ -117,6 +119,34 @@ def test_a_client_that_never_reads_loses_audio_not_events_then_is_closed() -> No
     assert host.slot.detached
 
 
+class VanishingSocket(FakeTextSocket):
+    """A client that disappears while the server writes to it (starlette raises WebSocketDisconnect)."""
+
+    async def send_text(self, data: str) -> None:
+        if len(self.sent) >= 3:
+            raise WebSocketDisconnect(code=1006)
+        await super().send_text(data)
+
+
+def test_a_client_that_vanishes_mid_send_ends_as_closed_not_as_an_internal_error() -> None:
+    metrics = ServerMetrics()
+    host = FakeHost()
+    ws = VanishingSocket()
+
+    async def main() -> RealtimeSession:
+        session = _session(ws, host, metrics, ServerConfig(idle_timeout_s=30), settings=RealtimeSettings())
+        task = asyncio.create_task(session.run())
+        for step in range(5):
+            host.slot.outputs.put_nowait(_output(step))
+        await asyncio.wait_for(task, 5)
+        return session
+
+    session = asyncio.run(main())
+    assert session.ended is not None and session.ended.label == "client_closed", session.ended
+    assert 'kame_sessions_ended_total{reason="internal"}' not in metrics.render().decode()
+    assert host.slot.detached
+
+
 def test_engine_failure_sends_an_error_event_then_closes_1011() -> None:
     cfg = ServerConfig(idle_timeout_s=30)
     host = FakeHost()
@@ -188,4 +218,5 @@ def test_reset_while_audio_keeps_coming() -> None:
     assert session.ended is not None and session.ended.label == "client_closed", session.ended
     assert "kame.session.reset" in ws.types()
     assert "response.output_audio.delta" in ws.types()[ws.types().index("kame.session.reset") :]
+    assert host.slot.resets == 1  # reset in place: the slot was never given up in between
     assert session.frames_in >= 5

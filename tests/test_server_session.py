@@ -54,11 +54,15 @@ class FakeSlot:
         self.outputs: asyncio.Queue[Any] = asyncio.Queue()
         self.fed: list[np.ndarray] = []
         self.detached = False
+        self.resets = 0
         self.dropped_outputs = 0
         self.slot = 0
 
     async def attach(self) -> int:
         return 0
+
+    async def reset(self) -> None:
+        self.resets += 1
 
     def feed(self, pcm: np.ndarray) -> None:
         self.fed.append(pcm)

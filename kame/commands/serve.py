@@ -71,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(cfg.log.level, cfg.log.json_format, secrets=_secrets(cfg, environ))
 
+    from kame.server.allocator import AllocatorSettings, tune_allocator
+
+    # Before torch and the server's threads exist: see kame/server/allocator.py.
+    applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
+    if applied:
+        log.info("malloc: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
+
     from kame.server.host import choose_device
     from kame.versions import versions_line
 

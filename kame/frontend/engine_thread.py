@@ -128,6 +128,25 @@ class EngineThread:
             self._wake.notify_all()
         return slot
 
+    def reattach(
+        self, slot: int, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None]
+    ) -> None:
+        """Fresh state for a slot its session keeps (a reset): the slot is never free in between, so no
+        other session can take it. Input buffered and frames taken for the old state are dropped.
+        Raises :class:`EngineFull` when the slot is no longer held (the engine failed it)."""
+        with self._wake:
+            if slot not in self._io:
+                raise EngineFull(f"slot {slot} is not attached")
+            self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
+
+            def do_reattach() -> None:
+                self.core.detach(slot)
+                self.core.attach(slot)
+                on_ready(slot)
+
+            self._commands.put(do_reattach)
+            self._wake.notify_all()
+
     def detach(self, slot: int) -> None:
         """Release the slot at once; the engine thread resets it before anyone steps it again
         (commands run in order, and frames taken for the old session are dropped)."""
@@ -294,27 +313,48 @@ class AsyncSlot:
         self.dropped_outputs = 0
         self._ready = self.loop.create_future()
 
-    def _put(self, item: SlotOutput | Exception) -> None:
+    def _put(self, outputs: asyncio.Queue[SlotOutput | Exception], item: SlotOutput | Exception) -> None:
         try:
-            self.outputs.put_nowait(item)
+            outputs.put_nowait(item)
         except asyncio.QueueFull:  # a consumer that does not read loses frames, not the engine
             self.dropped_outputs += 1
 
-    async def attach(self) -> int:
+    def _callbacks(self) -> tuple[OutputCallback, ErrorCallback, Callable[[int], None]]:
+        """Engine-thread callbacks bound to the current queue and ready future, so that frames of a state
+        that was reset since land in the old queue, not the new one."""
+        outputs, ready, loop = self.outputs, self._ready, self.loop
+
         def on_output(out: SlotOutput) -> None:
-            if not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(self._put, out)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._put, outputs, out)
 
         def on_error(msg: str) -> None:
-            if not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(self._put, RuntimeError(msg))
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._put, outputs, RuntimeError(msg))
 
         def on_ready(slot: int) -> None:
-            self.loop.call_soon_threadsafe(lambda: self._ready.done() or self._ready.set_result(slot))
+            loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(slot))
 
-        self.slot = self.engine.attach(on_output, on_error, on_ready)
+        return on_output, on_error, on_ready
+
+    async def attach(self) -> int:
+        self.slot = self.engine.attach(*self._callbacks())
         await self._ready
         return self.slot
+
+    async def reset(self) -> None:
+        """Fresh Moshi, Mimi and oracle state on the same slot, which stays this session's throughout.
+        Raises :class:`EngineFull` when the engine has meanwhile failed the slot."""
+        if self.slot is None:
+            raise EngineFull("not attached")
+        self.outputs = asyncio.Queue(self.outputs.maxsize)
+        self._ready = self.loop.create_future()
+        try:
+            self.engine.reattach(self.slot, *self._callbacks())
+        except EngineFull:
+            self.slot = None
+            raise
+        await self._ready
 
     def feed(self, pcm: np.ndarray) -> None:
         if self.slot is not None:
