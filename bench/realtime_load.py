@@ -194,6 +194,10 @@ async def run(args: argparse.Namespace, pid: int | None) -> int:
             f"# server side: step mean {1000 * step_mean:.1f} ms, step p99 <= {1000 * step_p99:.0f} ms, "
             f"frame lateness at send p99 <= {1000 * late_p99:.0f} ms"
         )
+        gc_mean = histogram_mean(after[1], "kame_gc_seconds")
+        if gc_mean is not None:
+            print(f"# scheduled garbage collections: mean {1000 * gc_mean:.2f} ms, p99 <= "
+                  f"{1000 * (histogram_quantile(after[1], 'kame_gc_seconds', 0.99) or 0.0):.1f} ms")
         wanted = ("kame_sessions_ended_total{", "kame_frames_dropped_total{", "kame_audio_dropped_seconds_total{",
                   "kame_sessions_rejected_total{")
         for line in after[1].splitlines():

@@ -11,6 +11,7 @@ sockets, so clients get 1001 "server shutting down" rather than uvicorn's
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+from kame.server.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
 from kame.server.metrics import ServerMetrics
 from kame.server.sessions import SessionManager
@@ -75,13 +77,23 @@ def create_app(
         health_cache=BackendHealthCache(),
     )
 
+    def observe_gc(seconds: float, found: int) -> None:
+        metrics.gc_seconds.observe(seconds)
+        metrics.gc_collected.inc(found)
+
+    collector = GarbageCollector(cfg.server.gc_interval_s, ready=lambda: host.ready, observe=observe_gc)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         host.open_backends()
         host.start_loading()
+        gc_task = asyncio.create_task(collector.run()) if collector.interval_s > 0 else None
         try:
             yield
         finally:
+            if gc_task is not None:
+                gc_task.cancel()
+                await asyncio.gather(gc_task, return_exceptions=True)
             await state.drain()
             await host.aclose()
 

@@ -58,6 +58,14 @@ class ServerConfig(BaseModel):
     max_message_bytes: int = Field(
         1 << 20, ge=1024, description="Largest websocket message accepted from a client."
     )
+    gc_interval_s: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="A full Python garbage collection this often (about a millisecond: model objects are frozen), "
+        "so that cycles left by closed connections, and the client messages they hold, are freed within seconds "
+        "instead of minutes; 0 leaves it to CPython's counters.",
+    )
     malloc_arena_max: int = Field(
         2,
         ge=0,

@@ -78,6 +78,15 @@ class ServerMetrics:
         self.protocol_errors = Counter(
             "kame_protocol_errors", "Client messages that broke the protocol.", ["kind"], registry=r
         )
+        self.gc_seconds = Histogram(
+            "kame_gc_seconds",
+            "Duration of the scheduled full garbage collections (server.gc_interval_s), which hold the GIL.",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5),
+            registry=r,
+        )
+        self.gc_collected = Counter(
+            "kame_gc_collected_objects", "Unreachable objects found by the scheduled collections.", registry=r
+        )
         self.llm_ttft = Histogram(
             "kame_llm_ttft_seconds", "LLM time to first token.", ["backend"], buckets=_LLM_BUCKETS, registry=r
         )

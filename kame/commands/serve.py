@@ -75,14 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
     # Before torch and the server's threads exist: see kame/server/allocator.py.
     applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
-    if applied:
-        log.info("malloc: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
 
     from kame.server.host import choose_device
     from kame.versions import versions_line
 
     device = choose_device(cfg)
     log.info("kame serve: %s device=%s", versions_line(), device)
+    if applied:
+        log.info("malloc: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
 
     from kame.server.runner import run_server
 
