@@ -54,11 +54,10 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # noqa: B018 - present only in glibc
-        libc.mallopt
-    except (OSError, AttributeError):
+    except OSError:
         return None
-    return libc
+    # gnu_get_libc_version exists only in glibc, whose mallopt parameter numbers are the ones above
+    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
 
 
 def tune_allocator(settings: AllocatorSettings, environ: Mapping[str, str]) -> dict[str, int]:

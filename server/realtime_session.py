@@ -21,13 +21,10 @@ Tandem events (ASR, LLM, oracle) become user-turn and ``kame.*`` events in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from starlette.websockets import WebSocketDisconnect
 
 from kame.server import protocol
 from kame.server import realtime_events as ev
@@ -47,7 +44,9 @@ from kame.server.realtime_settings import (
     session_object,
 )
 from kame.server.realtime_turns import AssistantTurns, Conversation, UserTurns
+from kame.server.session_end import close_quietly, count_end, quietly, release_pipeline
 from kame.server.watchdog import watch, watch_period
+from starlette.websockets import WebSocketDisconnect
 
 if TYPE_CHECKING:
     import numpy as np
@@ -217,7 +216,7 @@ class RealtimeSession:
         if self.slot is None:
             self.metrics.sessions_rejected.labels(reason="full").inc()
             self.ended = RealtimeEnd("rejected_full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
-            await self._close_now(protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+            await close_quietly(self.ws, protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
             return
         self.log.info("session started", extra={"slot": self.slot.slot, "protocol": PROTOCOL})
         if self.settings.record:
@@ -272,23 +271,13 @@ class RealtimeSession:
         if end.code is not None:
             if end.label != "slow_client":
                 for event in self.assistant.close("incomplete"):
-                    await self._send_now(self.encoder.encode(event))
+                    await quietly(self.ws.send_text(self.encoder.encode(event)))
             if end.error:
                 error = ev.error_event(end.error_code, end.error, error_type=end.error_type)
-                await self._send_now(self.encoder.encode(error))
-            await self._close_now(end.code, end.reason)
-        if self.tandem is not None:
-            try:
-                await self.tandem.aclose()
-            except Exception:
-                self.log.exception("closing the tandem failed")
-        if self.slot is not None:
-            self.slot.detach()
-            if self.slot.dropped_outputs:
-                self.metrics.frames_dropped.labels(direction="engine").inc(self.slot.dropped_outputs)
-        duration = time.monotonic() - self.started
-        self.metrics.sessions_ended.labels(reason=end.label).inc()
-        self.metrics.session_seconds.observe(duration)
+                await quietly(self.ws.send_text(self.encoder.encode(error)))
+            await close_quietly(self.ws, end.code, end.reason)
+        await release_pipeline(self.tandem, self.slot, self.metrics, self.log)
+        duration = count_end(self.metrics, end.label, self.started)
         self._stop_recording(end.label, end.code)
         self.log.info(
             "session ended",
@@ -304,14 +293,6 @@ class RealtimeSession:
                 "client_errors": self.client_errors,
             },
         )
-
-    async def _send_now(self, text: str, timeout: float = 1.0) -> None:
-        with contextlib.suppress(Exception):  # the client may be gone or not reading
-            await asyncio.wait_for(self.ws.send_text(text), timeout)
-
-    async def _close_now(self, code: int, reason: str, timeout: float = 1.0) -> None:
-        with contextlib.suppress(Exception):  # the client may be gone or not reading
-            await asyncio.wait_for(self.ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
 
     def _session(self) -> dict[str, Any]:
         return session_object(self.settings, self.info)

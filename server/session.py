@@ -23,7 +23,6 @@ and closes the Tandem (which detaches and so resets the slot for reuse).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,8 +31,9 @@ import numpy as np
 from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.logs import SessionLogger
-from kame.server.watchdog import watch, watch_period
 from kame.server.pacing import InputPacer
+from kame.server.session_end import close_quietly, count_end, quietly, release_pipeline
+from kame.server.watchdog import watch, watch_period
 from starlette.websockets import WebSocketDisconnect
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class ChatSession:
             slot_index = await self.slot.attach()
         except EngineFull:
             self.metrics.sessions_rejected.labels(reason="full").inc()
-            await self._close_now(protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+            await close_quietly(self.ws, protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
             self.ended = SessionEnd("rejected_full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
             return
         self.log.info("session started", extra={"slot": slot_index})
@@ -194,21 +194,11 @@ class ChatSession:
         end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
         if end.code is not None:
             if end.error:
-                await self._send_now(protocol.encode_error(end.error))
-            await self._close_now(end.code, end.reason)
-        if self.tandem is not None:
-            try:
-                # a draining server does not wait for the ASR to flush the last words
-                await self.tandem.aclose(flush_asr=end.label != "draining")
-            except Exception:
-                self.log.exception("closing the tandem failed")
-        if self.slot is not None:
-            self.slot.detach()  # no-op when the Tandem already detached it
-            if self.slot.dropped_outputs:
-                self.metrics.frames_dropped.labels(direction="engine").inc(self.slot.dropped_outputs)
-        duration = time.monotonic() - self.started
-        self.metrics.sessions_ended.labels(reason=end.label).inc()
-        self.metrics.session_seconds.observe(duration)
+                await quietly(self.ws.send_bytes(protocol.encode_error(end.error)))
+            await close_quietly(self.ws, end.code, end.reason)
+        # a draining server does not wait for the ASR to flush the last words
+        await release_pipeline(self.tandem, self.slot, self.metrics, self.log, flush_asr=end.label != "draining")
+        duration = count_end(self.metrics, end.label, self.started)
         if self.recorder is not None:
             self.recorder.close({"reason": end.label, "code": end.code})
         self.log.info(
@@ -223,14 +213,6 @@ class ChatSession:
                 "dropped_out": self.frames_dropped,
             },
         )
-
-    async def _send_now(self, data: bytes, timeout: float = 1.0) -> None:
-        with contextlib.suppress(Exception):  # the client may be gone or not reading
-            await asyncio.wait_for(self.ws.send_bytes(data), timeout)
-
-    async def _close_now(self, code: int, reason: str, timeout: float = 1.0) -> None:
-        with contextlib.suppress(Exception):  # the client may be gone or not reading
-            await asyncio.wait_for(self.ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
 
     # ------------------------------------------------------------------ tasks
     async def _receive(self) -> None:
