@@ -168,34 +168,16 @@ class MoshiClient(AudioSessionBase):
         except ConnectionClosed:
             return False
 
-    async def send_pcm(self, pcm: np.ndarray, *, chunk: int = FRAME, realtime: bool = True) -> int:
-        """Encode and send ``pcm`` in ``chunk``-sample pieces, at real time; returns samples sent.
+    async def _send_piece(self, piece: np.ndarray, chunk: int) -> int | None:
+        """Opus-encode one piece; the last, short one is padded with silence to ``chunk`` so that the
+        encoder does not keep it. The encoder may hold a piece back for the next page."""
+        if piece.size < chunk:
+            piece = np.concatenate([piece, np.zeros(chunk - piece.size, np.float32)])
+        ogg = self._writer.append_pcm(piece)
+        if ogg and not await self.send_raw(b"\x01" + bytes(ogg)):
+            return None
+        return piece.size
 
-        Stops early (without raising) when the server closes the session.
-        """
-        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
-        step = chunk / RATE
-        start = time.monotonic()
-        if self.stats.first_send_t is None:
-            self.stats.first_send_t = start
-        sent = 0
-        for k, i in enumerate(range(0, pcm.size, chunk)):
-            if self.closed.is_set():
-                break
-            if realtime:
-                delay = start + k * step - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            piece = pcm[i : i + chunk]
-            if piece.size < chunk:
-                piece = np.concatenate([piece, np.zeros(chunk - piece.size, np.float32)])
-            ogg = self._writer.append_pcm(piece)
-            self.stats.samples_sent += piece.size
-            sent += piece.size
-            self.stats.last_send_t = time.monotonic()
-            if ogg and not await self.send_raw(b"\x01" + bytes(ogg)):
-                break
-        return sent
 
 async def run_session(
     url: str,

@@ -236,29 +236,9 @@ class RealtimeClient(AudioSessionBase):
             session["kame"] = dict(kame)
         return await self.send_event({"type": "session.update", "session": session})
 
-    async def send_pcm(self, pcm: np.ndarray, *, chunk: int = 480, realtime: bool = True, speed: float = 1.0) -> int:
-        """Append ``pcm`` (float32 24 kHz) in ``chunk``-sample pieces, paced at ``speed`` x real time.
-
-        Returns the samples sent; stops early (without raising) when the session closes.
-        """
-        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
-        step = chunk / RATE / speed
-        start = time.monotonic()
-        if self.stats.first_send_t is None:
-            self.stats.first_send_t = start
-        sent = 0
-        for k, i in enumerate(range(0, pcm.size, chunk)):
-            if self.closed.is_set():
-                break
-            if realtime:
-                delay = start + k * step - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            piece = pcm[i : i + chunk]
-            if not await self.send_event({"type": "input_audio_buffer.append", "audio": pcm16_b64(piece)}):
-                break
-            self.stats.samples_sent += piece.size
-            sent += piece.size
-            self.stats.last_send_t = time.monotonic()
-        return sent
+    async def _send_piece(self, piece: np.ndarray, chunk: int) -> int | None:
+        """One ``input_audio_buffer.append`` of base64 pcm16 (a short last piece is sent as it is)."""
+        if not await self.send_event({"type": "input_audio_buffer.append", "audio": pcm16_b64(piece)}):
+            return None
+        return piece.size
 

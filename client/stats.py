@@ -86,8 +86,8 @@ class StreamStats:
 
 class AudioSessionBase:
     """What both protocol clients do the same way once connected: wait for the tail of the
-    reply, send silence, close. Subclasses set ``ws``, ``stats``, ``closed``, ``_recv_task``
-    and implement ``send_pcm``."""
+    reply, pace and send audio, send silence, close. Subclasses set ``ws``, ``stats``, ``closed``,
+    ``_recv_task`` and implement ``_send_piece``."""
 
     DEFAULT_CHUNK = FRAME
     ws: Any
@@ -95,11 +95,42 @@ class AudioSessionBase:
     closed: asyncio.Event
     _recv_task: asyncio.Task[None]
 
-    async def send_pcm(self, pcm: np.ndarray, *, chunk: int = FRAME, realtime: bool = True) -> int:
+    async def _send_piece(self, piece: np.ndarray, chunk: int) -> int | None:
+        """Send one piece of audio (at most ``chunk`` samples) in the protocol's format; the samples it
+        counts as sent, or None when the connection is closed."""
         raise NotImplementedError
 
+    async def send_pcm(
+        self, pcm: np.ndarray, *, chunk: int | None = None, realtime: bool = True, speed: float = 1.0
+    ) -> int:
+        """Send ``pcm`` (float32, 24 kHz) in ``chunk``-sample pieces, paced at ``speed`` x real time
+        (``realtime=False``: as fast as the socket takes them); returns the samples sent.
+
+        Stops early (without raising) when the session closes."""
+        chunk = chunk or self.DEFAULT_CHUNK
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        step = chunk / RATE / speed
+        start = time.monotonic()
+        if self.stats.first_send_t is None:
+            self.stats.first_send_t = start
+        sent = 0
+        for k, i in enumerate(range(0, pcm.size, chunk)):
+            if self.closed.is_set():
+                break
+            if realtime:
+                delay = start + k * step - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            counted = await self._send_piece(pcm[i : i + chunk], chunk)
+            if counted is None:
+                break
+            self.stats.samples_sent += counted
+            sent += counted
+            self.stats.last_send_t = time.monotonic()
+        return sent
+
     async def send_silence(self, seconds: float, *, chunk: int | None = None) -> int:
-        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk or self.DEFAULT_CHUNK)
+        return await self.send_pcm(np.zeros(int(seconds * RATE), np.float32), chunk=chunk)
 
     async def drain_output(self, seconds: float = 1.0, *, until_complete: bool = False) -> None:
         """Keep receiving after the last audio was sent (frames in flight): ``seconds``, or with
