@@ -41,6 +41,10 @@ if [ "$WITH_TEST" = "1" ]; then
   # tests/test_browser.py drives Debian's Chromium with the Python playwright
   # package (its own driver; no browser download: never `playwright install`).
   [ -x /usr/bin/chromium ] || need+=(chromium)
+  # tests/test_kubernetes.py renders deploy/kubernetes with `kubectl kustomize`;
+  # tests/test_haproxy.py and bench/fleet.py run HAProxy in front of kame replicas.
+  command -v kubectl >/dev/null || need+=(kubectl)
+  [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || need+=(haproxy)
   if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     echo "install.sh: installing Debian packages: ${need[*]}"

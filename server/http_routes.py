@@ -2,7 +2,9 @@
 
 ``/health`` is liveness: 200 whenever the process serves HTTP, with what it
 is doing. ``/ready`` is for load balancers: 200 only while the models are
-warmed up and a session slot is free.
+warmed up, the server is not draining and a session slot is free.
+``/ready?full_ok=1`` is for Kubernetes' readiness probe: 200 while warmed up
+and not draining, full or not (see :mod:`kame.server.readiness`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from kame.server.auth import http_token, token_ok
 from kame.server.metrics import CONTENT_TYPE
+from kame.server.readiness import flag, readiness
 
 if TYPE_CHECKING:
     from kame.server.app import AppState
@@ -65,15 +68,16 @@ async def health(request: Request) -> dict[str, Any]:
 async def ready(request: Request) -> JSONResponse:
     state = _state(request)
     host = state.host
-    if state.sessions.draining:
-        reason = "draining"
-    elif not host.ready:
-        reason = host.state
-    elif host.free_slots <= 0:
-        reason = "full"
-    else:
-        return JSONResponse({"ready": True, "free": host.free_slots})
-    return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+    verdict = readiness(
+        draining=state.sessions.draining,
+        host_state=host.state,
+        host_ready=host.ready,
+        free_slots=host.free_slots,
+        full_ok=flag(request.query_params.get("full_ok")),
+    )
+    if verdict.ok:
+        return JSONResponse({"ready": True, "free": verdict.free})
+    return JSONResponse({"ready": False, "reason": verdict.reason}, status_code=503)
 
 
 @router.get("/v1/backends")
