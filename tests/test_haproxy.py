@@ -1,0 +1,155 @@
+"""Three kame replicas (CPU demo, ASR off, 2 slots each) behind a real HAProxy running the shipped
+``deploy/haproxy.cfg``: leastconn, health check on ``/ready``, websockets passed through.
+
+What is checked is where sessions land (each replica's own ``/health`` count and HAProxy's
+``show stat``), with sessions opened through the load balancer by the real Moshi-protocol client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haproxy import Backend, HAProxy, start_replicas
+from moshi_client import MoshiClient, ServerProcess
+
+SLOTS = 2
+REPLICAS = 3
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    kame_cache_dir: Path, tiny_kame_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[HAProxy, list[ServerProcess]]]:
+    run = tmp_path_factory.mktemp("haproxy")
+    env = {
+        "KAME_ASR__KIND": "none",
+        "KAME_SERVER__MAX_SESSIONS": str(SLOTS),
+        "KAME_FRONTEND__BATCH_SIZE": str(SLOTS),
+        "KAME_SERVER__WARMUP_STEPS": "1",
+        "KAME_FRONTEND__CPU_THREADS": "1",
+    }
+    replicas = start_replicas(REPLICAS, cache_dir=kame_cache_dir, run_dir=run, env=env)
+    lb = HAProxy(run, [Backend(f"kame{i + 1}", r.port, SLOTS) for i, r in enumerate(replicas)])
+    try:
+        lb.start()
+        for i in range(REPLICAS):
+            lb.wait_status(f"kame{i + 1}", "UP")
+        yield lb, replicas
+    finally:
+        lb.stop()
+        for r in replicas:
+            r.stop(signal.SIGKILL)
+
+
+def active(replicas: list[ServerProcess]) -> list[int]:
+    return [r.get_json("/health")[1]["sessions"]["active"] for r in replicas]
+
+
+async def open_session(url: str) -> MoshiClient | None:
+    """A session through ``url``, kept alive with silence; None when it was refused (1013, 503...)."""
+    try:
+        client = await MoshiClient.connect(url, open_timeout=10)
+    except Exception:  # noqa: BLE001 - websockets' InvalidStatus (HAProxy's 503)
+        return None
+    if not await client.wait_handshake(10):
+        await client.close()
+        return None
+    client.keepalive = asyncio.create_task(client.send_silence(60))  # type: ignore[attr-defined]
+    return client
+
+
+async def close_all(clients: list[MoshiClient | None]) -> None:
+    for c in clients:
+        if c is not None:
+            c.keepalive.cancel()  # type: ignore[attr-defined]
+            await c.close()
+
+
+def wait_all_idle(replicas: list[ServerProcess], lb: HAProxy, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if active(replicas) == [0] * len(replicas) and all(s.status == "UP" for s in lb.stats().values()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"replicas not idle: {active(replicas)} {lb.stats()}")
+
+
+def test_sessions_spread_over_replicas_without_exceeding_their_slots(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+    seen: list[list[int]] = []
+
+    async def main() -> tuple[list[MoshiClient | None], MoshiClient | None]:
+        clients: list[MoshiClient | None] = []
+        for _ in range(REPLICAS * SLOTS):
+            clients.append(await open_session(lb.ws_url))
+            seen.append(await asyncio.to_thread(active, replicas))
+        extra = await open_session(lb.ws_url)  # every slot is taken
+        seen.append(await asyncio.to_thread(active, replicas))
+        await close_all([*clients, extra])
+        return clients, extra
+
+    clients, extra = asyncio.run(main())
+    assert all(c is not None for c in clients), seen
+    assert seen[REPLICAS * SLOTS - 1] == [SLOTS] * REPLICAS  # every slot used, evenly
+    assert seen[REPLICAS - 1] == [1] * REPLICAS  # leastconn: one each before any gets a second
+    assert all(max(s) <= SLOTS for s in seen), seen
+    assert extra is None  # refused (HAProxy's 503 or the replica's 1013), not squeezed in
+    assert all(s.maximum <= SLOTS for s in lb.stats().values())
+    assert sum(r.metric("kame_sessions_rejected_total", 'reason="full"') for r in replicas) + len(
+        [line for line in lb.logs().splitlines() if " 503 " in line]
+    ) >= 1
+
+
+def test_a_full_replica_gets_no_new_sessions(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
+    """kame1 is filled by clients that bypass the load balancer: only its /ready tells HAProxy."""
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+    before = replicas[0].metric("kame_sessions_total")
+
+    async def main() -> list[MoshiClient | None]:
+        direct = [await open_session(replicas[0].ws_url) for _ in range(SLOTS)]
+        assert all(c is not None for c in direct)
+        await asyncio.to_thread(lb.wait_status, "kame1", "DOWN", 5.0)
+        stot = lb.stats()["kame1"].total
+        through = [await open_session(lb.ws_url) for _ in range((REPLICAS - 1) * SLOTS)]
+        counts = await asyncio.to_thread(active, replicas)
+        assert lb.stats()["kame1"].total == stot  # HAProxy sent it nothing
+        await close_all([*direct, *through])
+        assert all(c is not None for c in through)
+        assert counts == [SLOTS, SLOTS, SLOTS], counts
+        return through
+
+    asyncio.run(main())
+    assert replicas[0].metric("kame_sessions_total") - before == SLOTS  # only the direct ones
+    assert replicas[0].metric("kame_sessions_rejected_total", 'reason="full"') == 0  # none even tried
+    wait_all_idle(replicas, lb)
+    assert lb.stats()["kame1"].status == "UP"  # back in rotation once a slot is free
+
+
+def test_full_replica_stays_ready_for_kubernetes(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+
+    async def main() -> tuple[int, int, int]:
+        direct = [await open_session(replicas[1].ws_url) for _ in range(SLOTS)]
+        lb_status = (await asyncio.to_thread(replicas[1].get, "/ready"))[0]
+        k8s_status = (await asyncio.to_thread(replicas[1].get, "/ready?full_ok=1"))[0]
+        other = (await asyncio.to_thread(replicas[2].get, "/ready?full_ok=1"))[0]
+        await close_all(direct)
+        return lb_status, k8s_status, other
+
+    assert asyncio.run(main()) == (503, 200, 200)
+
+
+def test_config_file_is_the_shipped_one(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
+    lb, _ = fleet
+    used = lb.config_path.read_text()
+    for needle in ("balance leastconn", "http-check send meth GET uri /ready", "timeout tunnel", "option redispatch"):
+        assert needle in used
