@@ -196,3 +196,180 @@ def test_kame_download_local_and_offline(tiny_kame_ckpt: Path, tmp_path: Path) -
     assert ok.returncode == 0 and "local, nothing to download" in ok.stdout
     bad = subprocess.run([*kame, "--checkpoint", "SakanaAI/kame", "--asr", "none"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "HF_HUB_OFFLINE" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --- Kyutai's release layout (fused attention weights) ---------------------
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+KYUTAI_TEST_LM = ASSETS / "moshi_test_lm_model.safetensors"
+#: The LMModel arguments of moshi's test asset (tests/assets/README.md).
+KYUTAI_TEST_LM_KWARGS: dict[str, object] = {
+    "delays": [0, 1, 2, 4],
+    "n_q": 3,
+    "dep_q": 3,
+    "card": 32,
+    "text_card": 48,
+    "dim": 16,
+    "num_layers": 2,
+    "num_heads": 1,
+    "hidden_scale": 1,
+    "depformer_dim": 16,
+    "depformer_multi_linear": True,
+    "depformer_weights_per_step": True,
+    "depformer_weights_per_step_schedule": [0, 1, 1],
+    "depformer_low_rank_embeddings": 8,
+    "depformer_num_heads": 1,
+    "depformer_gating": "silu",
+    "context": 4,
+}
+
+
+def _keys(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+@pytest.mark.parametrize("stt", [False, True])
+def test_tiny_checkpoint_is_in_release_layout(tmp_path: Path, stt: bool) -> None:
+    d = make_tiny_checkpoint(tmp_path / "ck", seed=3, stt=stt)
+    for name in ("model.safetensors", "mimi.safetensors"):
+        keys = _keys(d / name)
+        assert any(k.endswith("self_attn.in_proj_weight") for k in keys), name
+        assert any(k.endswith("self_attn.out_proj.weight") for k in keys), name
+        assert not [k for k in keys if ".in_projs." in k or ".out_projs." in k], name
+
+
+def test_split_layout_loads_the_same_weights(tmp_path: Path) -> None:
+    """moshi's state_dict() names still load, to exactly the release-layout model."""
+    fused = make_tiny_checkpoint(tmp_path / "fused", seed=4)
+    split = make_tiny_checkpoint(tmp_path / "split", seed=4, layout="split")
+    assert any(".in_projs.7." in k for k in _keys(split / "model.safetensors"))  # depformer: 8 weights per step
+    a = load_frontend(FrontendConfig(checkpoint=str(fused)), torch.device("cpu"))
+    b = load_frontend(FrontendConfig(checkpoint=str(split)), torch.device("cpu"))
+    for left, right in ((a.lm, b.lm), (a.mimi, b.mimi)):
+        sa, sb = left.state_dict(), right.state_dict()
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            assert torch.equal(sa[key], sb[key]), key
+    assert torch.equal(a.oracle_weight, b.oracle_weight)
+
+
+def test_release_layout_equals_moshis_own_load(tmp_path: Path) -> None:
+    """Our fused files, read by moshi's load hook, give the model kame loads (LM, Mimi, STT)."""
+    from moshi.models import loaders
+    from safetensors.torch import load_file
+
+    from kame.frontend.tiny import tiny_lm_kwargs, tiny_mimi_config
+
+    for stt in (False, True):
+        d = make_tiny_checkpoint(tmp_path / f"ck{stt}", seed=5, stt=stt)
+        files = resolve_checkpoint(str(d))
+        ours = load_lm(files, "cpu", torch.float32).lm.state_dict()
+        theirs = loaders.get_moshi_lm(None, lm_kwargs=tiny_lm_kwargs(stt=stt), device="cpu", dtype=torch.float32)
+        state = load_file(str(d / "model.safetensors"))
+        state.pop("oracle_emb.weight", None)
+        theirs.load_state_dict(state, strict=True)
+        for key, value in theirs.state_dict().items():
+            assert torch.equal(value, ours[key]), key
+    mimi = loaders.get_mimi(str(d / "mimi.safetensors"), tiny_mimi_config(), device="cpu", num_codebooks=32)
+    mine = load_mimi(files, "cpu", 32).state_dict()
+    for key, value in mimi.state_dict().items():
+        assert torch.equal(value, mine[key]), key
+
+
+def _kyutai_asset_checkpoint(tiny: Path, dst: Path) -> Path:
+    """A checkpoint directory whose LM weights are the file Kyutai wrote."""
+    dst.mkdir()
+    shutil.copy(KYUTAI_TEST_LM, dst / "lm.safetensors")
+    for name in ("mimi.safetensors", "mimi_config.json", "tokenizer.model"):
+        shutil.copy(tiny / name, dst / name)
+    config = {
+        "moshi_name": "lm.safetensors",
+        "mimi_name": "mimi.safetensors",
+        "mimi_config_name": "mimi_config.json",
+        "tokenizer_name": "tokenizer.model",
+        **KYUTAI_TEST_LM_KWARGS,
+    }
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kyutai_own_file_loads(tiny_kame_ckpt: Path, tmp_path: Path, dtype: torch.dtype) -> None:
+    """moshi's test asset, in Kyutai's release layout, loads to what moshi's own hook gives."""
+    from moshi.models.lm import LMModel
+    from safetensors.torch import load_file
+
+    assert any(k.endswith("self_attn.in_proj_weight") for k in _keys(KYUTAI_TEST_LM))
+    files = resolve_checkpoint(str(_kyutai_asset_checkpoint(tiny_kame_ckpt, tmp_path / "kyutai")))
+    loaded = load_lm(files, "cpu", dtype)
+    assert not loaded.has_oracle and loaded.lm.dtype == dtype
+    reference = LMModel(**KYUTAI_TEST_LM_KWARGS)  # type: ignore[arg-type]
+    reference.load_state_dict(load_file(str(KYUTAI_TEST_LM)), strict=True)
+    ours = loaded.lm.state_dict()
+    # two weights per step in the depformer: the fused tensor was split in two
+    assert "depformer.layers.0.self_attn.in_projs.1.weight" in ours
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value.to(dtype), ours[key]), key
+
+
+def _rewrite(path: Path, edit: object) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    edit(state)  # type: ignore[operator]
+    save_file(state, str(path))
+
+
+def test_release_layout_missing_fused_key_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    _rewrite(d / "model.safetensors", lambda s: s.pop("transformer.layers.1.self_attn.in_proj_weight"))
+    with pytest.raises(CheckpointError) as err:
+        load_frontend(FrontendConfig(checkpoint=str(d)), torch.device("cpu"))
+    msg = str(err.value)
+    assert msg == f"checkpoint file {d / 'model.safetensors'}: missing keys transformer.layers.1.self_attn.in_proj_weight"
+
+
+def test_release_layout_wrong_fused_shape_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    key = "depformer.layers.0.self_attn.out_proj.weight"
+
+    def cut(state: dict[str, torch.Tensor]) -> None:
+        state[key] = state[key][:-32].contiguous()  # one of the 8 per-step weights short
+
+    _rewrite(d / "model.safetensors", cut)
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors: key {key} has shape \(224, 32\), the config expects \(256, 32\)"):
+        load_frontend(FrontendConfig(checkpoint=str(d)), torch.device("cpu"))
+
+
+def test_mimi_release_layout_errors_named(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    key = "decoder_transformer.transformer.layers.0.self_attn.in_proj_weight"
+    _rewrite(d / "mimi.safetensors", lambda s: s.update({key: torch.zeros(3, 32)}))
+    with pytest.raises(CheckpointError, match=rf"mimi\.safetensors: key {key} has shape \(3, 32\)"):
+        load_mimi(resolve_checkpoint(str(d)), "cpu", 8)
+
+
+def test_fused_and_split_twice_is_refused(tiny_moshi_ckpt: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_moshi_ckpt, tmp_path / "ck")
+    fused = "transformer.layers.0.self_attn.out_proj.weight"
+    _rewrite(d / "model.safetensors", lambda s: s.update({"transformer.layers.0.self_attn.out_projs.0.weight": s[fused].clone()}))
+    with pytest.raises(CheckpointError, match="given twice, fused and split: transformer.layers.0.self_attn.out_projs.0"):
+        load_lm(resolve_checkpoint(str(d)), "cpu", torch.float32)
+
+
+def test_plan_load_is_pure() -> None:
+    """The layout decision works on names and shapes alone (no torch, no file)."""
+    from kame.frontend.release_layout import fused_key_map, plan_load
+
+    expected = {"a.in_projs.0.weight": (6, 2), "a.in_projs.1.weight": (6, 2), "b.weight": (2,)}
+    fused = fused_key_map([("a.", 2)], expected)
+    assert fused["a.in_proj_weight"] == ("a.in_projs.0.weight", "a.in_projs.1.weight")
+    plans = plan_load(Path("f"), {"a.in_proj_weight": (12, 2), "b.weight": (2,)}, expected, fused)
+    assert [p.targets for p in plans] == [("a.in_projs.0.weight", "a.in_projs.1.weight"), ("b.weight",)]
+    with pytest.raises(CheckpointError, match=r"^checkpoint file f: key a.in_proj_weight has shape \(10, 2\), the config expects \(12, 2\)$"):
+        plan_load(Path("f"), {"a.in_proj_weight": (10, 2), "b.weight": (2,)}, expected, fused)
+    with pytest.raises(CheckpointError, match=r"^checkpoint file f: unknown keys a.bias$"):
+        plan_load(Path("f"), {"a.in_proj_weight": (12, 2), "b.weight": (2,), "a.bias": (1,)}, expected, fused)

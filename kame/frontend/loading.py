@@ -3,12 +3,16 @@
 moshi's strict loader refuses the extra ``oracle_emb.weight`` key of a KAME
 checkpoint, so the LM is built empty (meta device) through moshi's own
 ``get_moshi_lm`` and the weights are checked and loaded here: the oracle
-table is taken out, every other key must match the model by name and shape.
+table is taken out, every other key must match the model by name and shape
+once Kyutai's fused release layout is mapped (:mod:`kame.frontend.release_layout`).
 A plain Moshi checkpoint (no oracle table) gets a copy of ``text_emb``.
+Tensors are read, split, cast and moved one at a time, so peak host memory
+is the loaded model plus the largest single tensor of the file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +21,11 @@ import torch
 
 from kame.errors import CheckpointError
 from kame.frontend.checkpoint import CheckpointFiles
+from kame.frontend.release_layout import TensorPlan, attention_modules, fused_key_map, plan_load
 
 ORACLE_KEY = "oracle_emb.weight"
+#: Bytes of tensors read through one mapping of the file before it is reopened.
+REOPEN_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -28,64 +35,116 @@ class LoadedLM:
     has_oracle: bool  # True: the checkpoint carried its own oracle_emb (a KAME checkpoint)
 
 
-def _read_safetensors(path: Path, device: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of a safetensors file, read from its header only."""
+    from safetensors import safe_open
 
     try:
-        return load_file(str(path), device=device)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
     except Exception as exc:  # safetensors raises its own error types, OSError, ValueError
         raise CheckpointError(f"checkpoint file {path}: not a readable safetensors file ({exc})") from None
 
 
-def _check_state(path: Path, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    unknown = sorted(set(state) - set(expected))
-    missing = sorted(set(expected) - set(state))
-    if unknown:
-        more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
-        raise CheckpointError(f"checkpoint file {path}: unknown keys {', '.join(unknown[:3])}{more}")
-    if missing:
-        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise CheckpointError(f"checkpoint file {path}: missing keys {', '.join(missing[:3])}{more}")
-    for key, value in state.items():
-        want = tuple(expected[key].shape)
-        if tuple(value.shape) != want:
-            raise CheckpointError(
-                f"checkpoint file {path}: key {key} has shape {tuple(value.shape)}, the config expects {want}"
-            )
+def _read_planned(
+    path: Path,
+    plans: list[TensorPlan],
+    convert: Callable[[str, torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Read the planned tensors ONE at a time, split fused ones, convert each piece.
+
+    ``convert`` casts and moves a module tensor; the file's own copy of a
+    tensor is dropped before the next one is read, so a float32 file loaded
+    as bf16 (or onto a GPU) never sits whole in host memory.
+    """
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    try:
+        pending = list(plans)
+        while pending:
+            # The file is mapped while open and every page read stays resident
+            # until it is closed: reopen it every REOPEN_BYTES so that mapped
+            # pages of tensors already converted are released as we go.
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                read = 0
+                while pending and read < REOPEN_BYTES:
+                    plan = pending.pop(0)
+                    raw = f.get_tensor(plan.file_key)
+                    read += raw.numel() * raw.element_size()
+                    if len(plan.targets) == 1:
+                        out[plan.targets[0]] = convert(plan.targets[0], raw)
+                    else:
+                        pieces = raw.view(len(plan.targets), -1, *raw.shape[1:])
+                        for i, target in enumerate(plan.targets):
+                            out[target] = convert(target, pieces[i])
+                    del raw
+    except CheckpointError:
+        raise
+    except Exception as exc:  # a truncated file, an I/O error
+        raise CheckpointError(f"checkpoint file {path}: not a readable safetensors file ({exc})") from None
+    return out
+
+
+def _plan(path: Path, module: Any, expected: dict[str, tuple[int, ...]], skip: tuple[str, ...] = ()) -> list[TensorPlan]:
+    shapes = {k: v for k, v in _file_shapes(path).items() if k not in skip}
+    return plan_load(path, shapes, expected, fused_key_map(attention_modules(module), expected))
+
+
+def _moved(value: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Onto ``device`` first, then cast there: no second host copy in the target dtype."""
+    if value.device != device:
+        value = value.to(device)
+    if value.dtype != dtype:
+        value = value.to(dtype)
+    return value
 
 
 def load_lm(files: CheckpointFiles, device: str | torch.device, dtype: torch.dtype) -> LoadedLM:
-    """The LM with weights loaded, plus its oracle table (own or copied from text_emb)."""
+    """The LM with weights loaded, plus its oracle table (own or copied from text_emb).
+
+    Both of Kyutai's layouts load: fused attention weights (the release
+    files) and moshi's per-step ones (what ``state_dict()`` gives).
+    """
     from moshi.models import loaders
 
     device = torch.device(device)
-    if not files.lm_weights.suffix in (".safetensors", ".sft", ".sfts"):
+    if files.lm_weights.suffix not in (".safetensors", ".sft", ".sfts"):
         raise CheckpointError(f"checkpoint file {files.lm_weights}: only safetensors LM weights are supported")
     try:
         lm = loaders.get_moshi_lm(None, lm_kwargs=files.lm_kwargs, device=torch.device("meta"), dtype=dtype)
     except TypeError as exc:
         raise CheckpointError(f"checkpoint {files.source}: config.json has an invalid LM setting ({exc})") from None
-    state = _read_safetensors(files.lm_weights, "cpu")
+    expected = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
+    file_shapes = _file_shapes(files.lm_weights)
+    oracle_shape = file_shapes.get(ORACLE_KEY)
+    want_oracle = expected["text_emb.weight"]
+    if oracle_shape is not None and tuple(oracle_shape) != want_oracle:
+        raise CheckpointError(
+            f"checkpoint file {files.lm_weights}: key {ORACLE_KEY} has shape {tuple(oracle_shape)}, "
+            f"expected {want_oracle} (same as text_emb)"
+        )
+    plans = _plan(files.lm_weights, lm, expected, skip=(ORACLE_KEY,))
+    if oracle_shape is not None:
+        plans.append(TensorPlan(ORACLE_KEY, (ORACLE_KEY,)))
+
+    def convert(key: str, value: torch.Tensor) -> torch.Tensor:
+        if not value.dtype.is_floating_point:
+            return _moved(value, device, value.dtype)
+        keep_fp32 = key.startswith(("condition_provider.", "fuser."))
+        return _moved(value, device, torch.float32 if keep_fp32 else dtype)
+
+    state = _read_planned(files.lm_weights, plans, convert)
     oracle = state.pop(ORACLE_KEY, None)
-    _check_state(files.lm_weights, state, lm.state_dict())
-    for key, value in state.items():
-        if value.dtype.is_floating_point:
-            keep_fp32 = key.startswith(("condition_provider.", "fuser."))
-            value = value.float() if keep_fp32 else value.to(dtype)
-        state[key] = value.to(device)
     lm.load_state_dict(state, assign=True, strict=True)
+    del state
     lm.eval()
     text_weight = lm.text_emb.weight
     if oracle is None:
         oracle_weight = text_weight.detach().clone()
         has_oracle = False
     else:
-        if tuple(oracle.shape) != tuple(text_weight.shape):
-            raise CheckpointError(
-                f"checkpoint file {files.lm_weights}: key {ORACLE_KEY} has shape {tuple(oracle.shape)}, "
-                f"expected {tuple(text_weight.shape)} (same as text_emb)"
-            )
-        oracle_weight = oracle.to(device=device, dtype=text_weight.dtype)
+        oracle_weight = oracle.to(dtype=text_weight.dtype)
         has_oracle = True
     return LoadedLM(lm=lm, oracle_weight=oracle_weight, has_oracle=has_oracle)
 
@@ -94,14 +153,18 @@ def load_mimi(files: CheckpointFiles, device: str | torch.device, num_codebooks:
     """Mimi with its weights; ``num_codebooks`` 8 for Moshi, 32 for Kyutai STT."""
     from moshi.models import loaders
 
+    device = torch.device(device)
     config = files.mimi_config or loaders._mimi_config
     try:
         mimi = loaders.get_mimi(None, config, device=device, num_codebooks=num_codebooks)
     except (TypeError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {files.source}: invalid Mimi config ({exc})") from None
-    state = _read_safetensors(files.mimi_weights, str(device))
-    _check_state(files.mimi_weights, state, mimi.state_dict())
-    mimi.load_state_dict(state)
+    own = mimi.state_dict()
+    expected = {k: tuple(v.shape) for k, v in own.items()}
+    plans = _plan(files.mimi_weights, mimi, expected)
+    state = _read_planned(files.mimi_weights, plans, lambda key, value: _moved(value, device, own[key].dtype))
+    mimi.load_state_dict(state, strict=True)
+    del state
     mimi.set_num_codebooks(num_codebooks)
     mimi.eval()
     return mimi

@@ -2,7 +2,10 @@
 
 They are written in exactly the on-disk layout of a real checkpoint
 (``config.json`` read by moshi's ``CheckpointInfo``, LM and Mimi safetensors,
-Mimi config, SentencePiece model) and load through the same code path, but
+Mimi config, SentencePiece model) -- by default with attention weights in
+Kyutai's fused release layout (``self_attn.in_proj_weight``,
+``self_attn.out_proj.weight``), as the published files have them; ``layout=
+"split"`` keeps moshi's ``state_dict()`` names -- and load through the same code path, but
 step far faster than real time on one CPU core. The same seed always gives
 the same files. Creation is atomic: a temporary directory renamed into place,
 so concurrent test processes can race for one cache directory.
@@ -21,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the tiny layout changes, so stale cached copies are not reused.
-TINY_FORMAT = 2
+TINY_FORMAT = 3
+#: ``release``: fused attention weights as Kyutai ships them; ``split``: moshi's state_dict names.
+LAYOUTS = ("release", "split")
 TEXT_CARD = 200
 
 LM_OVERRIDES: dict[str, Any] = {
@@ -113,11 +118,29 @@ def _init_mimi_codebooks(mimi: Any, generator: Any) -> None:
             module._initialized.fill_(1)
 
 
-def write_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, with_oracle: bool = True) -> Path:
+def _layout_state(module: Any, layout: str) -> dict[str, Any]:
+    from kame.frontend.release_layout import fuse_state_dict
+
+    state = {k: v.contiguous() for k, v in module.state_dict().items()}
+    return fuse_state_dict(module, state) if layout == "release" else state
+
+
+def write_tiny_checkpoint(
+    directory: Path,
+    seed: int = 0,
+    *,
+    stt: bool = False,
+    with_oracle: bool = True,
+    layout: str = "release",
+    silence_prefix_s: float = 0.0,
+) -> Path:
     """Write a tiny checkpoint into ``directory`` (which must not exist yet)."""
     import torch
     from moshi.models import loaders
     from safetensors.torch import save_file
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
 
     directory = Path(directory)
     directory.mkdir(parents=True)
@@ -126,7 +149,7 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, 
 
     lm_kwargs = tiny_lm_kwargs(stt=stt)
     lm = loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs, device="cpu", dtype=torch.float32)
-    state = {k: v.contiguous() for k, v in lm.state_dict().items()}
+    state = _layout_state(lm, layout)
     if with_oracle and not stt:
         weight = state["text_emb.weight"]
         state["oracle_emb.weight"] = torch.randn(weight.shape, generator=gen, dtype=weight.dtype)
@@ -138,7 +161,7 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, 
     mimi_cfg = tiny_mimi_config()
     mimi = loaders.get_mimi(None, mimi_cfg, device="cpu", num_codebooks=32)
     _init_mimi_codebooks(mimi, torch.Generator().manual_seed(seed + 1_000_003))
-    save_file({k: v.contiguous() for k, v in mimi.state_dict().items()}, str(directory / "mimi.safetensors"))
+    save_file(_layout_state(mimi, layout), str(directory / "mimi.safetensors"))
     (directory / "mimi_config.json").write_text(json.dumps(mimi_cfg, indent=1))
 
     train_tokenizer(directory / "tokenizer.model")
@@ -152,12 +175,20 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, 
         **lm_kwargs,
     }
     if stt:
-        config["stt_config"] = {"audio_silence_prefix_seconds": 0.0, "audio_delay_seconds": 0.5}
+        config["stt_config"] = {"audio_silence_prefix_seconds": silence_prefix_s, "audio_delay_seconds": 0.5}
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     return directory
 
 
-def make_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, with_oracle: bool = True) -> Path:
+def make_tiny_checkpoint(
+    directory: Path,
+    seed: int = 0,
+    *,
+    stt: bool = False,
+    with_oracle: bool = True,
+    layout: str = "release",
+    silence_prefix_s: float = 0.0,
+) -> Path:
     """Create ``directory`` atomically; if it already exists it is left as is."""
     directory = Path(directory)
     if (directory / "config.json").is_file():
@@ -165,7 +196,9 @@ def make_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, w
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
-        write_tiny_checkpoint(tmp / "ckpt", seed, stt=stt, with_oracle=with_oracle)
+        write_tiny_checkpoint(
+            tmp / "ckpt", seed, stt=stt, with_oracle=with_oracle, layout=layout, silence_prefix_s=silence_prefix_s
+        )
         try:
             os.rename(tmp / "ckpt", directory)
         except OSError:
@@ -176,13 +209,22 @@ def make_tiny_checkpoint(directory: Path, seed: int = 0, *, stt: bool = False, w
     return directory
 
 
-def tiny_checkpoint_dir(cache_dir: Path, seed: int = 0, *, stt: bool = False, with_oracle: bool = True) -> Path:
+def tiny_checkpoint_dir(
+    cache_dir: Path, seed: int = 0, *, stt: bool = False, with_oracle: bool = True, layout: str = "release"
+) -> Path:
     kind = "stt" if stt else ("kame" if with_oracle else "moshi")
-    return Path(cache_dir) / "tiny" / f"{kind}-v{TINY_FORMAT}-seed{seed}"
+    suffix = "" if layout == "release" else f"-{layout}"
+    return Path(cache_dir) / "tiny" / f"{kind}-v{TINY_FORMAT}{suffix}-seed{seed}"
 
 
-def ensure_tiny_checkpoint(cache_dir: Path, seed: int = 0, *, stt: bool = False, with_oracle: bool = True) -> Path:
+def ensure_tiny_checkpoint(
+    cache_dir: Path, seed: int = 0, *, stt: bool = False, with_oracle: bool = True, layout: str = "release"
+) -> Path:
     """The cached tiny checkpoint for ``seed``, created on first use."""
     return make_tiny_checkpoint(
-        tiny_checkpoint_dir(cache_dir, seed, stt=stt, with_oracle=with_oracle), seed, stt=stt, with_oracle=with_oracle
+        tiny_checkpoint_dir(cache_dir, seed, stt=stt, with_oracle=with_oracle, layout=layout),
+        seed,
+        stt=stt,
+        with_oracle=with_oracle,
+        layout=layout,
     )
