@@ -7,11 +7,20 @@ with ``__`` between levels (``KAME_SERVER__PORT=9000``,
 (``KAME_CACHE_DIR``, ``KAME_DEVICE``). A few short aliases exist
 (:data:`ENV_ALIASES`). Values are parsed as YAML scalars, so ``8``, ``true``
 and ``[a, b]`` mean what they look like.
+
+A name with ``__`` is meant as a setting: one that names no setting is an
+error. A name without ``__`` that is neither a top-level setting nor a
+documented alias is ignored with one warning line naming it: Kubernetes
+injects ``KAME_SERVICE_HOST``, ``KAME_PORT=tcp://...`` and the like into
+every pod of a namespace that has a Service named ``kame``, and those must
+not stop the server.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +54,10 @@ ENV_NOT_SETTINGS = frozenset(
     }
 )
 SECRET_MASK = "***"
+
+log = logging.getLogger("kame.config")
+#: Ignored environment names already warned about in this process (one line each).
+_warned_env: set[str] = set()
 
 
 def _default_cache_dir() -> Path:
@@ -120,19 +133,93 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Settings found in ``environ`` as a nested dict (unknown KAME_ names raise)."""
-    tree: dict[str, Any] = {}
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (``X``, ``X | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _is_mapping(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (dict, Mapping):
+        return True
+    return any(_is_mapping(arg) for arg in typing.get_args(annotation) if typing.get_origin(arg) is not None)
+
+
+def setting_exists(dotted: str, model: type[BaseModel] | None = None) -> bool:
+    """Whether ``dotted`` (``server.port``) names a setting of :class:`KameConfig`.
+
+    Below a mapping field (``backends.NAME....``) any path is accepted here;
+    pydantic validates it with the rest of the layer.
+    """
+    node: type[BaseModel] = model or KameConfig
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        field = node.model_fields.get(part)
+        if field is None:
+            return False
+        last = i == len(parts) - 1
+        if last:
+            return True
+        if _is_mapping(field.annotation):
+            return True
+        models = _models_in(field.annotation)
+        if not models:
+            return False
+        node = models[0]
+    return True
+
+
+def is_env_alias(name: str) -> bool:
+    """A documented KAME_ name that is not ``KAME_`` + a dotted path."""
+    return name in ENV_ALIASES or name in ENV_NOT_SETTINGS
+
+
+def ignored_env_names(environ: Mapping[str, str]) -> list[str]:
+    """``KAME_`` names without ``__`` that are no setting and no alias (ignored, with a warning)."""
     top_fields = set(KameConfig.model_fields)
+    out = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or is_env_alias(name) or "__" in name:
+            continue
+        if name[len(ENV_PREFIX) :].lower() not in top_fields:
+            out.append(name)
+    return out
+
+
+def _warn_ignored(name: str) -> None:
+    if name in _warned_env:
+        return
+    _warned_env.add(name)
+    log.warning(
+        "environment variable %s is not a kame setting: ignored "
+        "(settings are KAME_<SECTION>__<KEY>; Kubernetes service links inject such names)",
+        name,
+    )
+
+
+def env_overrides(environ: Mapping[str, str], *, warn: bool = True) -> dict[str, Any]:
+    """Settings found in ``environ`` as a nested dict.
+
+    A ``__`` name that names no setting raises :class:`ConfigError`; other
+    unknown ``KAME_`` names are skipped (one warning line each, values never
+    logged).
+    """
+    tree: dict[str, Any] = {}
+    ignored = set(ignored_env_names(environ))
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
+            continue
+        if name in ignored:
+            if warn:
+                _warn_ignored(name)
             continue
         if name in ENV_ALIASES:
             dotted = ENV_ALIASES[name]
         else:
-            rest = name[len(ENV_PREFIX) :].lower()
-            dotted = rest.replace("__", ".")
-            if dotted.split(".")[0] not in top_fields:
+            dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            if not setting_exists(dotted):
                 raise ConfigError(f"environment variable {name}: no such setting '{dotted}'")
         _set_path(tree, dotted, _parse_scalar(raw))
     return tree

@@ -26,7 +26,17 @@ between levels: `KAME_SERVER__PORT=9000`, `KAME_FRONTEND__SAMPLING__TEMP=0.6`,
 `KAME_CACHE_DIR=/data/kame`. Values are read as YAML scalars (`8`, `true`,
 `[a, b]`). Other variables: `KAME_CONFIG` (the config file),
 `KAME_LLM_BASE_URL` / `KAME_LLM_MODEL` / `KAME_LLM_API_KEY` (the default
-LLM back-end, see [backends](backends.md)).
+LLM back-end, see [backends](backends.md)), `KAME_AUTH_TOKEN` and
+`KAME_CHECKPOINT` (short names for `server.auth_token` and
+`frontend.checkpoint`).
+
+A name with `__` must name a setting: `KAME_SERVER__PROT` stops kame with
+one line naming it. A `KAME_` name without `__` that is neither a top-level
+setting nor one of the names above is ignored with one warning line naming
+it (never its value): Kubernetes injects `KAME_SERVICE_HOST`,
+`KAME_SERVICE_PORT`, `KAME_PORT=tcp://...` and `KAME_PORT_<port>_TCP_*`
+into every pod of a namespace with a Service named `kame`
+(`enableServiceLinks: false` in the pod spec turns them off).
 
 `kame config show [--config FILE]` prints the effective configuration with
 secrets masked.

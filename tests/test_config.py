@@ -54,7 +54,10 @@ def test_env_values_are_typed_and_aliases(tmp_path: Path) -> None:
         ("frontend:\n  batch_size: lots\n", {}, "frontend.batch_size"),
         ("bogus: 1\n", {}, "bogus: unknown key"),
         ("", {"KAME_SERVER__PORT": "x"}, "environment: server.port"),
-        ("", {"KAME_NOPE": "1"}, "KAME_NOPE"),
+        ("", {"KAME_NOPE__X": "1"}, "environment variable KAME_NOPE__X: no such setting 'nope.x'"),
+        ("", {"KAME_SERVER__PROT": "1"}, "environment variable KAME_SERVER__PROT: no such setting 'server.prot'"),
+        ("", {"KAME_FRONTEND__SAMPLING__TEMPP": "1"}, "KAME_FRONTEND__SAMPLING__TEMPP: no such setting"),
+        ("", {"KAME_DEVICE__X": "1"}, "KAME_DEVICE__X: no such setting 'device.x'"),
         ("a: [\n", {}, "invalid YAML"),
     ],
 )
@@ -95,3 +98,41 @@ def test_cli_config_show_and_error(tmp_path: Path) -> None:
     assert res.stderr.strip().count("\n") == 0
     assert "server.port" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+#: What Kubernetes injects into every pod of a namespace with a Service named ``kame``.
+K8S_SERVICE_LINKS = {
+    "KAME_SERVICE_HOST": "10.0.0.1",
+    "KAME_SERVICE_PORT": "8998",
+    "KAME_SERVICE_PORT_HTTP": "8998",
+    "KAME_PORT": "tcp://10.0.0.1:8998",
+    "KAME_PORT_8998_TCP": "tcp://10.0.0.1:8998",
+    "KAME_PORT_8998_TCP_PROTO": "tcp",
+    "KAME_PORT_8998_TCP_PORT": "8998",
+    "KAME_PORT_8998_TCP_ADDR": "10.0.0.1",
+}
+
+
+def test_names_without_double_underscore_that_are_no_setting_warn_once(caplog: pytest.LogCaptureFixture) -> None:
+    from kame.config import ignored_env_names
+
+    env = {**K8S_SERVICE_LINKS, "KAME_SERVER__PORT": "9001", "KAME_DEVICE": "cpu", "KAME_AUTH_TOKEN": "tok-123"}
+    assert ignored_env_names(env) == sorted(K8S_SERVICE_LINKS)
+    with caplog.at_level("WARNING", logger="kame.config"):
+        cfg = load_config(environ=env)
+        load_config(environ=env)  # a second load does not repeat the warnings
+    assert cfg.server.port == 9001 and cfg.device == "cpu"
+    warned = [r.getMessage() for r in caplog.records if r.name == "kame.config"]
+    assert len(warned) == len(K8S_SERVICE_LINKS)
+    for name in K8S_SERVICE_LINKS:
+        (line,) = [w for w in warned if w.startswith(f"environment variable {name} ")]
+        assert "ignored" in line and "\n" not in line
+    assert not any("10.0.0.1" in w for w in warned)  # values are never logged
+
+
+def test_setting_paths_are_checked_below_the_top_level() -> None:
+    from kame.config import setting_exists
+
+    assert setting_exists("server.port") and setting_exists("frontend.sampling.temp")
+    assert setting_exists("backends.mine.base_url")  # below a mapping: validated by pydantic
+    assert not setting_exists("server.port.x") and not setting_exists("server.prot") and not setting_exists("port")
