@@ -1,0 +1,681 @@
+"""``delegation.responses`` of a Live session: validation and the resolved settings. No I/O.
+
+GPT-Live clients that pick Responses delegation name a back-end ``model``,
+its ``instructions`` (the back-end prompt, distinct from the session's
+front-end instructions) and its ``tools``. In kame the back-end is one of
+the server's configured LLM back-ends, driven by its tool loop:
+
+* ``model`` names a configured back-end (``backends.NAME``) when one has
+  that name, else it is a model name sent to the *default* back-end;
+* ``instructions`` go into the back-end's system message;
+* ``function`` tools are the client's functions (the client runs them and
+  answers with ``response.item.create``); ``tool_choice`` and
+  ``parallel_tool_calls`` go with them;
+* an ``mcp`` tool that gives only a ``server_label`` (and optionally
+  ``allowed_tools``) enables an MCP server the *operator* configured under
+  that name; anything that would make kame connect somewhere the client
+  chose (``server_url``, ``connector_id``, ``tunnel_id``, ``headers``,
+  ``authorization``) is refused;
+* hosted tools (web search, file search, code interpreter, shell, image
+  generation, computer use, ...) do not exist in kame and are refused with
+  one error naming every one of them;
+* ``reasoning``, ``text`` and ``service_tier`` have no chat-completions
+  meaning kame could honour for every provider: accepted and reported as
+  ignored (the wire sends an ``info``; an ``error`` would stop Pipecat).
+
+A config or update is validated as a whole before anything changes: one
+:class:`DelegationConfigError` (the wire sends it as an ``error`` with its
+``code`` and ``param``) and nothing applied, or new settings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: Where ``session.start`` / ``session.update`` keep this object.
+PARAM = "session.delegation.responses"
+MAX_INSTRUCTIONS_CHARS = 64_000
+MAX_TOOLS = 128
+MAX_DESCRIPTION_CHARS = 4_000
+MAX_SCHEMA_CHARS = 32_000
+MAX_MODEL_CHARS = 200
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+#: Every field of ``ResponsesDelegationConfig`` (openai SDK 3.57).
+KNOWN_FIELDS = (
+    "model",
+    "instructions",
+    "max_output_tokens",
+    "parallel_tool_calls",
+    "reasoning",
+    "service_tier",
+    "text",
+    "tool_choice",
+    "tools",
+)
+#: Accepted, not used (the wire reports them in an ``info``).
+IGNORED_FIELDS = ("reasoning", "service_tier", "text")
+_FUNCTION_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+_MCP_REMOTE_KEYS = ("server_url", "connector_id", "tunnel_id", "headers", "authorization")
+_MCP_KEYS = frozenset(
+    {
+        "type",
+        "server_label",
+        "allowed_tools",
+        "require_approval",
+        "server_description",
+        "allowed_callers",
+        "defer_loading",
+        *_MCP_REMOTE_KEYS,
+    }
+)
+#: Tool types of the Live API that are hosted by OpenAI (no counterpart in kame).
+HOSTED_TOOL_TYPES = (
+    "web_search",
+    "file_search",
+    "code_interpreter",
+    "shell",
+    "image_generation",
+    "custom",
+    "namespace",
+    "tool_search",
+    "programmatic_tool_calling",
+    "computer",
+    "apply_patch",
+)
+_CHOICE_MODES = ("auto", "none", "required")
+_MODES: dict[str, Literal["auto", "none", "required"]] = {"auto": "auto", "none": "none", "required": "required"}
+
+
+class DelegationConfigError(ValueError):
+    """``delegation.responses`` cannot be honoured: one ``error`` event, nothing applied."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class BackendCatalog:
+    """What the server offers a Responses delegation (from the back-end registry and MCP settings).
+
+    ``tools_allowed`` names the back-ends that may be sent tools (a
+    per-back-end setting: requests with tools never go to one that may
+    not); ``model_override`` those whose model a client may choose (kind
+    openai; a scripted back-end has no model). ``mcp_servers`` maps each
+    operator-configured MCP server to its allowed tool names.
+    """
+
+    backends: Sequence[str]
+    default: str | None
+    tools_allowed: frozenset[str] = frozenset()
+    model_override: frozenset[str] = frozenset()
+    mcp_servers: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendTarget:
+    """The back-end a delegation runs on, and the model sent to it (None: the back-end's own)."""
+
+    backend: str
+    model: str | None
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One client function: the client runs it, kame's back-end may call it."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] | None = None
+    strict: bool | None = None
+
+    def chat_tool(self) -> dict[str, Any]:
+        """The chat-completions ``tools`` entry."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = (
+            dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
+        )
+        if self.strict is not None:
+            function["strict"] = self.strict
+        return {"type": "function", "function": function}
+
+    def as_config(self) -> dict[str, Any]:
+        """The Live ``FunctionTool`` shape (for ``session.started`` / ``.updated``)."""
+        out: dict[str, Any] = {"type": "function", "name": self.name}
+        if self.description is not None:
+            out["description"] = self.description
+        if self.parameters is not None:
+            out["parameters"] = dict(self.parameters)
+        if self.strict is not None:
+            out["strict"] = self.strict
+        return out
+
+
+@dataclass(frozen=True)
+class McpServerRef:
+    """An operator-configured MCP server enabled for this session (None: all its allowed tools)."""
+
+    server_label: str
+    allowed_tools: tuple[str, ...] | None = None
+
+    def as_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "mcp", "server_label": self.server_label}
+        if self.allowed_tools is not None:
+            out["allowed_tools"] = list(self.allowed_tools)
+        return out
+
+
+@dataclass(frozen=True)
+class ToolChoiceSpec:
+    """``tool_choice``, resolved: a mode, optionally a subset of tools, or one forced tool.
+
+    Tools are named ``function:NAME`` or ``mcp:SERVER:NAME`` internally so
+    that a client function and an MCP tool of the same name stay apart.
+    """
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    allowed: tuple[str, ...] | None = None  # allowed_tools: only these are offered
+    forced: str | None = None  # one tool that must be called
+    raw: Any = "auto"  # what the client sent (echoed in snapshots)
+
+    def chat_tool_choice(self, mcp_function_name: Callable[[str], str] | None = None) -> str | dict[str, Any]:
+        """The chat-completions ``tool_choice`` (a forced client function, or a mode).
+
+        ``mcp_function_name`` maps ``mcp:SERVER:NAME`` to the function name the
+        tool loop gives that MCP tool; without it a forced MCP tool becomes
+        ``required`` (the only tool on offer is that one, see :meth:`offers`).
+        """
+        if self.forced is not None and self.forced.startswith("function:"):
+            return {"type": "function", "function": {"name": self.forced.removeprefix("function:")}}
+        if self.forced is not None and mcp_function_name is not None:
+            return {"type": "function", "function": {"name": mcp_function_name(self.forced)}}
+        if self.forced is not None:
+            return "required"
+        return self.mode
+
+    def offers(self, key: str) -> bool:
+        """Whether a tool (``function:NAME`` / ``mcp:SERVER:NAME``) is offered to the back-end at all."""
+        if self.mode == "none" and self.forced is None:
+            return False
+        if self.forced is not None:
+            return key == self.forced
+        return self.allowed is None or key in self.allowed
+
+    def response_tool_choice(self) -> str | dict[str, Any]:
+        """``tool_choice`` of the Responses snapshots (``Response.tool_choice``)."""
+        if self.forced is not None and self.forced.startswith("function:"):
+            return {"type": "function", "name": self.forced.removeprefix("function:")}
+        if self.forced is not None:
+            _, server, name = self.forced.split(":", 2)
+            return {"type": "mcp", "server_label": server, "name": name}
+        if self.allowed is not None:
+            tools: list[dict[str, Any]] = []
+            for key in self.allowed:
+                if key.startswith("function:"):
+                    tools.append({"type": "function", "name": key.removeprefix("function:")})
+                else:
+                    _, server, name = key.split(":", 2)
+                    tools.append({"type": "mcp", "server_label": server, "name": name})
+            return {"type": "allowed_tools", "mode": "required" if self.mode == "required" else "auto", "tools": tools}
+        return self.mode
+
+
+@dataclass(frozen=True)
+class ResponsesDelegationSettings:
+    """A validated ``delegation.responses``, resolved against the server's back-ends."""
+
+    model: str
+    target: BackendTarget
+    instructions: str | None = None
+    functions: tuple[FunctionSpec, ...] = ()
+    mcp_servers: tuple[McpServerRef, ...] = ()
+    tool_choice: ToolChoiceSpec = ToolChoiceSpec()
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool = True
+    #: Fields accepted and not used (for an ``info``), with the client's values.
+    ignored: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def function(self, name: str) -> FunctionSpec | None:
+        return next((f for f in self.functions if f.name == name), None)
+
+    def offered_functions(self) -> list[FunctionSpec]:
+        """Client functions the back-end is offered (``tool_choice`` applied)."""
+        return [f for f in self.functions if self.tool_choice.offers(f"function:{f.name}")]
+
+    def chat_tools(self) -> list[dict[str, Any]]:
+        """The chat-completions ``tools`` of the client functions on offer."""
+        return [f.chat_tool() for f in self.offered_functions()]
+
+    def as_config(self) -> dict[str, Any]:
+        """``delegation.responses`` as ``session.started`` / ``.updated`` report it (ignored fields omitted)."""
+        out: dict[str, Any] = {"model": self.model, "instructions": self.instructions}
+        out["tools"] = [f.as_config() for f in self.functions] + [m.as_config() for m in self.mcp_servers]
+        out["tool_choice"] = self.tool_choice.raw
+        out["parallel_tool_calls"] = self.parallel_tool_calls
+        out["max_output_tokens"] = self.max_output_tokens
+        return out
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_responses_config(raw: object, catalog: BackendCatalog, *, param: str = PARAM) -> ResponsesDelegationSettings:
+    """Validate a whole ``delegation.responses`` object (``session.start``); raises :class:`DelegationConfigError`."""
+    obj = _mapping(raw, param)
+    if "model" not in obj:
+        raise DelegationConfigError("missing_required_parameter", f"{param}.model is required", param=f"{param}.model")
+    return _build(obj, None, catalog, param)
+
+
+def update_responses_config(
+    current: ResponsesDelegationSettings, raw: object, catalog: BackendCatalog, *, param: str = PARAM
+) -> ResponsesDelegationSettings:
+    """Apply a ``session.update``'s ``delegation.responses``: omitted fields keep their values, ``tools`` replaces."""
+    return _build(_mapping(raw, param), current, catalog, param)
+
+
+def _build(
+    obj: Mapping[str, Any],
+    current: ResponsesDelegationSettings | None,
+    catalog: BackendCatalog,
+    param: str,
+) -> ResponsesDelegationSettings:
+    unknown = [k for k in obj if k not in KNOWN_FIELDS]
+    if unknown:
+        raise DelegationConfigError(
+            "unknown_parameter",
+            f"{param}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; known: {', '.join(KNOWN_FIELDS)}",
+            param=f"{param}.{unknown[0]}",
+        )
+    model = current.model if current is not None else ""
+    target = current.target if current is not None else None
+    if "model" in obj:
+        model = _model(obj["model"], f"{param}.model")
+        target = resolve_target(model, catalog, param=f"{param}.model")
+    assert target is not None
+    instructions = current.instructions if current is not None else None
+    if "instructions" in obj:
+        instructions = _instructions(obj["instructions"], f"{param}.instructions")
+    functions = current.functions if current is not None else ()
+    mcp = current.mcp_servers if current is not None else ()
+    if "tools" in obj and obj["tools"] is not None:
+        functions, mcp = _tools(obj["tools"], catalog, f"{param}.tools")
+    choice = current.tool_choice if current is not None else ToolChoiceSpec()
+    if "tool_choice" in obj and obj["tool_choice"] is not None:
+        choice = _tool_choice(obj["tool_choice"], functions, mcp, catalog, f"{param}.tool_choice")
+    elif "tools" in obj:
+        choice = _recheck_choice(choice, functions, mcp, catalog, f"{param}.tool_choice")
+    max_output = current.max_output_tokens if current is not None else None
+    if "max_output_tokens" in obj:
+        max_output = _max_tokens(obj["max_output_tokens"], f"{param}.max_output_tokens")
+    parallel = current.parallel_tool_calls if current is not None else True
+    if "parallel_tool_calls" in obj and obj["parallel_tool_calls"] is not None:
+        if not isinstance(obj["parallel_tool_calls"], bool):
+            raise DelegationConfigError(
+                "invalid_type", f"{param}.parallel_tool_calls must be a boolean", param=f"{param}.parallel_tool_calls"
+            )
+        parallel = obj["parallel_tool_calls"]
+    ignored = dict(current.ignored) if current is not None else {}
+    for name in IGNORED_FIELDS:
+        if obj.get(name) is not None:
+            ignored[name] = obj[name]
+    if (functions or mcp) and target.backend not in catalog.tools_allowed:
+        raise DelegationConfigError(
+            "tools_not_allowed",
+            f"{param}.tools: back-end {target.backend!r} may not be sent tools (its tools setting is off); "
+            f"back-ends that may: {', '.join(sorted(catalog.tools_allowed)) or '(none)'}",
+            param=f"{param}.tools",
+        )
+    if choice.mode == "required" and choice.forced is None and not _any_offered(choice, functions, mcp, catalog):
+        raise DelegationConfigError(
+            "invalid_value", f"{param}.tool_choice: 'required' but no tool is on offer", param=f"{param}.tool_choice"
+        )
+    return ResponsesDelegationSettings(
+        model=model,
+        target=target,
+        instructions=instructions,
+        functions=functions,
+        mcp_servers=mcp,
+        tool_choice=choice,
+        max_output_tokens=max_output,
+        parallel_tool_calls=parallel,
+        ignored=ignored,
+    )
+
+
+def resolve_target(model: str, catalog: BackendCatalog, *, param: str = f"{PARAM}.model") -> BackendTarget:
+    """``model`` as a configured back-end's name, else as a model on the default back-end."""
+    if model in catalog.backends:
+        return BackendTarget(model, None)
+    if catalog.default is None:
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{param}: {model!r} is not a configured back-end and the server has no default back-end; "
+            f"configured: {', '.join(catalog.backends) or '(none)'}",
+            param=param,
+        )
+    if catalog.default not in catalog.model_override:
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{param}: {model!r} is not a configured back-end, and the default back-end "
+            f"{catalog.default!r} does not take a model name; name one of: {', '.join(catalog.backends)}",
+            param=param,
+        )
+    return BackendTarget(catalog.default, model)
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _mapping(raw: object, param: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise DelegationConfigError("invalid_type", f"{param} must be an object", param=param)
+    return raw
+
+
+def _model(value: object, param: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DelegationConfigError("invalid_value", f"{param} must be a non-empty string", param=param)
+    if len(value) > MAX_MODEL_CHARS or any(c.isspace() for c in value):
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{param}: not a usable model or back-end name (no spaces, at most {MAX_MODEL_CHARS} characters)",
+            param=param,
+        )
+    return value
+
+
+def _instructions(value: object, param: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DelegationConfigError("invalid_type", f"{param} must be a string or null", param=param)
+    if len(value) > MAX_INSTRUCTIONS_CHARS:
+        raise DelegationConfigError(
+            "string_above_max_length", f"{param}: at most {MAX_INSTRUCTIONS_CHARS} characters", param=param
+        )
+    return value if value.strip() else None
+
+
+def _max_tokens(value: object, param: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise DelegationConfigError("invalid_value", f"{param} must be a positive integer or null", param=param)
+    return value
+
+
+def _tools(
+    value: object, catalog: BackendCatalog, param: str
+) -> tuple[tuple[FunctionSpec, ...], tuple[McpServerRef, ...]]:
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise DelegationConfigError("invalid_type", f"{param} must be an array", param=param)
+    if len(value) > MAX_TOOLS:
+        raise DelegationConfigError("array_above_max_length", f"{param}: at most {MAX_TOOLS} tools", param=param)
+    refused: list[str] = []
+    first_refused: str | None = None
+    functions: list[FunctionSpec] = []
+    mcp: list[McpServerRef] = []
+    for i, tool in enumerate(value):
+        where = f"{param}[{i}]"
+        if not isinstance(tool, Mapping):
+            raise DelegationConfigError("invalid_type", f"{where} must be an object", param=where)
+        kind = tool.get("type")
+        if kind == "function":
+            functions.append(_function(tool, where))
+        elif kind == "mcp":
+            remote = [k for k in _MCP_REMOTE_KEYS if tool.get(k) is not None]
+            if remote:
+                refused.append(f"mcp with {'/'.join(remote)} ({where})")
+                first_refused = first_refused or where
+                continue
+            mcp.append(_mcp_ref(tool, catalog, where))
+        elif isinstance(kind, str) and kind in HOSTED_TOOL_TYPES:
+            refused.append(f"{kind} ({where})")
+            first_refused = first_refused or where
+        else:
+            raise DelegationConfigError(
+                "invalid_value", f"{where}.type: unknown tool type {kind!r}", param=f"{where}.type"
+            )
+    if refused:
+        configured = ", ".join(sorted(catalog.mcp_servers)) or "none"
+        raise DelegationConfigError(
+            "unsupported_tool",
+            f"{param}: kame runs no hosted tools; refused: {'; '.join(refused)}. Use function tools (your client "
+            f'runs them) or an MCP server configured on this server, given as {{"type": "mcp", '
+            f'"server_label": NAME}} (configured: {configured})',
+            param=first_refused,
+        )
+    names = [f.name for f in functions]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise DelegationConfigError(
+            "invalid_value", f"{param}: duplicate function name(s) {', '.join(dupes)}", param=param
+        )
+    labels = [m.server_label for m in mcp]
+    dupe_labels = sorted({n for n in labels if labels.count(n) > 1})
+    if dupe_labels:
+        raise DelegationConfigError(
+            "invalid_value", f"{param}: MCP server(s) {', '.join(dupe_labels)} listed twice", param=param
+        )
+    return tuple(functions), tuple(mcp)
+
+
+def _function(tool: Mapping[str, Any], where: str) -> FunctionSpec:
+    extra = sorted(str(k) for k in tool if k not in _FUNCTION_KEYS)
+    if extra:
+        raise DelegationConfigError(
+            "unknown_parameter",
+            f"{where}: unknown field(s) {', '.join(extra)} of a function tool",
+            param=f"{where}.{extra[0]}",
+        )
+    name = tool.get("name")
+    if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{where}.name must be 1-64 letters, digits, '_' or '-'",
+            param=f"{where}.name",
+        )
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise DelegationConfigError(
+            "invalid_type", f"{where}.description must be a string", param=f"{where}.description"
+        )
+    if description is not None and len(description) > MAX_DESCRIPTION_CHARS:
+        raise DelegationConfigError(
+            "string_above_max_length",
+            f"{where}.description: at most {MAX_DESCRIPTION_CHARS} characters",
+            param=f"{where}.description",
+        )
+    parameters = tool.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, Mapping):
+            raise DelegationConfigError(
+                "invalid_type", f"{where}.parameters must be a JSON Schema object", param=f"{where}.parameters"
+            )
+        if parameters.get("type", "object") != "object":
+            raise DelegationConfigError(
+                "invalid_value", f"{where}.parameters: the schema's type must be 'object'", param=f"{where}.parameters"
+            )
+        try:
+            size = len(json.dumps(parameters))
+        except (TypeError, ValueError):
+            raise DelegationConfigError(
+                "invalid_value", f"{where}.parameters is not valid JSON", param=f"{where}.parameters"
+            ) from None
+        if size > MAX_SCHEMA_CHARS:
+            raise DelegationConfigError(
+                "string_above_max_length",
+                f"{where}.parameters: at most {MAX_SCHEMA_CHARS} characters of JSON",
+                param=f"{where}.parameters",
+            )
+    strict = tool.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise DelegationConfigError("invalid_type", f"{where}.strict must be a boolean", param=f"{where}.strict")
+    return FunctionSpec(name, description, dict(parameters) if parameters is not None else None, strict)
+
+
+def _mcp_ref(tool: Mapping[str, Any], catalog: BackendCatalog, where: str) -> McpServerRef:
+    extra = sorted(str(k) for k in tool if k not in _MCP_KEYS)
+    if extra:
+        raise DelegationConfigError(
+            "unknown_parameter",
+            f"{where}: unknown field(s) {', '.join(extra)} of an mcp tool",
+            param=f"{where}.{extra[0]}",
+        )
+    label = tool.get("server_label")
+    configured = ", ".join(sorted(catalog.mcp_servers)) or "none"
+    if not isinstance(label, str) or not label:
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{where}.server_label: name an MCP server configured on this server (configured: {configured})",
+            param=f"{where}.server_label",
+        )
+    if label not in catalog.mcp_servers:
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{where}.server_label: no MCP server {label!r} is configured on this server (configured: {configured})",
+            param=f"{where}.server_label",
+        )
+    approval = tool.get("require_approval")
+    if approval not in (None, "never"):
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{where}.require_approval: kame has no approval flow; use 'never' or omit it",
+            param=f"{where}.require_approval",
+        )
+    offered = tuple(catalog.mcp_servers[label])
+    allowed = tool.get("allowed_tools")
+    names: tuple[str, ...] | None = None
+    if isinstance(allowed, Mapping):
+        listed = allowed.get("tool_names")
+        if allowed.get("read_only") is not None:
+            raise DelegationConfigError(
+                "invalid_value",
+                f"{where}.allowed_tools.read_only: not supported; list tool_names",
+                param=f"{where}.allowed_tools.read_only",
+            )
+        allowed = listed
+    if allowed is not None:
+        if (
+            not isinstance(allowed, Sequence)
+            or isinstance(allowed, str)
+            or not all(isinstance(n, str) for n in allowed)
+        ):
+            raise DelegationConfigError(
+                "invalid_type", f"{where}.allowed_tools must be a list of tool names", param=f"{where}.allowed_tools"
+            )
+        unknown = [n for n in allowed if n not in offered]
+        if unknown:
+            raise DelegationConfigError(
+                "invalid_value",
+                f"{where}.allowed_tools: {', '.join(unknown)} not offered by MCP server {label!r} "
+                f"(offered: {', '.join(offered) or 'none'})",
+                param=f"{where}.allowed_tools",
+            )
+        names = tuple(allowed)
+    return McpServerRef(label, names)
+
+
+def _tool_keys(functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], catalog: BackendCatalog) -> set[str]:
+    keys = {f"function:{f.name}" for f in functions}
+    for ref in mcp:
+        names = (
+            ref.allowed_tools if ref.allowed_tools is not None else tuple(catalog.mcp_servers.get(ref.server_label, ()))
+        )
+        keys.update(f"mcp:{ref.server_label}:{n}" for n in names)
+    return keys
+
+
+def _any_offered(
+    choice: ToolChoiceSpec, functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], catalog: BackendCatalog
+) -> bool:
+    return any(choice.offers(k) for k in _tool_keys(functions, mcp, catalog))
+
+
+def _choice_key(entry: object, keys: set[str], where: str) -> str:
+    if not isinstance(entry, Mapping):
+        raise DelegationConfigError("invalid_type", f"{where} must be an object", param=where)
+    kind = entry.get("type")
+    if kind == "function":
+        key = f"function:{entry.get('name')}"
+        if key not in keys:
+            raise DelegationConfigError(
+                "invalid_value", f"{where}: no function tool named {entry.get('name')!r}", param=f"{where}.name"
+            )
+        return key
+    if kind == "mcp":
+        key = f"mcp:{entry.get('server_label')}:{entry.get('name')}"
+        if key not in keys:
+            raise DelegationConfigError(
+                "invalid_value",
+                f"{where}: no tool {entry.get('name')!r} on an enabled MCP server {entry.get('server_label')!r}",
+                param=where,
+            )
+        return key
+    raise DelegationConfigError(
+        "unsupported_tool",
+        f"{where}: kame runs no hosted tools ({kind!r}); choose a function or an enabled MCP server's tool",
+        param=f"{where}.type",
+    )
+
+
+def _tool_choice(
+    value: object,
+    functions: Sequence[FunctionSpec],
+    mcp: Sequence[McpServerRef],
+    catalog: BackendCatalog,
+    param: str,
+) -> ToolChoiceSpec:
+    keys = _tool_keys(functions, mcp, catalog)
+    if isinstance(value, str):
+        if value not in _CHOICE_MODES:
+            raise DelegationConfigError(
+                "invalid_value", f"{param} must be one of {', '.join(_CHOICE_MODES)} or an object", param=param
+            )
+        return ToolChoiceSpec(mode=_MODES[value], raw=value)
+    if not isinstance(value, Mapping):
+        raise DelegationConfigError("invalid_type", f"{param} must be a string or an object", param=param)
+    if value.get("type") == "allowed_tools":
+        mode = value.get("mode") or "auto"
+        if mode not in _CHOICE_MODES:
+            raise DelegationConfigError(
+                "invalid_value", f"{param}.mode must be one of {', '.join(_CHOICE_MODES)}", param=f"{param}.mode"
+            )
+        entries = value.get("tools")
+        if not isinstance(entries, Sequence) or isinstance(entries, str):
+            raise DelegationConfigError("invalid_type", f"{param}.tools must be an array", param=f"{param}.tools")
+        allowed = tuple(_choice_key(e, keys, f"{param}.tools[{i}]") for i, e in enumerate(entries))
+        return ToolChoiceSpec(mode=_MODES[mode], allowed=allowed, raw=dict(value))
+    forced = _choice_key(value, keys, param)
+    return ToolChoiceSpec(mode="required", forced=forced, raw=dict(value))
+
+
+def _recheck_choice(
+    choice: ToolChoiceSpec,
+    functions: Sequence[FunctionSpec],
+    mcp: Sequence[McpServerRef],
+    catalog: BackendCatalog,
+    param: str,
+) -> ToolChoiceSpec:
+    """After ``tools`` changed without a new ``tool_choice``: the old choice must still name existing tools."""
+    keys = _tool_keys(functions, mcp, catalog)
+    named = ([choice.forced] if choice.forced else []) + list(choice.allowed or ())
+    missing = [k.split(":", 1)[1] for k in named if k not in keys]
+    if missing:
+        raise DelegationConfigError(
+            "invalid_value",
+            f"{param}: the current tool_choice names tools the new tools no longer have ({', '.join(missing)}); "
+            "send a tool_choice with the tools",
+            param=param,
+        )
+    return choice
