@@ -1,0 +1,17 @@
+"""The Live API wire (``/v1/live/sessions``, OpenAI's GPT-Live protocol) over the tandem. No I/O.
+
+The contract is the official ``openai`` SDK: ``openai/resources/live/live.py``
+and ``openai/types/live/*.py``. Modules:
+
+- :mod:`.audio`: the session's audio format both ways (PCM16 at 24 or 16 kHz,
+  G.711 mu-law / A-law at 8 kHz) <-> the engine's 24 kHz float32 frames;
+- :mod:`.events`: typed server events and their JSON encoding;
+- :mod:`.decode`: client JSON -> typed commands, or a :class:`~.events.LiveError`;
+- :mod:`.config`: ``session.start`` / ``session.update`` -> the resolved
+  configuration (accepted, ignored with an ``info``, refused with an ``error``);
+- :mod:`.transcript`: append-only transcript deltas on the session timeline;
+- :mod:`.delegation`: when kame delegates (one per user turn, or speculative)
+  and what an append for a delegation does;
+- :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
+- :mod:`.usage`: usage reports and close reasons.
+"""

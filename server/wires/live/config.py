@@ -1,0 +1,375 @@
+"""``session.start`` / ``session.update`` -> the resolved Live configuration. No I/O.
+
+Every field of ``openai/types/live/session_config.py`` is either applied,
+accepted and ignored with an ``info`` (it has no meaning for a Moshi
+front-end: ``store``, ``voice``, ``safety_identifier``,
+``acknowledgement_delay_ms``, ...), or refused with an ``error`` (a feature
+kame does not have: ``delegation.type`` ``"responses"`` or ``"decisions"``,
+non-empty ``triggers``, ...). A command is validated as a whole before
+anything changes. The ``kame`` object is kame's extension and is checked
+strictly, since a typo there would silently do nothing. docs/protocol.md
+section 4 lists every field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from kame.server.wires.live.audio import (
+    DEFAULT_FORMAT,
+    G711_RATE,
+    PCM_RATES,
+    LiveAudioFormat,
+)
+from kame.server.wires.live.decode import sdk_validate
+from kame.server.wires.live.events import Info, LiveError
+
+DelegationMode = Literal["turn", "speculative"]
+DELEGATION_MODES: tuple[DelegationMode, ...] = ("turn", "speculative")
+VOICE = "moshi"
+MAX_INSTRUCTIONS_CHARS = 65_536  # 16,384 tokens in the contract; characters are checked before any tokenizer runs
+KAME_KEYS = ("delegation", "backchannel_words", "text_temperature", "text_topk", "record")
+
+
+@dataclass(frozen=True)
+class LiveServerInfo:
+    """What the server offers, for validation and for ``session.kame.server``."""
+
+    session_id: str
+    model: str = "kame"
+    asr: str = "none"
+    max_duration_s: float = 600.0
+    idle_timeout_s: float = 30.0
+    record_available: bool = False
+    default_delegation: DelegationMode = "turn"
+    default_backchannel_words: int = 3
+    usage_interval_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class KameLiveSettings:
+    """The ``session.kame`` extension (None: the server's default)."""
+
+    delegation: DelegationMode | None = None
+    backchannel_words: int | None = None
+    text_temperature: float | None = None
+    text_topk: int | None = None
+    record: bool = False
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One message of ``session.input`` (text-only startup history)."""
+
+    role: Literal["developer", "user", "assistant"]
+    text: str
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """The resolved session: what ``session.started`` / ``session.updated`` report."""
+
+    model: str
+    expires_at: int
+    audio: LiveAudioFormat = DEFAULT_FORMAT
+    instructions: str | None = None
+    history: tuple[HistoryItem, ...] = ()
+    acknowledgement_delay_ms: int | None = None
+    kame: KameLiveSettings = field(default_factory=KameLiveSettings)
+
+    def delegation_mode(self, info: LiveServerInfo) -> DelegationMode:
+        return self.kame.delegation or info.default_delegation
+
+    def backchannel_words(self, info: LiveServerInfo) -> int:
+        value = self.kame.backchannel_words
+        return info.default_backchannel_words if value is None else value
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A validated command: the new configuration and the notices to send."""
+
+    config: LiveConfig
+    infos: tuple[Info, ...] = ()
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _object(value: Any, param: str, event_id: str | None) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise LiveError("invalid_value", f"{param} must be an object", param=param, client_event_id=event_id)
+    return value
+
+
+def _ignored(param: str, why: str, event_id: str | None) -> Info:
+    return Info("ignored_parameter", f"{param} is accepted and ignored: {why}", client_event_id=event_id)
+
+
+def _audio_format(value: Any, event_id: str | None) -> LiveAudioFormat:
+    param = "session.audio.format"
+    fmt = _object(value, param, event_id)
+    ftype, rate = fmt.get("type"), fmt.get("rate")
+    if ftype == "audio/pcm":
+        rate = 24000 if rate is None else rate
+        if rate not in PCM_RATES or isinstance(rate, bool):
+            raise LiveError("unsupported_audio_format", f"{param}.rate: audio/pcm supports 24000 or 16000 Hz",
+                            param=f"{param}.rate", client_event_id=event_id)
+    elif ftype in ("audio/pcmu", "audio/pcma"):
+        rate = G711_RATE if rate is None else rate
+        if rate != G711_RATE or isinstance(rate, bool):
+            raise LiveError("unsupported_audio_format", f"{param}.rate: {ftype} (G.711) is 8000 Hz",
+                            param=f"{param}.rate", client_event_id=event_id)
+    else:
+        raise LiveError("unsupported_audio_format",
+                        f"{param}.type: {str(ftype)[:32]!r} is not one of audio/pcm, audio/pcmu, audio/pcma",
+                        param=f"{param}.type", client_event_id=event_id)
+    return LiveAudioFormat(ftype, int(rate))
+
+
+def _delegation(value: Any, event_id: str | None, infos: list[Info]) -> int | None:
+    """``delegation`` -> its acknowledgement delay (only client delegation is offered)."""
+    if value is None:
+        return None
+    d = _object(value, "session.delegation", event_id)
+    dtype = d.get("type")
+    if dtype == "responses":
+        raise LiveError(
+            "unsupported_delegation",
+            "session.delegation.type: \"responses\" (a hosted Responses model) is not available; kame offers "
+            "\"client\" delegation: your application answers with session.commentary.append",
+            param="session.delegation.type", client_event_id=event_id)
+    if dtype == "decisions":
+        raise LiveError("unsupported_delegation",
+                        "session.delegation.type: \"decisions\" (the Decisions API) is not available; use \"client\"",
+                        param="session.delegation.type", client_event_id=event_id)
+    if dtype != "client":
+        raise LiveError("invalid_value", f"session.delegation.type: {str(dtype)[:32]!r} is not \"client\"",
+                        param="session.delegation.type", client_event_id=event_id)
+    delay = d.get("acknowledgement_delay_ms")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+            raise LiveError("invalid_value", "session.delegation.acknowledgement_delay_ms must be an integer >= 0",
+                            param="session.delegation.acknowledgement_delay_ms", client_event_id=event_id)
+        infos.append(_ignored("session.delegation.acknowledgement_delay_ms",
+                              "Moshi speaks on its own from the first frame; kame requests no acknowledgements",
+                              event_id))
+    for key in d:
+        if key not in ("type", "acknowledgement_delay_ms"):
+            infos.append(_ignored(f"session.delegation.{str(key)[:32]}", "not part of client delegation", event_id))
+    return delay if isinstance(delay, int) and not isinstance(delay, bool) else None
+
+
+def _triggers(value: Any, event_id: str | None) -> None:
+    if value is None or value == []:
+        return
+    raise LiveError("unsupported_parameter",
+                    "session.triggers: Decisions triggers are not available (send an empty list or omit it)",
+                    param="session.triggers", client_event_id=event_id)
+
+
+def _number(value: Any, param: str, lo: float, hi: float, event_id: str | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not lo <= value <= hi:
+        raise LiveError("invalid_value", f"{param} must be a number between {lo:g} and {hi:g}", param=param,
+                        client_event_id=event_id)
+    return float(value)
+
+
+def _integer(value: Any, param: str, lo: int, hi: int, event_id: str | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise LiveError("invalid_value", f"{param} must be an integer between {lo} and {hi}", param=param,
+                        client_event_id=event_id)
+    return value
+
+
+def _kame(value: Any, current: KameLiveSettings, info: LiveServerInfo, event_id: str | None) -> KameLiveSettings:
+    k = _object(value, "session.kame", event_id)
+    unknown = sorted(str(x) for x in k if x not in KAME_KEYS)
+    if unknown:
+        raise LiveError("unknown_parameter",
+                        f"session.kame: unknown key(s) {', '.join(u[:32] for u in unknown[:5])} "
+                        f"(known: {', '.join(KAME_KEYS)})",
+                        param=f"session.kame.{unknown[0][:32]}", client_event_id=event_id)
+    changes: dict[str, Any] = {}
+    for key, v in k.items():
+        param = f"session.kame.{key}"
+        if key == "delegation":
+            if v is not None and v not in DELEGATION_MODES:
+                raise LiveError("invalid_value", f"{param}: {str(v)[:32]!r} is not one of {', '.join(DELEGATION_MODES)}",
+                                param=param, client_event_id=event_id)
+            changes[key] = v
+        elif key == "backchannel_words":
+            changes[key] = None if v is None else _integer(v, param, 0, 100, event_id)
+        elif key == "text_temperature":
+            changes[key] = None if v is None else _number(v, param, 0.0, 10.0, event_id)
+        elif key == "text_topk":
+            changes[key] = None if v is None else _integer(v, param, 1, 100_000, event_id)
+        elif key == "record":
+            if not isinstance(v, bool):
+                raise LiveError("invalid_value", f"{param} must be true or false", param=param, client_event_id=event_id)
+            if v and not info.record_available:
+                raise LiveError("recording_disabled",
+                                f"{param}: this server does not record (server.record_dir is not set)",
+                                param=param, client_event_id=event_id)
+            changes[key] = v
+    return replace(current, **changes)
+
+
+def _history(session: Mapping[str, Any], event_id: str | None) -> tuple[HistoryItem, ...]:
+    from openai.types.live.session_config import SessionConfig
+
+    items = sdk_validate(SessionConfig, {"model": "x", "input": session.get("input")}, event_id, "session").input or []
+    if len(items) > 128:
+        raise LiveError("invalid_value", "session.input: at most 128 messages", param="session.input",
+                        client_event_id=event_id)
+    out = []
+    for item in items:
+        text = "".join(part.text for part in item.content)
+        out.append(HistoryItem(item.role, text))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- commands
+
+_START_KNOWN = {"model", "audio", "client", "delegation", "input", "instructions", "safety_identifier", "store",
+                "triggers", "kame"}
+
+
+def parse_start(session: Mapping[str, Any], info: LiveServerInfo, *, now_s: float,
+                event_id: str | None = None) -> Parsed:
+    """``session.start``'s ``session`` -> the resolved configuration, or :class:`LiveError`."""
+    from openai.types.live.session_config import SessionConfig
+
+    infos: list[Info] = []
+    model = session.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise LiveError("missing_required_parameter", "session.model is required (any name: kame serves its own model)",
+                        param="session.model", client_event_id=event_id)
+    fmt = DEFAULT_FORMAT
+    audio = session.get("audio")
+    if audio is not None:
+        audio = _object(audio, "session.audio", event_id)
+        if audio.get("format") is not None:
+            fmt = _audio_format(audio["format"], event_id)
+        output = audio.get("output")
+        if output is not None and _object(output, "session.audio.output", event_id).get("voice") is not None:
+            infos.append(_ignored("session.audio.output.voice",
+                                  f"Moshi speaks with the voice of its checkpoint ({VOICE!r})", event_id))
+    ack = _delegation(session.get("delegation"), event_id, infos)
+    _triggers(session.get("triggers"), event_id)
+    instructions = session.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise LiveError("invalid_value", "session.instructions must be a string", param="session.instructions",
+                        client_event_id=event_id)
+    if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise LiveError("invalid_value", "session.instructions: at most 16,384 tokens", param="session.instructions",
+                        client_event_id=event_id)
+    # The rest of the shape (types of store, safety_identifier, client, input) as the SDK defines it.
+    plain = {k: v for k, v in session.items() if k in ("model", "store", "safety_identifier", "client")}
+    sdk_validate(SessionConfig, plain, event_id, "session")
+    history = _history(session, event_id) if session.get("input") is not None else ()
+    kame = _kame(session["kame"], KameLiveSettings(), info, event_id) if session.get("kame") is not None else KameLiveSettings()
+    if instructions and instructions.strip():
+        infos.append(Info("context_only",
+                          "session.instructions are kept as context for delegations: the Moshi front-end takes no "
+                          "text instructions", client_event_id=event_id))
+    if history:
+        infos.append(Info("context_only",
+                          "session.input is kept as context for delegations: the Moshi front-end takes no text history",
+                          client_event_id=event_id))
+    for key, why in (
+        ("store", "kame does not store sessions (server.record_dir records on the server's side)"),
+        ("safety_identifier", "kame runs no safety monitoring service"),
+        ("client", "it configures WebRTC data channels; this is a websocket session"),
+    ):
+        if session.get(key) is not None:
+            infos.append(_ignored(f"session.{key}", why, event_id))
+    for key in session:
+        if key not in _START_KNOWN:
+            infos.append(_ignored(f"session.{str(key)[:32]}", "not a Live session field", event_id))
+    if info.asr == "none":
+        infos.append(Info("no_transcription",
+                          "this server runs without speech recognition: no input transcript and no delegations",
+                          client_event_id=event_id))
+    config = LiveConfig(
+        model=model.strip()[:128],
+        expires_at=int(now_s + info.max_duration_s),
+        audio=fmt,
+        instructions=instructions if instructions and instructions.strip() else None,
+        history=history,
+        acknowledgement_delay_ms=ack,
+        kame=kame,
+    )
+    return Parsed(config, tuple(infos))
+
+
+_IMMUTABLE = ("model", "audio", "instructions", "input", "client", "store", "safety_identifier")
+
+
+def parse_update(session: Mapping[str, Any], current: LiveConfig, info: LiveServerInfo,
+                 event_id: str | None = None) -> Parsed:
+    """``session.update``'s ``session`` -> the configuration after it, or :class:`LiveError` (nothing applied)."""
+    infos: list[Info] = []
+    for key in _IMMUTABLE:
+        if key in session:
+            raise LiveError("immutable_parameter", f"session.{key} cannot change after session.start",
+                            param=f"session.{key}", client_event_id=event_id)
+    ack = current.acknowledgement_delay_ms
+    if session.get("delegation") is not None:
+        new_ack = _delegation(session["delegation"], event_id, infos)
+        ack = ack if new_ack is None else new_ack
+    _triggers(session.get("triggers"), event_id)
+    kame = current.kame
+    if session.get("kame") is not None:
+        kame = _kame(session["kame"], current.kame, info, event_id)
+    for key in session:
+        if key not in ("delegation", "triggers", "kame"):
+            infos.append(_ignored(f"session.{str(key)[:32]}", "not a Live session field", event_id))
+    return Parsed(replace(current, acknowledgement_delay_ms=ack, kame=kame), tuple(infos))
+
+
+# --------------------------------------------------------------------------- the session resource
+
+
+def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]:
+    """The ``session`` of ``session.started`` / ``updated`` / ``closed`` (``SessionResource`` plus ``kame``)."""
+    delegation: dict[str, Any] = {"type": "client"}
+    if config.acknowledgement_delay_ms is not None:
+        delegation["acknowledgement_delay_ms"] = config.acknowledgement_delay_ms
+    out: dict[str, Any] = {
+        "id": f"live_{info.session_id}",
+        "expires_at": config.expires_at,
+        "model": config.model,
+        "status": "active",
+        "audio": {"format": config.audio.to_json(), "output": {"voice": VOICE}},
+        "delegation": delegation,
+        "instructions": config.instructions,
+        "store": False,
+        "triggers": [],
+        "kame": {
+            "delegation": config.delegation_mode(info),
+            "backchannel_words": config.backchannel_words(info),
+            "text_temperature": config.kame.text_temperature,
+            "text_topk": config.kame.text_topk,
+            "record": config.kame.record,
+            "server": {
+                "session_id": info.session_id,
+                "model": info.model,
+                "asr": info.asr,
+                "frame_ms": 80,
+                "idle_timeout_s": info.idle_timeout_s,
+                "max_duration_s": info.max_duration_s,
+                "usage_interval_s": info.usage_interval_s,
+            },
+        },
+    }
+    if config.history:
+        out["input"] = [
+            {"type": "message", "role": h.role,
+             "content": [{"type": "output_text" if h.role == "assistant" else "input_text", "text": h.text}]}
+            for h in config.history
+        ]
+    return out

@@ -1,0 +1,278 @@
+"""Typed server events of the Live API and their JSON encoding. No I/O.
+
+One frozen dataclass per server event kame sends (the shapes of
+``openai/types/live/*_event.py``); :class:`LiveEncoder` turns one into its
+compact JSON text and stamps a session-unique ``event_id`` (the order of ids
+is the order on the wire). ``session.output_audio.delta`` carries no
+``event_id``: its model has none, and it is the one event sent 12.5 times a
+second. ``client_event_id`` echoes the ``event_id`` of the client command an
+event answers, when the client gave one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Json = dict[str, Any]
+AppendKind = Literal["instructions", "thinking", "commentary"]
+CloseReason = Literal["close_requested", "expired", "content", "remote_hangup", "connection_lost"]
+
+
+class LiveIds:
+    """Session-unique ids: a random session prefix and counters (cheap, never repeated)."""
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix or secrets.token_hex(4)
+        self._n = 0
+
+    def _next(self, kind: str) -> str:
+        self._n += 1
+        return f"{kind}_{self.prefix}{self._n:06x}"
+
+    def event(self) -> str:
+        return self._next("event")
+
+    def delegation(self) -> str:
+        return self._next("dlg")
+
+    def session(self) -> str:
+        return f"live_{self.prefix}"
+
+
+class LiveError(ValueError):
+    """A client command that cannot be honoured: one ``error`` event; the session goes on."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        client_event_id: str | None = None,
+        error_type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.client_event_id = client_event_id
+        self.error_type = error_type
+
+    def event(self) -> ErrorEvent:
+        return ErrorEvent(self.code, self.message, param=self.param, error_type=self.error_type,
+                          client_event_id=self.client_event_id)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class SessionStarted:
+    session: Json
+    client_event_id: str | None = None
+    type: str = field(default="session.started", init=False)
+
+    def body(self) -> Json:
+        return {"session": self.session}
+
+
+@dataclass(frozen=True)
+class SessionUpdated:
+    session: Json
+    client_event_id: str | None = None
+    type: str = field(default="session.updated", init=False)
+
+    def body(self) -> Json:
+        return {"session": self.session}
+
+
+@dataclass(frozen=True)
+class SessionClosed:
+    reason: CloseReason
+    session: Json
+    usage_seconds: float
+    client_event_id: str | None = None
+    type: str = field(default="session.closed", init=False)
+
+    def body(self) -> Json:
+        return {"reason": self.reason, "session": self.session, "usage": {"seconds": self.usage_seconds}}
+
+
+@dataclass(frozen=True)
+class OutputAudioDelta:
+    """One engine frame of assistant audio, base64 in the session's format."""
+
+    delta: str
+    type: str = field(default="session.output_audio.delta", init=False)
+    client_event_id: None = field(default=None, init=False)
+
+    def body(self) -> Json:
+        return {"delta": self.delta}
+
+
+@dataclass(frozen=True)
+class InputTranscriptDelta:
+    delta: str
+    start_ms: int
+    end_ms: int
+    client_event_id: str | None = None
+    type: str = field(default="session.input_transcript.delta", init=False)
+
+    def body(self) -> Json:
+        return {"delta": self.delta, "start_ms": self.start_ms, "end_ms": self.end_ms}
+
+
+@dataclass(frozen=True)
+class OutputTranscriptDelta:
+    delta: str
+    start_ms: int
+    end_ms: int
+    client_event_id: str | None = None
+    type: str = field(default="session.output_transcript.delta", init=False)
+
+    def body(self) -> Json:
+        return {"delta": self.delta, "start_ms": self.start_ms, "end_ms": self.end_ms}
+
+
+@dataclass(frozen=True)
+class DelegationCreated:
+    """Work handed to the application: metadata only, never the task text."""
+
+    delegation_id: str
+    offset_ms: int
+    client_event_id: str | None = None
+    type: str = field(default="session.delegation.created", init=False)
+
+    def body(self) -> Json:
+        return {"delegation": {"id": self.delegation_id, "target": "client", "type": "delegation"},
+                "offset_ms": self.offset_ms}
+
+
+@dataclass(frozen=True)
+class Appended:
+    """``session.{instructions,thinking,commentary}.appended``: accepted onto the timeline."""
+
+    kind: AppendKind
+    start_ms: int
+    end_ms: int
+    client_event_id: str | None = None
+
+    @property
+    def type(self) -> str:
+        return f"session.{self.kind}.appended"
+
+    def body(self) -> Json:
+        return {"start_ms": self.start_ms, "end_ms": self.end_ms}
+
+
+@dataclass(frozen=True)
+class UsageUpdated:
+    usage_seconds: float
+    client_event_id: str | None = None
+    type: str = field(default="session.usage.updated", init=False)
+
+    def body(self) -> Json:
+        return {"usage": {"seconds": self.usage_seconds}}
+
+
+@dataclass(frozen=True)
+class InputAudioMuted:
+    client_event_id: str | None = None
+    type: str = field(default="session.input_audio.muted", init=False)
+
+    def body(self) -> Json:
+        return {}
+
+
+@dataclass(frozen=True)
+class InputAudioUnmuted:
+    client_event_id: str | None = None
+    type: str = field(default="session.input_audio.unmuted", init=False)
+
+    def body(self) -> Json:
+        return {}
+
+
+@dataclass(frozen=True)
+class Info:
+    """A notice: a field kame accepted but does not apply, why a session is ending, ..."""
+
+    code: str
+    message: str
+    client_event_id: str | None = None
+    type: str = field(default="info", init=False)
+
+    def body(self) -> Json:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    code: str
+    message: str
+    param: str | None = None
+    error_type: str = "invalid_request_error"
+    client_event_id: str | None = None
+    type: str = field(default="error", init=False)
+
+    def body(self) -> Json:
+        error: Json = {"type": self.error_type, "code": self.code, "message": self.message, "param": self.param}
+        if self.client_event_id is not None:
+            error["client_event_id"] = self.client_event_id
+        return {"error": error}
+
+
+@dataclass(frozen=True)
+class KameEvent:
+    """A ``kame.*`` extension event (what reached Moshi's oracle, back-end state, ...)."""
+
+    name: str
+    fields: Json
+    client_event_id: str | None = None
+
+    @property
+    def type(self) -> str:
+        return self.name
+
+    def body(self) -> Json:
+        return dict(self.fields)
+
+
+LiveEvent = (
+    SessionStarted
+    | SessionUpdated
+    | SessionClosed
+    | OutputAudioDelta
+    | InputTranscriptDelta
+    | OutputTranscriptDelta
+    | DelegationCreated
+    | Appended
+    | UsageUpdated
+    | InputAudioMuted
+    | InputAudioUnmuted
+    | Info
+    | ErrorEvent
+    | KameEvent
+)
+
+
+class LiveEncoder:
+    """Serialises events (compact JSON) and stamps ``event_id``."""
+
+    def __init__(self, ids: LiveIds) -> None:
+        self.ids = ids
+
+    def to_json(self, event: LiveEvent) -> Json:
+        out: Json = {"type": event.type}
+        if not isinstance(event, OutputAudioDelta):
+            out["event_id"] = self.ids.event()
+        out.update(event.body())
+        if event.client_event_id is not None:
+            out["client_event_id"] = event.client_event_id
+        return out
+
+    def encode(self, event: LiveEvent) -> str:
+        return json.dumps(self.to_json(event), separators=(",", ":"), ensure_ascii=False)
