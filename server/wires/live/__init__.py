@@ -13,5 +13,9 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.delegation`: when kame delegates (one per user turn, or speculative)
   and what an append for a delegation does;
 - :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
-- :mod:`.usage`: usage reports and close reasons.
+- :mod:`.usage`: usage reports and close reasons;
+- :mod:`.wire`: one session's Live protocol state over all of the above;
+- :mod:`.responses_config`, :mod:`.responses_conversation`,
+  :mod:`.responses_stream`: Responses delegation (a kame back-end with its
+  tool loop answering, nested ``response.event`` streams).
 """
