@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from kame.asr.config import AsrConfig
-from kame.backend.config import BackendConfig, LlmConfig
+from kame.backend.config import BackendConfig, LlmConfig, ToolsConfig
 from kame.frontend.config import FrontendConfig
 from kame.oracle.config import OracleConfig
 from kame.server.config import ServerConfig
@@ -93,6 +93,7 @@ class KameConfig(BaseModel):
         None, description="Name of the back-end new sessions use (None: the first, or the one from KAME_LLM_*)."
     )
     llm: LlmConfig = Field(default_factory=LlmConfig, description="Caps over all LLM back-ends together.")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Function tools and MCP servers.")
     server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 

@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,24 @@ import pytest
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+@dataclass
+class ToolCallScript:
+    """A function call the server streams in the chat-completions ``tool_calls`` format.
+
+    The first delta of the call carries ``index``, ``id``, ``type`` and the
+    name; the arguments JSON follows in ``argument_chunks`` pieces (one
+    delta each), as OpenAI streams them.
+    """
+
+    name: str
+    arguments: Any = field(default_factory=dict)  # a dict (dumped) or JSON text as is
+    id: str | None = None  # default: call_<request>_<index>
+    argument_chunks: int = 3
+
+    def arguments_text(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
 
 
 @dataclass
@@ -62,6 +80,9 @@ class Reply:
     send_done: bool = True
     role_chunk: bool = True  # OpenAI sends an empty first delta with the role
     content_type: str = "text/event-stream"
+    tool_calls: list[ToolCallScript] = field(default_factory=list)  # streamed after the text
+    tool_call_delay_s: float = 0.0  # pause between the text and the first call
+    interleave_calls: bool = False  # send the calls' argument pieces round-robin (index order varies)
 
     def pieces(self) -> list[str]:
         if self.chunks is not None:
@@ -101,6 +122,20 @@ class RecordedRequest:
                 return str(msg.get("content"))
         return None
 
+    @property
+    def tool_names(self) -> list[str]:
+        """Names of the function tools the request offered."""
+        if not isinstance(self.body, dict):
+            return []
+        return [t.get("function", {}).get("name") for t in self.body.get("tools") or []]
+
+    @property
+    def tool_messages(self) -> list[dict[str, Any]]:
+        """The ``tool`` messages (results) the request carried."""
+        if not isinstance(self.body, dict):
+            return []
+        return [m for m in self.body.get("messages") or [] if m.get("role") == "tool"]
+
     def wait_ended(self, timeout: float = 5.0) -> bool:
         """Block until the handler finished (completed, failed or client gone)."""
         return self.ended.wait(timeout)
@@ -121,6 +156,8 @@ class LlmServer:
         self.requests: list[RecordedRequest] = []
         self._queue: deque[Reply] = deque()
         self._by_model: dict[str, Reply] = {}
+        #: called for each chat request (after the queue is empty); a Reply it returns wins over the rest
+        self.responder: Callable[[RecordedRequest], Reply | None] | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -156,6 +193,7 @@ class LlmServer:
         self.default_reply = Reply()
         self.models_status = 200
         self.models_delay_s = 0.0
+        self.responder = None
 
     def chat_requests(self) -> list[RecordedRequest]:
         return [r for r in list(self.requests) if r.path.endswith("/chat/completions")]
@@ -225,10 +263,17 @@ class LlmServer:
 
     # ------------------------------------------------------------------ serving
 
-    def _pick_reply(self, body: Any) -> Reply:
+    def _pick_reply(self, rec: RecordedRequest) -> Reply:
+        body = rec.body
         with self._lock:
             if self._queue:
                 return self._queue.popleft()
+        responder = self.responder
+        if responder is not None:
+            chosen = responder(rec)
+            if chosen is not None:
+                return chosen
+        with self._lock:
             model = body.get("model") if isinstance(body, dict) else None
             if model in self._by_model:
                 return self._by_model[model]
@@ -323,7 +368,7 @@ class LlmServer:
 
     async def _serve_chat(self, rec: RecordedRequest, writer: asyncio.StreamWriter,
                           gone: asyncio.Future[bytes]) -> None:
-        reply = self._pick_reply(rec.body)
+        reply = self._pick_reply(rec)
         rec.reply = reply
         await self._wait_or_gone(gone, None if reply.hang_before_headers else reply.headers_delay_s)
         if reply.status != 200:
@@ -376,12 +421,44 @@ class LlmServer:
             await self._wait_or_gone(gone, None)
         if reply.error_event is not None:
             await send(f"data: {json.dumps({'error': {'message': reply.error_event}})}\n\n".encode())
-        await send(self._chunk(rec, cid, {}, finish="stop"))
+        if reply.tool_calls:
+            await self._wait_or_gone(gone, reply.tool_call_delay_s)
+            request_no = cid.rsplit("-", 1)[-1]
+            for delta in self._tool_deltas(reply, request_no):
+                await send(self._chunk(rec, cid, {"tool_calls": [delta]}))
+                rec.chunks_sent += 1
+                if rec.first_chunk_at is None:
+                    rec.first_chunk_at = time.monotonic()
+                if reply.chunk_delay_s:
+                    await self._wait_or_gone(gone, reply.chunk_delay_s)
+        await send(self._chunk(rec, cid, {}, finish="tool_calls" if reply.tool_calls else "stop"))
         if reply.send_done:
             await send(b"data: [DONE]\n\n")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         rec.completed = True
+
+
+    @staticmethod
+    def _tool_deltas(reply: Reply, request_no: str) -> list[dict[str, Any]]:
+        """The ``tool_calls`` delta entries of a reply's calls, in sending order."""
+        per_call: list[list[dict[str, Any]]] = []
+        for index, call in enumerate(reply.tool_calls):
+            text = call.arguments_text()
+            n = max(1, call.argument_chunks)
+            size = max(1, -(-len(text) // n))
+            parts = [text[i:i + size] for i in range(0, len(text), size)] or [""]
+            call_id = call.id or f"call_{request_no}_{index}"
+            deltas = [{"index": index, "id": call_id, "type": "function",
+                       "function": {"name": call.name, "arguments": ""}}]
+            deltas += [{"index": index, "function": {"arguments": part}} for part in parts]
+            per_call.append(deltas)
+        if not reply.interleave_calls:
+            return [d for deltas in per_call for d in deltas]
+        out: list[dict[str, Any]] = []
+        for row in itertools.zip_longest(*per_call):
+            out.extend(d for d in row if d is not None)
+        return out
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, Union, runtime_checkable
+from typing import Any, Literal, Protocol, Union, runtime_checkable
 
 Role = Literal["system", "user", "assistant"]
 HealthStatus = Literal["ok", "unreachable", "auth_error", "error"]
@@ -53,7 +53,39 @@ def normalize_messages(messages: Sequence[MessageLike]) -> list[dict[str, str]]:
     return out
 
 
-def last_user_text(messages: Sequence[Mapping[str, str]]) -> str:
+def normalize_turn_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Like :func:`normalize_messages`, also accepting the messages of tool rounds.
+
+    Those are an assistant message with ``tool_calls`` (content may be
+    None) and ``tool`` messages (``tool_call_id`` and ``content``), in the
+    chat-completions shape, or the objects of :mod:`kame.backend.tools`.
+    """
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        as_dict = getattr(msg, "as_dict", None)
+        data: Mapping[str, Any] = as_dict() if callable(as_dict) else msg
+        role = data.get("role")
+        if role == "tool":
+            if not isinstance(data.get("tool_call_id"), str) or not isinstance(data.get("content"), str):
+                raise ValueError(f"message {i}: a tool message needs tool_call_id and content strings")
+            out.append({"role": "tool", "tool_call_id": data["tool_call_id"], "content": data["content"]})
+        elif role == "assistant" and data.get("tool_calls"):
+            content = data.get("content")
+            if content is not None and not isinstance(content, str):
+                raise ValueError(f"message {i}: content must be a string or null")
+            out.append({"role": "assistant", "content": content, "tool_calls": list(data["tool_calls"])})
+        else:
+            out.extend(normalize_messages([data]))
+    if not out:
+        raise ValueError("at least one message is needed")
+    return out
+
+
+def has_tool_rounds(messages: Sequence[Mapping[str, Any]]) -> bool:
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     for msg in reversed(messages):
         if msg.get("role") == "user":
             return msg.get("content", "")
@@ -73,6 +105,27 @@ class BackendHealth:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@runtime_checkable
+class ToolCapableBackend(Protocol):
+    """A back-end that can also be sent function tools (see :mod:`kame.backend.tools`).
+
+    ``stream_turn`` yields text chunks (``str``) and
+    :class:`~kame.backend.tools.ToolCallDelta` pieces of the calls the LLM
+    makes; ``messages`` may hold tool rounds. Same cancellation contract
+    as ``stream``.
+    """
+
+    def stream_turn(
+        self,
+        messages: Sequence[Any],
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncIterator[Any]: ...
 
 
 @runtime_checkable

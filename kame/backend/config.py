@@ -68,6 +68,24 @@ class BreakerConfig(BaseModel):
     max_cooldown_s: float = Field(60.0, gt=0, description="Upper bound of the cooldown.")
 
 
+class ScriptedToolRule(BaseModel):
+    """A scripted tool call: when the keyword is heard and the tool is offered, call it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keyword: str = Field(description="Case-insensitive keyword in the last user message.")
+    tool: str = Field(description="Name of the tool to call (only if the request offers it).")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Arguments of the call.")
+    say_first: str = Field("Let me check.", description='Text streamed before the call ("" for none).')
+    answer: str = Field(
+        "Here is what I found, {result}.",
+        description="Reply once the result is back; {result} is the tool's output.",
+    )
+    answer_on_error: str = Field(
+        "Sorry, I could not get that right now.", description="Reply when the call failed, was refused or timed out."
+    )
+
+
 class ScriptedConfig(BaseModel):
     """The scripted back-end (kind scripted): canned, deterministic replies for demos and tests."""
 
@@ -87,6 +105,9 @@ class ScriptedConfig(BaseModel):
     max_user_words: int = Field(12, ge=1, description="Words of the user's message quoted by {user}.")
     first_token_delay_s: float = Field(0.3, ge=0, description="Delay before the first chunk (simulated latency).")
     chunks_per_s: float = Field(20.0, gt=0, description="Chunks (words) per second after the first.")
+    tool_rules: list[ScriptedToolRule] = Field(
+        default_factory=list, description="Scripted tool calls (checked before rules when tools are offered)."
+    )
 
 
 class BackendConfig(BaseModel):
@@ -122,6 +143,14 @@ class BackendConfig(BaseModel):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig, description="Time limits of one request.")
     caps: CapsConfig = Field(default_factory=CapsConfig, description="Concurrency and rate caps of this back-end.")
     breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="Circuit breaker of this back-end.")
+    allow_tools: bool | None = Field(
+        None,
+        description="May requests with function tools go to this back-end (null: the preset's default; "
+        "true for openai, anthropic, gemini, openrouter and scripted; vLLM needs --enable-auto-tool-choice)?",
+    )
+    mcp_servers: list[str] = Field(
+        default_factory=list, description="MCP servers (tools.mcp_servers names) enabled for sessions on this back-end."
+    )
     fallback: str | None = Field(
         None, description="Back-end used when this one's breaker is open or it fails before its first token."
     )
@@ -146,6 +175,14 @@ class BackendConfig(BaseModel):
             raise ValueError("base_url must start with http:// or https://")
         return self
 
+    def tools_allowed(self) -> bool:
+        """Whether requests that carry function tools may be sent here."""
+        if self.allow_tools is not None:
+            return self.allow_tools
+        if self.kind == "scripted":
+            return True
+        return self.preset in ("openai", "anthropic", "gemini", "openrouter")
+
     def key_env_names(self) -> list[str]:
         """The environment variables to try for the key, in order (empty: no key)."""
         if self.api_key_env is None or self.api_key_env == "":
@@ -169,4 +206,72 @@ class LlmConfig(BaseModel):
     burst: int | None = Field(None, ge=1, description="Token bucket size for max_requests_per_s.")
     max_wait_s: float = Field(
         0.2, ge=0, description="How long a request may wait for a global slot before failing with BackendBusy."
+    )
+
+
+class McpServerConfig(BaseModel):
+    """One operator-configured MCP server (``tools.mcp_servers.NAME``).
+
+    Secrets never go in this file: ``env_from`` and ``bearer_token_env``
+    name variables of kame's own environment whose values are passed on;
+    they are redacted from every error and log line.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = Field(None, description="Executable of a stdio server (with args); or use url.")
+    args: list[str] = Field(default_factory=list, description="Arguments of the stdio command.")
+    cwd: str | None = Field(None, description="Working directory of the stdio command.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Non-secret environment variables of the stdio command."
+    )
+    env_from: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables of the stdio command taken from kame's environment: {CHILD_VAR: KAME_ENV_NAME}.",
+    )
+    url: str | None = Field(None, description="Streamable-HTTP endpoint of a remote server; or use command.")
+    bearer_token_env: str | None = Field(
+        None, description="Environment variable holding a bearer token sent to the url."
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="Allow-list: the only tools of this server the LLM is offered."
+    )
+    read_only: list[str] = Field(
+        default_factory=list,
+        description="Tools (of the allow-list) without side effects: they may run on partial transcripts.",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="Per-call timeout (also bounds connecting and listing).")
+    max_output_chars: int = Field(4000, ge=1, description="Longer tool outputs are cut to this size.")
+    enabled: bool = Field(
+        False, description="On for every session (server-wide); else only where a back-end or a session enables it."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("set exactly one of command (stdio) or url (streamable HTTP)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        for name in [*self.env_from.values(), *([self.bearer_token_env] if self.bearer_token_env else [])]:
+            if not _ENV_NAME.match(name):
+                raise ValueError("env_from values and bearer_token_env must be NAMES of environment variables")
+        unknown = [t for t in self.read_only if t not in self.tools]
+        if unknown:
+            raise ValueError(f"read_only names tools missing from the allow-list: {', '.join(unknown)}")
+        return self
+
+
+class ToolsConfig(BaseModel):
+    """Function tools of the back-end LLMs: the tool loop's bounds and the MCP servers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_rounds: int = Field(3, ge=1, le=10, description="Tool rounds per request; then the LLM must answer.")
+    call_timeout_s: float = Field(5.0, gt=0, description="Default per-call timeout.")
+    cache_ttl_s: float = Field(
+        30.0, ge=0, description="How long a read-only call's result is reused by later requests of the session."
+    )
+    max_output_chars: int = Field(4000, ge=1, description="Tool outputs are cut to this size before the LLM.")
+    mcp_servers: dict[str, McpServerConfig] = Field(
+        default_factory=dict, description="MCP servers by name (clients may enable them by name, never add one)."
     )

@@ -94,6 +94,12 @@ class BackendUnavailable(BackendError):
     kind = "unavailable"
 
 
+class BackendToolsNotAllowed(BackendError):
+    """A request with function tools for a back-end whose ``allow_tools`` is off (never sent)."""
+
+    kind = "tools_not_allowed"
+
+
 class BackendBusy(BackendError):
     """A concurrency or rate cap was hit and no slot freed within the short wait."""
 

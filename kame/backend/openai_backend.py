@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import openai
 from openai import AsyncOpenAI, Omit, Timeout
 
-from kame.backend.base import BackendHealth, MessageLike, normalize_messages
+from kame.backend.base import BackendHealth, MessageLike, normalize_messages, normalize_turn_messages
 from kame.backend.config import BackendConfig
 from kame.backend.errors import (
     BackendAuthError,
@@ -37,6 +37,7 @@ from kame.backend.errors import (
     redact,
 )
 from kame.backend.presets import apply_preset
+from kame.backend.tools import ToolCallDelta, ToolSpec, tool_choice_value
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -183,18 +184,35 @@ class OpenAIBackend:
             log.info("back-end %s: using model %s (first of GET /models)", self.name, ids[0])
         return self._discovered_model
 
-    def _text_of(self, chunk: Any) -> str:
+    def _items_of(self, chunk: Any) -> list[str | ToolCallDelta]:
+        """The text and tool-call pieces of one ``chat.completion.chunk``."""
         try:
             choices = chunk.choices
             if not isinstance(choices, list):
                 raise TypeError
             if not choices:
-                return ""  # e.g. a usage-only chunk
+                return []  # e.g. a usage-only chunk
             delta = choices[0].delta
             content = getattr(delta, "content", None) if delta is not None else None
+            raw_calls = getattr(delta, "tool_calls", None) if delta is not None else None
+            items: list[str | ToolCallDelta] = []
+            if isinstance(content, str) and content:
+                items.append(content)
+            for n, tc in enumerate(raw_calls or ()):
+                function = getattr(tc, "function", None)
+                index = getattr(tc, "index", None)
+                args = getattr(function, "arguments", None) if function is not None else None
+                items.append(
+                    ToolCallDelta(
+                        index=index if isinstance(index, int) else n,
+                        id=getattr(tc, "id", None) or None,
+                        name=(getattr(function, "name", None) or None) if function is not None else None,
+                        arguments=args if isinstance(args, str) else "",
+                    )
+                )
         except (AttributeError, TypeError, IndexError):
             raise BackendMalformedStream(self.name, "a stream event is not a chat.completion.chunk") from None
-        return content if isinstance(content, str) else ""
+        return items
 
     async def stream(
         self,
@@ -204,7 +222,44 @@ class OpenAIBackend:
         temperature: float | None = None,
     ) -> AsyncIterator[str]:
         """Stream the reply's text; see the module doc for timeouts and cancellation."""
-        msgs = normalize_messages(messages)
+        gen = self._stream_items(normalize_messages(messages), None, None, max_tokens, temperature)
+        try:
+            async for item in gen:
+                if isinstance(item, str):
+                    yield item
+        finally:
+            await gen.aclose()
+
+    async def stream_turn(
+        self,
+        messages: Sequence[Any],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        tool_choice: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncIterator[str | ToolCallDelta]:
+        """Stream one LLM turn with function tools: text chunks and tool-call deltas.
+
+        ``messages`` may hold earlier tool rounds (assistant ``tool_calls``
+        and ``tool`` messages). A tool-call delta counts as the first token.
+        """
+        msgs = normalize_turn_messages(messages)
+        gen = self._stream_items(msgs, tools, tool_choice, max_tokens, temperature)
+        try:
+            async for item in gen:
+                yield item
+        finally:
+            await gen.aclose()
+
+    async def _stream_items(
+        self,
+        msgs: list[dict[str, Any]],
+        tools: Sequence[ToolSpec] | None,
+        tool_choice: str | None,
+        max_tokens: int | None,
+        temperature: float | None,
+    ) -> AsyncIterator[str | ToolCallDelta]:
         loop = asyncio.get_running_loop()
         t = self.cfg.timeouts
         start = loop.time()
@@ -240,13 +295,20 @@ class OpenAIBackend:
                 "extra_headers": self._headers(key),
                 "extra_body": body or None,
             }
+            if tools:
+                kwargs["tools"] = [spec.as_openai() for spec in tools]
+                choice = tool_choice_value(tool_choice, tools)
+                if choice is not None:
+                    kwargs["tool_choice"] = choice
             mt = max_tokens if max_tokens is not None else self.cfg.max_tokens
             temp = temperature if temperature is not None else self.cfg.temperature
             if mt is not None:
                 kwargs["max_tokens"] = mt
             if temp is not None:
                 kwargs["temperature"] = temp
-            log.debug("back-end %s: request model=%s messages=%d", self.name, model, len(msgs))
+            log.debug(
+                "back-end %s: request model=%s messages=%d tools=%d", self.name, model, len(msgs), len(tools or ())
+            )
             stream = await within(self._client.chat.completions.create(**kwargs))
             phase = "read"
             ctype = stream.response.headers.get("content-type", "")
@@ -259,10 +321,9 @@ class OpenAIBackend:
                     chunk = await within(stream.__anext__())
                 except StopAsyncIteration:
                     break
-                text = self._text_of(chunk)
-                if text:
+                for item in self._items_of(chunk):
                     got_first = True
-                    yield text
+                    yield item
         except openai.APIError as exc:
             failure = self._map_api_error(exc, phase)
         except ValueError:  # invalid JSON in an SSE event, or a chunk that fails validation

@@ -24,13 +24,28 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kame.backend.base import BackendHealth, LlmBackend, MessageLike, normalize_messages
+from kame.backend.base import (
+    BackendHealth,
+    LlmBackend,
+    MessageLike,
+    ToolCapableBackend,
+    has_tool_rounds,
+    normalize_messages,
+    normalize_turn_messages,
+)
 from kame.backend.breaker import CircuitBreaker, Ticket
 from kame.backend.config import BackendConfig, LlmConfig
-from kame.backend.errors import BackendBusy, BackendCircuitOpen, BackendError, UnknownBackend
+from kame.backend.errors import (
+    BackendBusy,
+    BackendCircuitOpen,
+    BackendError,
+    BackendToolsNotAllowed,
+    UnknownBackend,
+)
 from kame.backend.limits import Busy, Caps
 from kame.backend.resolve import ResolvedBackends, resolve_backends
 from kame.backend.stats import BackendEvent, Observer, StatsCollector
+from kame.backend.tools import ToolCallDelta, ToolSpec
 
 if TYPE_CHECKING:
     from kame.config import KameConfig
@@ -98,6 +113,17 @@ class ReplyStream:
         """The whole answer (for tests and non-streaming callers)."""
         async with self:
             return "".join([chunk async for chunk in self])
+
+
+class TurnStream(ReplyStream):
+    """One LLM turn with tools: text chunks (``str``) and :class:`ToolCallDelta` pieces."""
+
+    async def __anext__(self) -> str | ToolCallDelta:  # type: ignore[override]
+        assert self._gen is not None
+        return await self._gen.__anext__()
+
+    def __aiter__(self) -> TurnStream:
+        return self
 
 
 class BackendRegistry:
@@ -225,13 +251,55 @@ class BackendRegistry:
         opts = {"max_tokens": max_tokens, "temperature": temperature}
         return reply._attach(self._run(reply, resolved, msgs, opts))
 
+    def tools_allowed(self, name: str | None) -> bool:
+        """May requests with function tools go to back-end ``name`` (its ``allow_tools``)?"""
+        entry = self._entries[self.resolve_name(name)]
+        return entry.cfg.tools_allowed() and isinstance(entry.backend, ToolCapableBackend)
+
+    def stream_turn(
+        self,
+        name: str | None,
+        messages: Sequence[Any],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        tool_choice: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> TurnStream:
+        """Like :meth:`stream`, for one turn of the tool loop (``messages`` may hold tool rounds).
+
+        With ``tools`` the request only goes to back-ends that allow tools:
+        :class:`BackendToolsNotAllowed` (raised here, nothing sent) if the
+        chosen one does not; a fallback that does not is skipped.
+        """
+        resolved = self.resolve_name(name)
+        msgs = normalize_turn_messages(messages)
+        if (tools or has_tool_rounds(msgs)) and not self.tools_allowed(resolved):
+            raise BackendToolsNotAllowed(resolved, "this back-end may not be sent tools (allow_tools is off)")
+        reply = TurnStream(resolved)
+        opts: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "tools": list(tools) if tools else None,
+            "tool_choice": tool_choice if tools else None,
+        }
+        return reply._attach(self._run(reply, resolved, msgs, opts, turn=True))
+
     async def _run(
-        self, reply: ReplyStream, name: str, msgs: list[dict[str, str]], opts: dict[str, Any]
-    ) -> AsyncIterator[str]:
+        self,
+        reply: ReplyStream,
+        name: str,
+        msgs: list[dict[str, Any]],
+        opts: dict[str, Any],
+        turn: bool = False,
+    ) -> AsyncIterator[Any]:
         primary = self._entries[name]
         chain = [primary]
         if primary.cfg.fallback is not None:
-            chain.append(self._entries[primary.cfg.fallback])
+            fallback = self._entries[primary.cfg.fallback]
+            # With tools (or a history with tool rounds), only a back-end that may take them.
+            if not turn or not (opts.get("tools") or has_tool_rounds(msgs)) or self.tools_allowed(fallback.name):
+                chain.append(fallback)
         try:
             await self._global_caps.acquire()
         except Busy as exc:
@@ -259,7 +327,9 @@ class BackendRegistry:
                 except BaseException:
                     entry.breaker.neutral(ticket)
                     raise
-                attempt = self._attempt(reply, entry, ticket, name, msgs, opts, last=index == len(chain) - 1)
+                attempt = self._attempt(
+                    reply, entry, ticket, name, msgs, opts, last=index == len(chain) - 1, turn=turn
+                )
                 try:
                     async for chunk in attempt:
                         yield chunk
@@ -280,16 +350,22 @@ class BackendRegistry:
         entry: _Entry,
         ticket: Ticket,
         requested: str,
-        msgs: list[dict[str, str]],
+        msgs: list[dict[str, Any]],
         opts: dict[str, Any],
         last: bool,
-    ) -> AsyncIterator[str]:
+        turn: bool = False,
+    ) -> AsyncIterator[Any]:
         """One request to one back-end, with its breaker and metrics bookkeeping."""
         started = self._clock()
         chunks = 0
         outcome = "cancelled"
         self._emit(BackendEvent("request", entry.name, requested=requested))
-        gen = entry.backend.stream(msgs, **opts)
+        gen: AsyncIterator[Any]
+        backend = entry.backend
+        if turn and isinstance(backend, ToolCapableBackend):
+            gen = backend.stream_turn(msgs, **opts)
+        else:
+            gen = backend.stream(msgs, max_tokens=opts.get("max_tokens"), temperature=opts.get("temperature"))
         try:
             try:
                 async for chunk in gen:

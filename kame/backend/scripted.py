@@ -6,6 +6,12 @@ message (case-insensitive); else the next of ``replies`` (cycled); else
 message. The text is streamed word by word: the first word after
 ``first_token_delay_s``, then ``chunks_per_s`` words per second, on a fixed
 schedule so timing does not drift.
+
+Tools (``stream_turn``): when the request offers a tool named by one of
+``tool_rules`` and the rule's keyword was heard, the reply is the rule's
+``say_first`` text and then a call of that tool; once the request carries
+the tool's result, the reply is the rule's ``answer`` with ``{result}``
+filled in (``answer_on_error`` when the call failed).
 """
 
 from __future__ import annotations
@@ -14,8 +20,18 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Sequence
 
-from kame.backend.base import BackendHealth, MessageLike, last_user_text, normalize_messages
-from kame.backend.config import BackendConfig, ScriptedConfig
+import json
+from typing import Any
+
+from kame.backend.base import (
+    BackendHealth,
+    MessageLike,
+    last_user_text,
+    normalize_messages,
+    normalize_turn_messages,
+)
+from kame.backend.config import BackendConfig, ScriptedConfig, ScriptedToolRule
+from kame.backend.tools import ToolCallDelta, ToolSpec
 
 
 def split_words(text: str) -> list[str]:
@@ -37,6 +53,7 @@ class ScriptedBackend:
         self.cfg = cfg or ScriptedConfig()
         self._next_reply = 0
         self.model = "scripted"
+        self._calls = 0
 
     def __repr__(self) -> str:
         return f"ScriptedBackend(name={self.name!r})"
@@ -75,8 +92,66 @@ class ScriptedBackend:
             await asyncio.sleep(max(delay, 0.0))
             yield word
 
+    async def stream_turn(
+        self,
+        messages: Sequence[Any],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        tool_choice: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncIterator[str | ToolCallDelta]:
+        """One LLM turn with tools: text words, then (per ``tool_rules``) one call."""
+        msgs = normalize_turn_messages(messages)
+        offered = {t.name for t in tools or ()} if tool_choice != "none" else set()
+        text, call = self._turn_script(msgs, offered)
+        words = split_words(text)
+        limit = max_tokens if max_tokens is not None else self._default_max_tokens
+        if limit is not None:
+            words = words[:limit]
+        loop = asyncio.get_running_loop()
+        start = loop.time() + self.cfg.first_token_delay_s
+        period = 1.0 / self.cfg.chunks_per_s
+        for i, word in enumerate(words):
+            await asyncio.sleep(max(start + i * period - loop.time(), 0.0))
+            yield word
+        if call is not None:
+            await asyncio.sleep(max(start + len(words) * period - loop.time(), 0.0))
+            self._calls += 1
+            yield ToolCallDelta(0, f"call_scripted_{self._calls}", call.tool, json.dumps(call.arguments))
+
+    def _turn_script(
+        self, msgs: list[dict[str, Any]], offered: set[str]
+    ) -> tuple[str, ScriptedToolRule | None]:
+        """(text to say, rule whose call follows it) for this turn."""
+        if msgs and msgs[-1]["role"] == "tool":
+            results = [m for m in reversed(msgs) if m["role"] == "tool"]
+            asked = next((m for m in reversed(msgs) if m.get("tool_calls")), None)
+            names = [c["function"]["name"] for c in (asked or {}).get("tool_calls", [])]
+            rule = next((r for r in self.cfg.tool_rules if r.tool in names), None)
+            if rule is not None:
+                content = results[0]["content"]
+                if _is_error(content):
+                    return rule.answer_on_error, None
+                return rule.answer.replace("{result}", content.strip()), None
+        user = last_user_text(msgs).lower()
+        for rule in self.cfg.tool_rules:
+            if rule.tool in offered and rule.keyword.lower() in user:
+                return rule.say_first, rule
+        plain = [m for m in msgs if m["role"] in ("system", "user") or (m["role"] == "assistant" and m["content"])]
+        return self.reply_for(plain or [{"role": "user", "content": ""}]), None
+
     async def check(self) -> BackendHealth:
         return BackendHealth(self.name, self.kind, "ok", "scripted", 0.0)
 
     async def aclose(self) -> None:
         return None
+
+
+def _is_error(content: str) -> bool:
+    """A ``tool`` message reporting a failed call (see ``ToolResult.content_for_llm``)."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("error") in ("error", "refused", "timeout")

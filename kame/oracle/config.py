@@ -95,4 +95,10 @@ class OracleConfig(BaseModel):
     oracle_delay_s: float = Field(
         0.0, ge=0, description="Extra artificial delay before an answer is fed (for latency experiments)."
     )
+    tool_backchannel_words: int = Field(
+        3,
+        ge=1,
+        description="A user turn of fewer words (a backchannel such as 'uh huh') neither cancels a request "
+        "waiting on tools nor makes its answer stale.",
+    )
     sanitize: SanitizerConfig = Field(default_factory=SanitizerConfig)

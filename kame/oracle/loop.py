@@ -32,11 +32,14 @@ from typing import Any, Protocol
 
 from kame.backend.errors import BackendError, UnknownBackend
 from kame.backend.registry import BackendRegistry
+from kame.backend.tool_loop import CallFinished, CallsRequested, LoopDone, TextDelta, ToolLoop
+from kame.backend.tools import ToolCall
 from kame.oracle.config import OracleConfig
 from kame.oracle.debounce import Debouncer, Trigger
 from kame.oracle.prompt import build_messages_from_config
 from kame.oracle.sanitize import settled_words, spoken_words
-from kame.oracle.switch import FeedState, decide_barge_in, decide_switch
+from kame.oracle.session_tools import SessionTools
+from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
 from kame.oracle.transcript import Transcript
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 
@@ -74,6 +77,19 @@ class _Request:
     started: float
     task: asyncio.Task[None] | None = None
     first_token_t: float | None = None
+    turn_ended: bool = False  #: made after the user's turn ended (side-effecting tools allowed)
+    tool_bound: bool = False  #: it called tools: its answer is built on their results
+
+
+@dataclass
+class _Segment:
+    """One oracle sequence's worth of an answer: the text before a tool call, or the answer after."""
+
+    after_tools: bool
+    raw: str = ""
+    tokenizer: WordStreamTokenizer | None = None
+    ignored: bool = False  #: the switch policy dropped it
+    full: bool = False  #: max_fed_words reached
 
 
 class OracleLoop:
@@ -90,6 +106,7 @@ class OracleLoop:
         emit: Emit,
         settings: SessionOracleSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tools: SessionTools | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -112,6 +129,8 @@ class OracleLoop:
         self._failures = 0
         self._down = False
         self.closed = False
+        self.tools = tools
+        self._turn_words: dict[int, int] = {}
         self.counters = {"requests": 0, "cancelled": 0, "errors": 0, "dropped": 0, "resets": 0, "tokens": 0}
 
     # ------------------------------------------------------------------ settings
@@ -143,6 +162,7 @@ class OracleLoop:
             return
         if update.new_turn:
             self._new_user_turn()
+        self._count_words(update.turn_id, update.word_count)
         self._judge(self.debouncer.on_partial(self.clock(), update.turn_id, update.text))
 
     def on_user_final(self, text: str) -> None:
@@ -150,6 +170,7 @@ class OracleLoop:
         update = self.transcript.user_final(text)
         if update.new_turn and not was_open:
             self._new_user_turn()
+        self._count_words(update.turn_id, update.word_count)
         if update.text:
             self._judge(self.debouncer.on_final(self.clock(), update.turn_id, update.text))
 
@@ -168,8 +189,23 @@ class OracleLoop:
         if decision.clear_queue:
             self.sink.oracle_clear()
             self.emit("oracle.cleared", {"reason": decision.reason})
-        if self._current is not None and self._current.turn_id != self.transcript.user_turn_id:
+        cur = self._current
+        if cur is not None and cur.turn_id != self.transcript.user_turn_id and not cur.tool_bound:
             self._cancel_current("a new user turn began")
+
+    # ------------------------------------------------------------------ answers built on tools
+    def _count_words(self, turn_id: int, words: int) -> None:
+        self._turn_words[turn_id] = max(words, self._turn_words.get(turn_id, 0))
+        for old in [t for t in self._turn_words if t < turn_id - 8]:
+            del self._turn_words[old]
+        cur = self._current
+        if cur is not None and cur.tool_bound and not self._backchannel_only(cur.turn_id):
+            self._cancel_current("the user said more than a backchannel while tools ran")
+
+    def _backchannel_only(self, turn_id: int) -> bool:
+        """Every user turn after ``turn_id`` is a backchannel (fewer than tool_backchannel_words words)."""
+        later = [self._turn_words.get(t, 0) for t in range(turn_id + 1, self.transcript.user_turn_id + 1)]
+        return only_backchannels(later, self.config.tool_backchannel_words)
 
     # ------------------------------------------------------------------ requests
     def _judge(self, trigger: Trigger) -> None:
@@ -196,14 +232,24 @@ class OracleLoop:
             self._schedule_poll_after_backoff()
             return
         assert self.registry is not None
+        cur = self._current
+        if cur is not None and cur.tool_bound and cur.turn_id != self.transcript.user_turn_id \
+                and self._backchannel_only(cur.turn_id):
+            # A backchannel while tools run: the answer on their results is still wanted.
+            self.emit("llm.deferred", {"request_id": cur.id, "reason": "backchannel while tools run"})
+            return
         self._cancel_current("superseded by a newer request")
         backend = self.registry.resolve_name(self.settings.backend)
-        req = _Request(id=next(self._ids), turn_id=trigger.turn_id or self.transcript.user_turn_id, backend=backend, started=now)
+        turn_ended = trigger.reason == "final" or not self.transcript.user_open
+        req = _Request(id=next(self._ids), turn_id=trigger.turn_id or self.transcript.user_turn_id, backend=backend,
+                       started=now, turn_ended=turn_ended)
         messages = build_messages_from_config(self.transcript.view(), self.config, instructions=self.settings.instructions)
         self.counters["requests"] += 1
+        use_tools = self.tools is not None and bool(self.tools.specs) and self.registry.tools_allowed(backend)
         self.emit("llm.request_started", {"request_id": req.id, "backend": backend, "turn_id": req.turn_id,
-                                          "reason": trigger.reason})
-        req.task = asyncio.get_running_loop().create_task(self._consume(req, messages), name=f"kame-llm-{req.id}")
+                                          "reason": trigger.reason, "tools": use_tools})
+        work = self._consume_tools(req, messages) if use_tools else self._consume(req, messages)
+        req.task = asyncio.get_running_loop().create_task(work, name=f"kame-llm-{req.id}")
         self._current = req
 
     def _schedule_poll_after_backoff(self) -> None:
@@ -232,45 +278,22 @@ class OracleLoop:
 
     async def _consume(self, req: _Request, messages: list[dict[str, str]]) -> None:
         assert self.registry is not None
-        raw = ""
-        tokenizer: WordStreamTokenizer | None = None
-        owns_stream = False
+        seg = _Segment(after_tools=False)
         try:
             reply = self.registry.stream(req.backend, messages, max_tokens=max(64, 4 * self.config.max_answer_words))
             async with reply:
                 async for chunk in reply:
                     if req.first_token_t is None:
-                        req.first_token_t = self.clock()
-                        self.emit("llm.first_token", {"request_id": req.id, "backend": reply.backend or req.backend,
-                                                      "ttft_s": req.first_token_t - req.started})
-                        self._succeeded()
+                        self._first_token(req, reply.backend or req.backend)
                         if self.settings.oracle_delay_s > 0:
                             await asyncio.sleep(self.settings.oracle_delay_s)
-                    raw += chunk
-                    if not owns_stream:
-                        decision = self._decide(req, settled_words(raw, self._options()), complete=False)
-                        if decision is None:
-                            continue
-                        if decision == "ignore":
+                    if not self._segment_text(req, seg, chunk):
+                        if seg.ignored:
                             return
-                        tokenizer = self._take_stream(req, decision)
-                        owns_stream = True
-                        self._push(req, tokenizer, tokenizer.feed(raw), reset=decision[0] == "reset")
-                    else:
-                        assert tokenizer is not None
-                        self._push(req, tokenizer, tokenizer.feed(chunk))
-                    if tokenizer is not None and tokenizer.done:
                         break  # enough words fed: closing the stream stops the LLM
-            if not owns_stream:
-                decision = self._decide(req, spoken_words(raw, self._options()), complete=True)
-                if decision is None or decision == "ignore":
-                    return
-                tokenizer = self._take_stream(req, decision)
-                self._push(req, tokenizer, tokenizer.feed(raw), reset=decision[0] == "reset")
-                owns_stream = True
-            assert tokenizer is not None
-            self._push(req, tokenizer, tokenizer.flush())
-            self.emit("llm.done", {"request_id": req.id, "backend": reply.backend or req.backend, "text": raw,
+            if not self._segment_end(req, seg):
+                return
+            self.emit("llm.done", {"request_id": req.id, "backend": reply.backend or req.backend, "text": seg.raw,
                                    "duration_s": self.clock() - req.started})
         except asyncio.CancelledError:
             raise
@@ -283,10 +306,114 @@ class OracleLoop:
             if self._current is req:
                 self._current = None
 
+    async def _consume_tools(self, req: _Request, messages: list[dict[str, str]]) -> None:
+        """A request through the tool loop: pre-call text and the answer on the results are two sequences."""
+        assert self.registry is not None and self.tools is not None
+        tools = self.tools
+        offered = tools.calls.offered(tools.specs, turn_ended=req.turn_ended)
+        executor = tools.calls.executor(turn_id=req.turn_id, turn_ended=req.turn_ended)
+        prior = tools.calls.carry_over() if req.turn_ended else []
+        all_calls: list[ToolCall] = [p.call for p in prior]
+        if prior:
+            req.tool_bound = True
+        seg = _Segment(after_tools=bool(prior))
+        runner = ToolLoop(self.registry, tools.limits, clock=self.clock)
+        events = runner.run(req.backend, messages, offered, executor, prior=prior,
+                            max_tokens=max(64, 4 * self.config.max_answer_words))
+        try:
+            async with contextlib.aclosing(events):
+                async for ev in events:
+                    if isinstance(ev, TextDelta):
+                        if req.first_token_t is None:
+                            self._first_token(req, req.backend)
+                        if ev.after_tools != seg.after_tools:
+                            self._segment_end(req, seg)
+                            seg = _Segment(after_tools=ev.after_tools)
+                        if not self._segment_text(req, seg, ev.text) and seg.after_tools:
+                            break  # the answer on the results is dropped or fed in full: stop the LLM
+                    elif isinstance(ev, CallsRequested):
+                        if req.first_token_t is None:
+                            self._first_token(req, req.backend)
+                        self._segment_end(req, seg)  # "let me check" goes out whole, now
+                        seg = _Segment(after_tools=True)
+                        req.tool_bound = True
+                        executor.pre_call_text = ev.text
+                        all_calls.extend(ev.calls)
+                        for call in ev.calls:
+                            data: dict[str, Any] = {"request_id": req.id, "call_id": call.id, "name": call.name,
+                                                    "round": ev.round}
+                            if tools.include_arguments:
+                                data["arguments"] = call.arguments
+                            self.emit("tool.call_started", data)
+                    elif isinstance(ev, CallFinished):
+                        self.emit("tool.call_finished", {
+                            "request_id": req.id, "call_id": ev.call.id, "name": ev.call.name,
+                            "outcome": ev.result.outcome, "ok": ev.result.ok, "duration_s": ev.duration_s,
+                            "round": ev.round})
+                    elif isinstance(ev, LoopDone):
+                        break
+            self._segment_end(req, seg)
+            tools.calls.mark_delivered(all_calls)
+            self.emit("llm.done", {"request_id": req.id, "backend": req.backend, "text": seg.raw,
+                                   "duration_s": self.clock() - req.started, "tool_calls": len(all_calls)})
+        except asyncio.CancelledError:
+            raise
+        except BackendError as exc:
+            self._failed(req, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug here must not end the session
+            log.exception("oracle request %d failed", req.id)
+            self._failed(req, BackendError(req.backend, f"internal error ({type(exc).__name__})"))
+        finally:
+            if self._current is req:
+                self._current = None
+
+    def _first_token(self, req: _Request, backend: str) -> None:
+        req.first_token_t = self.clock()
+        self.emit("llm.first_token", {"request_id": req.id, "backend": backend,
+                                      "ttft_s": req.first_token_t - req.started})
+        self._succeeded()
+
+    def _segment_text(self, req: _Request, seg: _Segment, chunk: str) -> bool:
+        """Feed a chunk of one sequence's text; False once it wants no more (dropped, or fed in full)."""
+        if seg.ignored or seg.full:
+            return False
+        seg.raw += chunk
+        if seg.tokenizer is None:
+            decision = self._decide(req, settled_words(seg.raw, self._options()), complete=False,
+                                    built_on_tools=seg.after_tools)
+            if decision is None:
+                return True
+            if decision == "ignore":
+                seg.ignored = True
+                return False
+            seg.tokenizer = self._take_stream(req, decision)
+            self._push(req, seg.tokenizer, seg.tokenizer.feed(seg.raw), reset=decision[0] == "reset")
+        else:
+            self._push(req, seg.tokenizer, seg.tokenizer.feed(chunk))
+        if seg.tokenizer.done:
+            seg.full = True
+            return False
+        return True
+
+    def _segment_end(self, req: _Request, seg: _Segment) -> bool:
+        """The sequence's text is complete: decide if still undecided, flush. False if nothing was fed."""
+        if seg.ignored:
+            return False
+        if seg.tokenizer is None:
+            decision = self._decide(req, spoken_words(seg.raw, self._options()), complete=True,
+                                    built_on_tools=seg.after_tools)
+            if decision is None or decision == "ignore":
+                seg.ignored = True
+                return False
+            seg.tokenizer = self._take_stream(req, decision)
+            self._push(req, seg.tokenizer, seg.tokenizer.feed(seg.raw), reset=decision[0] == "reset")
+        self._push(req, seg.tokenizer, seg.tokenizer.flush())
+        return True
+
     def _options(self) -> Any:
         return self.config.sanitize.options()
 
-    def _decide(self, req: _Request, words: list[str], *, complete: bool) -> Any:
+    def _decide(self, req: _Request, words: list[str], *, complete: bool, built_on_tools: bool = False) -> Any:
         """None: wait for more; "ignore"; or ("reset"|"append", skip_words)."""
         d = decide_switch(
             self.settings.policy,  # type: ignore[arg-type]
@@ -295,6 +422,8 @@ class OracleLoop:
             current_turn_id=self.transcript.user_turn_id,
             answer_words=words,
             answer_complete=complete,
+            built_on_tools=built_on_tools,
+            backchannel_only=built_on_tools and self._backchannel_only(req.turn_id),
         )
         if d.action == "wait":
             return None
@@ -362,3 +491,5 @@ class OracleLoop:
         if req is not None and req.task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await req.task
+        if self.tools is not None:
+            await self.tools.aclose()

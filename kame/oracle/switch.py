@@ -10,7 +10,15 @@ Policies for a new answer (see docs/oracle.md):
   a word after the user's last word; from then on no answer replaces the one
   already fed for this turn (training never starts a sequence then).
 
-An answer for an older user turn is always ignored (stale).
+An answer for an older user turn is ignored (stale), with one exception.
+
+Answers built on tool results (``built_on_tools``: the LLM called a
+function and answered with its result) arrive late by nature, so, under
+every policy: such an answer starts a new oracle sequence (reset), even
+after the assistant has started speaking; and it is not stale when the only
+user turns since its own are backchannels (each shorter than
+``oracle.tool_backchannel_words`` words; the caller says so with
+``backchannel_only``).
 """
 
 from __future__ import annotations
@@ -66,6 +74,8 @@ def decide_switch(
     current_turn_id: int,
     answer_words: Sequence[str],
     answer_complete: bool,
+    built_on_tools: bool = False,
+    backchannel_only: bool = False,
 ) -> SwitchDecision:
     """Decide what a new answer does.
 
@@ -74,12 +84,14 @@ def decide_switch(
     while the result is ``wait``; once it is ``reset`` or ``append`` the
     answer owns the stream and its later words are just fed.
     """
-    if answer_turn_id != current_turn_id:
+    if answer_turn_id != current_turn_id and not (built_on_tools and backchannel_only):
         return SwitchDecision("ignore", "stale: the answer belongs to an earlier user turn")
     if not answer_words:
         if answer_complete:
             return SwitchDecision("ignore", "empty answer")
         return SwitchDecision("wait", "no complete word yet")
+    if built_on_tools:
+        return SwitchDecision("reset", "answer built on tool results: a new sequence whatever the policy")
     feeding_this_turn = state.turn_id == current_turn_id and bool(state.fed_words)
     if policy == "reset" or not feeding_this_turn:
         return SwitchDecision("reset", "new answer" if feeding_this_turn else "first answer of the turn")
@@ -98,6 +110,11 @@ def decide_switch(
             return SwitchDecision("ignore", "the answer only repeats what was fed")
         return SwitchDecision("wait", "the answer so far matches what was fed")
     raise ValueError(f"unknown answer-switch policy {policy!r}")
+
+
+def only_backchannels(later_turn_words: Sequence[int], max_words: int) -> bool:
+    """True when every user turn after the answer's own has fewer than ``max_words`` words."""
+    return all(n < max_words for n in later_turn_words)
 
 
 @dataclass(frozen=True)
