@@ -210,7 +210,7 @@ class LlmConfig(BaseModel):
 
 
 class McpServerConfig(BaseModel):
-    """One operator-configured MCP server (``tools.mcp_servers.NAME``).
+    """One operator-configured MCP server: a stdio command or a streamable-HTTP URL.
 
     Secrets never go in this file: ``env_from`` and ``bearer_token_env``
     name variables of kame's own environment whose values are passed on;

@@ -217,13 +217,14 @@ class SpeculativeCalls:
     async def aclose(self) -> None:
         """End of the session: read-only calls are cancelled; side-effecting ones run to their end."""
         self.closed = True
-        for entry in self._shared.values():
-            if not entry.task.done():
-                entry.task.cancel()
+        shared = [e.task for e in self._shared.values()]
+        for task in shared:
+            if not task.done():
+                task.cancel()
         running = [e.task for e in self._effects.values() if not e.task.done()]
-        for entry in self._shared.values():
+        for task in shared:
             with contextlib.suppress(BaseException):
-                await entry.task
+                await task
         if running:
             await asyncio.wait(running, timeout=self.call_timeout_s + 1.0)
 
