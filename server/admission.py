@@ -44,16 +44,22 @@ class Admitted:
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,
-                 error: str | None = None, send_error: SendError | None = None) -> None:
+                 error: str | None = None, send_error: SendError | None = None, send_reason: bool = False) -> None:
+    """Count and close; ``error`` (or, with ``send_reason``, the reason) goes out first through ``send_error``."""
     state.metrics.sessions_rejected.labels(reason=label).inc()
+    message = error or (reason if send_reason else None)
     with contextlib.suppress(Exception):  # the client may have gone already
-        if error and send_error is not None:
-            await send_error(ws, error)
+        if message and send_error is not None:
+            await send_error(ws, message)
         await ws.close(code=code, reason=protocol.close_reason(reason))
 
 
-async def admit(ws: WebSocket, state: AppState, send_error: SendError) -> Admitted | None:
-    """Accept ``ws`` and run the checks; None when it was refused (and closed)."""
+async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_reason: bool = False) -> Admitted | None:
+    """Accept ``ws`` and run the checks; None when it was refused (and closed).
+
+    ``send_reason``: every refusal's reason goes out through ``send_error``
+    before the close, not only errors (``/api/chat``: a 0x05 message).
+    """
     cfg = state.cfg.server
     host = state.host
     creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
@@ -63,7 +69,7 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError) -> Admitt
     peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
 
     async def no(label: str, code: int, reason: str, error: str | None = None) -> None:
-        await refuse(ws, state, label, code, reason, error=error, send_error=send_error)
+        await refuse(ws, state, label, code, reason, error=error, send_error=send_error, send_reason=send_reason)
 
     if not origin_ok(ws.headers.get("origin"), cfg.allowed_origins):
         log.warning("refused: origin not allowed", extra={"peer": peer, "origin": ws.headers.get("origin", "")[:100]})

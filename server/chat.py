@@ -1,6 +1,6 @@
 """``/api/chat``: admission of a websocket (:mod:`kame.server.admission`), then its
-:class:`~kame.server.session.ChatSession`. A refusal with a message sends it as a
-0x05 error first."""
+:class:`~kame.server.session.ChatSession`. Every refusal sends its reason (or
+error) as a 0x05 text message before the close frame."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ async def chat(ws: WebSocket) -> None:
     state: AppState = ws.app.state.kame
     cfg = state.cfg.server
     host = state.host
-    admitted = await admit(ws, state, _send_error)
+    admitted = await admit(ws, state, _send_error, send_reason=True)
     if admitted is None:
         return
     session_id, log, peer, params = admitted.session_id, admitted.log, admitted.peer, admitted.params

@@ -10,9 +10,12 @@ client and ``moshi``'s Python client exchange:
   as a space (the special ids 0 and 3 are never sent);
 - ``0x03`` control (one action byte), ``0x04`` metadata (JSON), ``0x05``
   error (UTF-8 text), ``0x06`` ping and ``0x07`` coloured text are known
-  to the web client, which throws on any other kind. This server sends
-  0x04 (the warning before the maximum duration) and 0x05 (why a session
-  ends on an error) besides the three above.
+  to the web client, which throws on any other kind. Besides the three
+  above this server sends ONE ``0x04`` right after the handshake, the
+  server info in the exact shape Kyutai's web client validates (the Rust
+  server's schema, :func:`server_info`), and ``0x05`` text messages for
+  notices about the end of a session (the maximum-duration warning) and
+  for the reason of every close it makes, sent before the close frame.
 
 Client messages are checked here so that a bad one ends its session with a
 clear reason instead of an exception somewhere deeper.
@@ -184,6 +187,11 @@ def encode_error(message: str) -> bytes:
     return bytes([Kind.ERROR]) + message.encode("utf-8")
 
 
+def encode_notice(text: str) -> bytes:
+    """A 0x05 text message: an end-of-session notice or the reason of a close."""
+    return encode_error(text)
+
+
 def encode_ping() -> bytes:
     return bytes([Kind.PING])
 
@@ -194,3 +202,83 @@ def close_reason(text: str, limit: int = 120) -> str:
     if len(data) <= limit:
         return text
     return data[: limit - 3].decode("utf-8", errors="ignore") + "..."
+
+
+# --------------------------------------------------------------------------- server info (0x04)
+
+#: String fields of the Rust server's ``build_info`` that Kyutai's web client requires.
+BUILD_INFO_FIELDS = (
+    "build_timestamp",
+    "build_date",
+    "git_branch",
+    "git_timestamp",
+    "git_date",
+    "git_hash",
+    "git_describe",
+    "rustc_host_triple",
+    "rustc_version",
+    "cargo_target_triple",
+)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the one 0x04 message after the handshake tells a client.
+
+    Kyutai's web client validates any metadata message against the Rust
+    server's server-info schema and logs a schema error otherwise, so the
+    field names and JSON types are exactly that schema's. Values kame does
+    not apply get neutral ones: ``pad_mult`` 0, repetition penalty 1 over a
+    context of 0.
+    """
+
+    text_temperature: float
+    text_topk: int
+    audio_temperature: float
+    audio_topk: int
+    lm_model_file: str  # a checkpoint id or file name, never an absolute path
+    instance_name: str
+    version: str  # kame's version, where the client expects build strings
+
+
+def server_info(info: ServerInfo) -> dict[str, Any]:
+    """The JSON object of the 0x04 server-info message."""
+    build = {name: info.version for name in BUILD_INFO_FIELDS}
+    return {
+        "text_temperature": float(info.text_temperature),
+        "text_topk": int(info.text_topk),
+        "audio_temperature": float(info.audio_temperature),
+        "audio_topk": int(info.audio_topk),
+        "pad_mult": 0.0,
+        "repetition_penalty_context": 0,
+        "repetition_penalty": 1.0,
+        "lm_model_file": info.lm_model_file,
+        "instance_name": info.instance_name,
+        "build_info": build,
+    }
+
+
+def encode_server_info(info: ServerInfo) -> bytes:
+    return encode_metadata(server_info(info))
+
+
+def model_file_label(configured: str, weights_name: str, *, local: bool) -> str:
+    """How ``lm_model_file`` names the checkpoint: a Hub id or ``tiny:SEED`` as
+    configured, a local directory as ``DIRNAME/WEIGHTS`` (never an absolute path)."""
+    if configured.startswith("tiny:") or not local:
+        return configured
+    name = configured.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return f"{name}/{weights_name}" if name not in ("", ".", "..", "~") else weights_name
+
+
+def expiring_notice(seconds_left: float, max_duration_s: float) -> str:
+    """The 0x05 notice sent ``server.duration_warning_s`` before the maximum duration."""
+    return (
+        f"this session ends in {max(0.0, seconds_left):.0f} s: "
+        f"the maximum session duration is {max_duration_s:g} s"
+    )
+
+
+def close_notice(reason: str, error: str | None = None) -> str:
+    """The 0x05 text sent before a close frame: the error when there is one, else the close reason."""
+    return error or reason

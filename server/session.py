@@ -12,11 +12,13 @@ Four tasks run per session, none of which waits on another's work:
 - *send*: send queue -> websocket (the only task that may wait on the
   network; a slow client makes the queue fill, and beyond
   ``server.send_queue_frames`` frames are dropped before encoding, counted);
-- *watch*: idle timeout, maximum duration (with a 0x04 warning first) and
+- *watch*: idle timeout, maximum duration (with a 0x05 notice first) and
   a client that accepts nothing for ``slow_client_timeout_s``.
 
-The first of them to decide the session is over calls :meth:`end`; ``run``
-then cancels the rest, sends an optional 0x05 error and the close frame,
+Right after the handshake the session sends one 0x04 server-info message
+(:mod:`kame.server.server_info`). The first task to decide the session is
+over calls :meth:`end`; ``run`` then cancels the rest, sends the reason (or
+the error) as a 0x05 text message and the close frame,
 and closes the Tandem (which detaches and so resets the slot for reuse).
 """
 
@@ -32,6 +34,7 @@ from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.logs import SessionLogger
 from kame.server.pacing import InputPacer
+from kame.server.server_info import session_server_info
 from kame.server.session_end import close_quietly, count_end, quietly, release_pipeline
 from kame.server.watchdog import watch, watch_period
 from starlette.websockets import WebSocketDisconnect
@@ -60,7 +63,7 @@ class SessionEnd:
     label: str  # metrics label: client_closed, idle, max_duration, protocol, bad_audio, engine_error, ...
     code: int | None  # close code to send; None when the client is gone already
     reason: str = ""
-    error: str | None = None  # sent as a 0x05 message before the close frame
+    error: str | None = None  # sent as the 0x05 message before the close frame (else the reason is)
 
 
 class ChatSession:
@@ -133,6 +136,7 @@ class ChatSession:
             slot_index = await self.slot.attach()
         except EngineFull:
             self.metrics.sessions_rejected.labels(reason="full").inc()
+            await quietly(self.ws.send_bytes(protocol.encode_notice("server full, retry later")))
             await close_quietly(self.ws, protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
             self.ended = SessionEnd("rejected_full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
             return
@@ -155,6 +159,7 @@ class ChatSession:
                 await self.tandem.start()
                 try:
                     await self.ws.send_bytes(protocol.encode_handshake())
+                    await self.ws.send_bytes(protocol.encode_server_info(session_server_info(self.host, self.params)))
                 except (WebSocketDisconnect, OSError, RuntimeError):
                     self.end("client_closed", None)
                 now = time.monotonic()
@@ -193,8 +198,7 @@ class ChatSession:
     async def _finish(self) -> None:
         end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
         if end.code is not None:
-            if end.error:
-                await quietly(self.ws.send_bytes(protocol.encode_error(end.error)))
+            await quietly(self.ws.send_bytes(protocol.encode_notice(protocol.close_notice(end.reason, end.error))))
             await close_quietly(self.ws, end.code, end.reason)
         # a draining server does not wait for the ASR to flush the last words
         await release_pipeline(self.tandem, self.slot, self.metrics, self.log, flush_asr=end.label != "draining")
@@ -326,8 +330,8 @@ class ChatSession:
                 return
             if verdict.warn_s is not None:
                 warned = True
-                warning = {"type": "session.expiring", "reason": "max_duration", "seconds_left": round(verdict.warn_s, 1)}
-                self._send_q.put_nowait((protocol.encode_metadata(warning), None))
+                notice = protocol.expiring_notice(verdict.warn_s, self.cfg.max_duration_s)
+                self._send_q.put_nowait((protocol.encode_notice(notice), None))
                 self.log.info("session ends in %.1f s (maximum duration)", verdict.warn_s)
 
     # ------------------------------------------------------------------ tandem events

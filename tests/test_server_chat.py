@@ -116,6 +116,7 @@ def test_eight_sessions_then_the_ninth_is_refused_and_counted(server: ServerProc
     assert (active, free) == (8, 0)
     assert (code, reason) == (1013, "server full, retry later")
     assert not extra.handshake.is_set()
+    assert extra.errors == ["server full, retry later"]  # as a 0x05 message before the close
     assert server.metric("kame_sessions_rejected_total", 'reason="full"') == rejected_before + 1
     for c in clients:
         assert c.errors == []
@@ -205,3 +206,55 @@ def test_metrics_exposition(server: ServerProcess) -> None:
     assert server.metric("kame_frame_lateness_seconds_count") > 0
     assert server.metric("kame_sessions_total") >= 9
     assert server.metric("kame_sessions_active") == 0
+
+
+def test_one_server_info_message_right_after_the_handshake(server: ServerProcess) -> None:
+    """Kyutai's web client validates 0x04 against its server-info schema: one message, that shape."""
+    import json
+
+    import websockets
+    from test_server_protocol import assert_kyutai_server_info
+
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        url = server.ws_url + "?text_temperature=0.45&text_topk=10"
+        async with websockets.connect(url) as ws:
+            first = [bytes(await asyncio.wait_for(ws.recv(), 15)) for _ in range(2)]
+            rest: list[bytes] = []
+            # a second of audio: nothing but audio and text follows
+            import sphn
+
+            writer = sphn.OpusStreamWriter(24000)
+            for i in range(12):
+                ogg = writer.append_pcm(_noise(0.08, i))
+                if ogg:
+                    await ws.send(b"\x01" + ogg)
+                await asyncio.sleep(0.08)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                try:
+                    rest.append(bytes(await asyncio.wait_for(ws.recv(), 0.2)))
+                except asyncio.TimeoutError:
+                    break
+            return first, rest
+
+    first, rest = asyncio.run(main())
+    assert first[0] == b"\x00"
+    assert first[1][0] == 0x04
+    info = json.loads(first[1][1:])
+    assert_kyutai_server_info(info)
+    assert info["text_temperature"] == 0.45 and info["text_topk"] == 10  # this session's text sampling
+    assert info["audio_topk"] == 250 and info["audio_temperature"] == 0.8  # the checkpoint's lm_gen_config
+    assert info["lm_model_file"] == "tiny:0"
+    assert "/" not in info["lm_model_file"]
+    assert rest and {m[0] for m in rest} <= {0x01, 0x02}
+
+
+def test_a_refused_session_gets_the_reason_as_text_before_the_close(server: ServerProcess) -> None:
+    async def main() -> MoshiClient:
+        c = await MoshiClient.connect(server.ws_url, query={"backend": "no-such-backend"})
+        await c.wait_closed(5)
+        return c
+
+    c = asyncio.run(main())
+    assert c.close_code == 1008 and not c.handshake.is_set()
+    assert len(c.errors) == 1 and "no-such-backend" in c.errors[0]

@@ -55,6 +55,7 @@ def test_idle_client_is_closed(server: ServerProcess) -> None:
     c, waited = asyncio.run(main())
     assert c.close_code == 1000
     assert c.close_reason.startswith("idle timeout")
+    assert c.errors == [c.close_reason]  # the reason came as a 0x05 message before the close
     assert 0.5 <= waited <= 2.5
 
 
@@ -71,8 +72,11 @@ def test_maximum_duration_warns_then_closes(server: ServerProcess) -> None:
     assert c.close_code == 1000
     assert c.close_reason.startswith("maximum session duration reached")
     assert 2.5 <= lasted <= 4.5
-    assert [m["type"] for m in c.metadata] == ["session.expiring"]
-    assert 0 < c.metadata[0]["seconds_left"] <= 1.0
+    (info,) = c.metadata  # the server info after the handshake, nothing else as 0x04
+    assert info["lm_model_file"] == "tiny:0"
+    notice, reason = c.errors  # 0x05: the warning, then the close reason
+    assert notice.startswith("this session ends in 1 s") and "maximum session duration is 3 s" in notice
+    assert reason == c.close_reason
     assert c.stats.audio_received_s > 1.5  # it was a live session until then
 
 

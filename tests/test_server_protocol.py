@@ -198,3 +198,74 @@ def test_metrics_are_fed_from_tandem_events_and_ticks() -> None:
     assert "secret words" not in text
     # one registry per instance: a second app starts from zero
     assert "kame_oracle_tokens_total 0.0" in ServerMetrics().render().decode()
+
+
+# --------------------------------------------------------------------------- server info (0x04) and notices (0x05)
+
+#: Kyutai's web client's server-info schema (client/src/pages/Conversation/hooks/useServerInfo.ts, zod):
+#: field -> JSON type; every field required.
+KYUTAI_SERVER_INFO_SCHEMA: dict[str, str] = {
+    "text_temperature": "number",
+    "text_topk": "number",
+    "audio_temperature": "number",
+    "audio_topk": "number",
+    "pad_mult": "number",
+    "repetition_penalty_context": "number",
+    "repetition_penalty": "number",
+    "lm_model_file": "string",
+    "instance_name": "string",
+}
+KYUTAI_BUILD_INFO_FIELDS = (
+    "build_timestamp", "build_date", "git_branch", "git_timestamp", "git_date",
+    "git_hash", "git_describe", "rustc_host_triple", "rustc_version", "cargo_target_triple",
+)
+
+
+def assert_kyutai_server_info(data: object) -> None:
+    """What zod's ``ServersInfoSchema.safeParse`` accepts (numbers are finite non-bool numbers)."""
+    import math
+
+    assert isinstance(data, dict)
+    for key, kind in KYUTAI_SERVER_INFO_SCHEMA.items():
+        value = data[key]
+        if kind == "number":
+            assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), key
+        else:
+            assert isinstance(value, str), key
+    build = data["build_info"]
+    assert isinstance(build, dict)
+    for key in KYUTAI_BUILD_INFO_FIELDS:
+        assert isinstance(build[key], str), key
+    assert set(data) == set(KYUTAI_SERVER_INFO_SCHEMA) | {"build_info"}
+    assert set(build) == set(KYUTAI_BUILD_INFO_FIELDS)
+
+
+def test_server_info_has_the_shape_kyutais_client_validates() -> None:
+    info = protocol.ServerInfo(
+        text_temperature=0.6, text_topk=20, audio_temperature=0.8, audio_topk=250,
+        lm_model_file="SakanaAI/kame", instance_name="kame", version="kame 0.1.0",
+    )
+    message = protocol.encode_server_info(info)
+    assert message[0] == 0x04
+    data = json.loads(message[1:])
+    assert_kyutai_server_info(data)
+    assert (data["text_temperature"], data["text_topk"], data["audio_temperature"], data["audio_topk"]) == (0.6, 20, 0.8, 250)
+    assert (data["pad_mult"], data["repetition_penalty_context"], data["repetition_penalty"]) == (0, 0, 1)
+    assert data["build_info"]["git_describe"] == "kame 0.1.0"
+
+
+def test_model_file_label_never_gives_an_absolute_path() -> None:
+    label = protocol.model_file_label
+    assert label("SakanaAI/kame", "model.safetensors", local=False) == "SakanaAI/kame"
+    assert label("tiny:3", "model.safetensors", local=True) == "tiny:3"
+    assert label("/srv/models/kame-7b/", "model.safetensors", local=True) == "kame-7b/model.safetensors"
+    assert label("models/kame", "model.safetensors", local=True) == "kame/model.safetensors"
+    assert label(".", "w.safetensors", local=True) == "w.safetensors"
+
+
+def test_end_notices_are_text() -> None:
+    notice = protocol.expiring_notice(29.96, 300.0)
+    assert notice == "this session ends in 30 s: the maximum session duration is 300 s"
+    assert protocol.encode_notice(notice) == b"\x05" + notice.encode()
+    assert protocol.close_notice("idle timeout: no audio for 30 s") == "idle timeout: no audio for 30 s"
+    assert protocol.close_notice("corrupt audio", "Opus stream: bad page") == "Opus stream: bad page"
