@@ -91,14 +91,18 @@ _CHOICE_MODES = ("auto", "none", "required")
 _MODES: dict[str, Literal["auto", "none", "required"]] = {"auto": "auto", "none": "none", "required": "required"}
 
 
-class DelegationConfigError(ValueError):
-    """``delegation.responses`` cannot be honoured: one ``error`` event, nothing applied."""
+class ResponsesError(ValueError):
+    """A Responses-delegation command that cannot be honoured: one ``error`` event; the session goes on."""
 
     def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
+
+
+class DelegationConfigError(ResponsesError):
+    """``delegation.responses`` cannot be honoured: one ``error`` event, nothing applied."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,544 @@
+"""Runs Responses delegations: back-end rounds, the client's function calls, and how they end.
+
+One :class:`ResponsesDelegator` per Live session in Responses delegation.
+A delegation is one back-end task (the request made after the user's
+turn, or a client's ``response.create``); it runs as rounds:
+
+1. a round is one back-end request (chat completions with the client's
+   functions), streamed to the client as one response
+   (:class:`~kame.server.wires.live.responses_stream.ResponseStream`) and
+   its text handed to the oracle as it arrives;
+2. a round that called functions ends ``completed`` with them; the client
+   runs them and answers with ``response.item.create``
+   (``function_call_output``) and ``response.create``, which starts the
+   next round with the outputs in the back-end's conversation;
+3. a round without calls ends the delegation.
+
+Delegations run one at a time, in order, on the session's one back-end
+conversation (:class:`~kame.server.wires.live.responses_conversation.ConversationLog`),
+so a second question waits for the first answer and sees it, as Pipecat's
+client delegation does. Failures end the response and leave the session
+running: a back-end error ends it ``failed`` (the delegation ends); a
+client that does not answer a call within ``function_timeout_s`` gets an
+``info`` and the back-end is told the function returned nothing and
+answers anyway; the round count is capped (``max_rounds``: the last
+request offers no tools, so the back-end must answer).
+
+Nothing here touches audio or the engine: the wire feeds client commands
+in and sends what ``send`` receives; the back-end is any ``RoundSource``
+(bound to the registry's tool-capable stream by the wire).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from kame.server.wires.live.responses_config import FunctionSpec, ResponsesDelegationSettings, ResponsesError
+from kame.server.wires.live.responses_conversation import (
+    BackendTurn,
+    CallOutput,
+    CallRecord,
+    ClientMessage,
+    ConversationLog,
+    build_backend_messages,
+)
+from kame.server.wires.live.responses_stream import (
+    Event,
+    IncompleteReason,
+    ResponseStream,
+    Usage,
+    failure_code,
+    incomplete_reason,
+    new_id,
+    response_event,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FUNCTION_TIMEOUT_S = 30.0
+DEFAULT_MAX_ROUNDS = 4
+DEFAULT_MAX_OUTPUT_CHARS = 16_000
+
+
+class ToolCallPiece(Protocol):
+    """A streamed piece of a function call (chat-completions ``tool_calls`` delta)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def id(self) -> str | None: ...
+
+    @property
+    def name(self) -> str | None: ...
+
+    @property
+    def arguments(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """Optional last item of a round source: why the back-end stopped, and its token usage."""
+
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """One back-end request of a delegation."""
+
+    messages: list[dict[str, Any]]
+    functions: tuple[FunctionSpec, ...]  #: offered (empty on the last round: the back-end must answer)
+    tool_choice: str | None  #: ``auto`` / ``none`` / ``required`` or one function's name
+    max_tokens: int | None
+    backend: str
+    model: str | None
+
+
+#: Streams one round: text chunks (``str``), :class:`ToolCallPiece` items, optionally a final :class:`RoundEnd`.
+RoundSource = Callable[[RoundRequest], AsyncIterator[Any]]
+
+
+@dataclass(frozen=True)
+class TextOut:
+    """Back-end text for the oracle: ``after_tools`` once a function's result is in the conversation."""
+
+    delegation_id: str
+    round: int
+    delta: str
+    after_tools: bool
+
+
+@dataclass(frozen=True)
+class DelegationDone:
+    """How a delegation ended."""
+
+    delegation_id: str
+    status: Literal["completed", "incomplete", "failed", "cancelled"]
+    text: str  #: the last round's text (the answer)
+    rounds: int
+    usage: Usage | None
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    max_words: int = 30
+    language: str = "English"
+    max_chars: int | None = 16_000
+
+
+@dataclass
+class _Waiting:
+    """A round that ended with calls, waiting for the client's outputs and ``response.create``."""
+
+    delegation_id: str
+    calls: dict[str, str]  # call_id -> name
+    answered: set[str] = field(default_factory=set)
+    resume: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def missing(self) -> list[str]:
+        return [c for c in self.calls if c not in self.answered]
+
+
+class ResponsesDelegator:
+    """The delegations of one session (single owner: the session's event loop)."""
+
+    def __init__(
+        self,
+        *,
+        settings: Callable[[], ResponsesDelegationSettings],
+        source: RoundSource,
+        send: Callable[[Event], None],
+        on_text: Callable[[TextOut], None] = lambda _out: None,
+        on_done: Callable[[DelegationDone], None] = lambda _done: None,
+        conversation: ConversationLog | None = None,
+        prompt: PromptOptions | None = None,
+        function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S,
+        max_rounds: int = DEFAULT_MAX_ROUNDS,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        ids: Callable[[str], str] = new_id,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_rounds < 1:
+            raise ValueError("max_rounds must be >= 1")
+        self._settings = settings
+        self._source = source
+        self._send = send
+        self._on_text = on_text
+        self._on_done = on_done
+        self.conversation = conversation if conversation is not None else ConversationLog()
+        self._prompt = prompt or PromptOptions()
+        self.function_timeout_s = function_timeout_s
+        self.max_rounds = max_rounds
+        self.max_output_chars = max_output_chars
+        self._ids = ids
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[DelegationDone]] = set()
+        self._waiting: _Waiting | None = None
+        self._running: str | None = None  # the delegation whose round is streaming
+        self._expired: set[str] = set()  # calls kame stopped waiting for
+
+    # ------------------------------------------------------------------ delegations
+
+    def new_ids(self) -> tuple[str, str]:
+        """A delegation id and its first response's id (``session.delegation.created`` carries both)."""
+        return self._ids("dlg"), self._ids("resp")
+
+    def start(self, delegation_id: str, response_id: str) -> asyncio.Task[DelegationDone]:
+        """Run a delegation after those already queued (the wire sent its ``delegation.created``)."""
+        task = asyncio.get_running_loop().create_task(
+            self._serialized(delegation_id, response_id), name=f"kame-responses-{delegation_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def busy(self) -> bool:
+        """A delegation is running or queued."""
+        return bool(self._tasks)
+
+    async def aclose(self) -> None:
+        """Cancel every delegation (session end); nothing more is sent."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # ------------------------------------------------------------------ client commands
+
+    def item_create(self, item: object) -> None:
+        """``response.item.create``: a function's output, or a message for the back-end's conversation."""
+        if not isinstance(item, Mapping):
+            raise ResponsesError("invalid_type", "item must be an object", param="item")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "function_call_output":
+            self._function_output(item)
+        elif kind == "message":
+            self.conversation.add(_client_message(item))
+        else:
+            raise ResponsesError(
+                "invalid_value",
+                f"item.type {kind!r}: kame's back-end conversation takes function_call_output and message items",
+                param="item.type",
+            )
+
+    def response_create(self) -> Literal["resumed", "new"]:
+        """``response.create``: continue the round waiting for outputs, or ask for a new delegation.
+
+        ``new``: nothing waits; the wire creates a delegation (its
+        ``session.delegation.created``) and calls :meth:`start`.
+        """
+        waiting = self._waiting
+        if waiting is not None:
+            if waiting.missing:
+                raise ResponsesError(
+                    "missing_function_call_output",
+                    f"response.create: waiting for function_call_output of {', '.join(waiting.missing)}",
+                )
+            waiting.resume = True
+            waiting.wake.set()
+            return "resumed"
+        if self._running is not None:
+            raise ResponsesError(
+                "response_in_progress",
+                f"response.create: delegation {self._running} is still streaming; send it after its response ends",
+            )
+        return "new"
+
+    def _function_output(self, item: Mapping[str, Any]) -> None:
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise ResponsesError("missing_required_parameter", "item.call_id is required", param="item.call_id")
+        output = _output_text(item.get("output"))
+        if len(output) > self.max_output_chars:
+            raise ResponsesError(
+                "output_too_large",
+                f"item.output: {len(output)} characters; at most {self.max_output_chars}",
+                param="item.output",
+            )
+        if call_id in self._expired:
+            raise ResponsesError(
+                "call_expired",
+                f"function_call_output for {call_id} came after kame stopped waiting "
+                f"({self.function_timeout_s:g} s); the back-end was told the function returned nothing",
+                param="item.call_id",
+            )
+        if not self.conversation.has_call(call_id):
+            raise ResponsesError("unknown_call_id", f"no function call {call_id} in this session", param="item.call_id")
+        if self.conversation.has_output(call_id):
+            raise ResponsesError(
+                "duplicate_call_output", f"function call {call_id} already has an output", param="item.call_id"
+            )
+        self.conversation.add(CallOutput(call_id, output))
+        waiting = self._waiting
+        if waiting is not None and call_id in waiting.calls:
+            waiting.answered.add(call_id)
+            waiting.wake.set()
+
+    # ------------------------------------------------------------------ running
+
+    async def _serialized(self, delegation_id: str, response_id: str) -> DelegationDone:
+        async with self._lock:
+            try:
+                done = await self._run(delegation_id, response_id)
+            except asyncio.CancelledError:
+                self._on_done(DelegationDone(delegation_id, "cancelled", "", 0, None))
+                raise
+            finally:
+                self._running = None
+                self._waiting = None
+            self._on_done(done)
+            return done
+
+    async def _run(self, delegation_id: str, response_id: str) -> DelegationDone:
+        previous: str | None = None
+        total: Usage | None = None
+        after_tools = False
+        for round_no in range(self.max_rounds):
+            last = round_no == self.max_rounds - 1
+            settings = self._settings()
+            stream = ResponseStream(
+                model=settings.model,
+                response_id=response_id if round_no == 0 else None,
+                tool_choice=settings.tool_choice.response_tool_choice(),
+                parallel_tool_calls=settings.parallel_tool_calls,
+                max_output_tokens=settings.max_output_tokens,
+                previous_response_id=previous,
+                ids=self._ids,
+                clock=self._clock,
+            )
+            previous = stream.response_id
+            self._running = delegation_id
+            refused: list[tuple[CallRecord, str]] = []
+            status, usage = await self._round(delegation_id, round_no, stream, settings, last, after_tools, refused)
+            self._running = None
+            if usage is not None:
+                total = usage if total is None else total + usage
+            calls = stream.summary().calls
+            records = [CallRecord(c.call_id, c.name, c.arguments) for c in calls] + [r for r, _ in refused]
+            self.conversation.add(BackendTurn(stream.text, tuple(records)))
+            for record, why in refused:
+                self.conversation.add(CallOutput(record.call_id, why))
+            if status != "completed" or not records:
+                return DelegationDone(delegation_id, status, stream.text, round_no + 1, total)
+            if calls:
+                await self._await_client(delegation_id, {c.call_id: c.name for c in calls})
+                after_tools = True
+        raise AssertionError("unreachable: the last round offers no tools")  # pragma: no cover
+
+    async def _round(
+        self,
+        delegation_id: str,
+        round_no: int,
+        stream: ResponseStream,
+        settings: ResponsesDelegationSettings,
+        last: bool,
+        after_tools: bool,
+        refused: list[tuple[CallRecord, str]],
+    ) -> tuple[Literal["completed", "incomplete", "failed"], Usage | None]:
+        functions = () if last else tuple(settings.offered_functions())
+        choice = settings.tool_choice
+        tool_choice: str | None = None
+        if functions:
+            forced = choice.forced
+            tool_choice = forced.removeprefix("function:") if forced and forced.startswith("function:") else choice.mode
+            if round_no > 0 and tool_choice != "none":
+                tool_choice = "auto"  # forcing a call again after its output would loop
+        request = RoundRequest(
+            messages=build_backend_messages(
+                self.conversation,
+                instructions=settings.instructions,
+                max_words=self._prompt.max_words,
+                language=self._prompt.language,
+                tools=bool(functions),
+                max_chars=self._prompt.max_chars,
+                continuing=round_no > 0,
+            ),
+            functions=functions,
+            tool_choice=tool_choice,
+            max_tokens=settings.max_output_tokens,
+            backend=settings.target.backend,
+            model=settings.target.model,
+        )
+        self._emit(delegation_id, stream.start())
+        offered = {f.name for f in functions}
+        names: dict[int, str] = {}
+        args: dict[int, list[str]] = {}
+        order: list[int] = []
+        end = RoundEnd()
+        try:
+            gen = self._source(request)
+            try:
+                async for item in gen:
+                    if isinstance(item, str):
+                        if item:
+                            self._emit(delegation_id, stream.text_delta(item))
+                            self._on_text(TextOut(delegation_id, round_no, item, after_tools))
+                    elif isinstance(item, RoundEnd):
+                        end = item
+                    else:
+                        self._piece(item, names, args, order, settings.parallel_tool_calls)
+            finally:
+                await _aclose(gen)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken back-end ends this response, never the session
+            kind = getattr(exc, "kind", "internal")
+            message = str(exc) if hasattr(exc, "kind") else "internal error while streaming the back-end"
+            if not hasattr(exc, "kind"):
+                log.exception("responses delegation %s: back-end round failed", delegation_id)
+            self._emit(delegation_id, stream.fail(failure_code(kind), message, error_type=kind))
+            return "failed", None
+        reason: IncompleteReason | None = incomplete_reason(end.finish_reason)
+        # Calls open only now, when their names are whole (some servers split names), in index order.
+        # A round cut short leaves them open: they close ``incomplete`` and no client runs them.
+        refused.clear()
+        for index in order:
+            name = names.get(index, "")
+            if name not in offered:
+                if reason is not None:
+                    continue
+                # Never shown to the client (it could not run it); the back-end is told and tries again.
+                call_id = self._ids("call")
+                refused.append(
+                    (CallRecord(call_id, name or "unnamed", "".join(args.get(index, [])) or "{}"), _refusal(name))
+                )
+                log.info("responses delegation %s: refused a call of %r (not offered)", delegation_id, name)
+                continue
+            self._emit(delegation_id, stream.call_begin(index, None, name))
+            self._emit(delegation_id, stream.call_arguments(index, "".join(args.get(index, [])) or "{}"))
+            if reason is None:
+                self._emit(delegation_id, stream.call_end(index))
+        if reason is not None:
+            self._emit(delegation_id, stream.incomplete(reason, end.usage))
+            return "incomplete", end.usage
+        self._emit(delegation_id, stream.complete(end.usage))
+        return "completed", end.usage
+
+    def _piece(
+        self,
+        piece: ToolCallPiece,
+        names: dict[int, str],
+        args: dict[int, list[str]],
+        order: list[int],
+        parallel: bool,
+    ) -> None:
+        index = piece.index
+        if index not in args:
+            if order and not parallel:
+                return  # parallel_tool_calls false: only the first call counts
+            order.append(index)
+            args[index] = []
+        if piece.name and names.get(index) != piece.name:
+            names[index] = names.get(index, "") + piece.name
+        if piece.arguments:
+            args[index].append(piece.arguments)
+
+    async def _await_client(self, delegation_id: str, calls: dict[str, str]) -> None:
+        """Wait for every output and ``response.create``; past the timeout, go on without them."""
+        waiting = _Waiting(delegation_id, calls)
+        self._waiting = waiting
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.function_timeout_s
+        try:
+            while not (waiting.resume and not waiting.missing):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                waiting.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiting.wake.wait(), remaining)
+        finally:
+            self._waiting = None
+        missing = waiting.missing
+        if missing:
+            for call_id in missing:
+                self._expired.add(call_id)
+                self.conversation.add(
+                    CallOutput(call_id, f"No result: the function did not answer within {self.function_timeout_s:g} s.")
+                )
+            self._info(
+                "kame.function_timeout",
+                f"no function_call_output for {', '.join(missing)} within {self.function_timeout_s:g} s; "
+                "the back-end answers without it",
+            )
+        elif not waiting.resume:
+            self._info(
+                "kame.response_create_timeout",
+                f"every function answered but no response.create came within {self.function_timeout_s:g} s; "
+                "the back-end answers now",
+            )
+
+    # ------------------------------------------------------------------ sending
+
+    def _emit(self, delegation_id: str, events: Sequence[Event]) -> None:
+        for event in events:
+            self._send(response_event(event, delegation_id))
+
+    def _info(self, code: str, message: str) -> None:
+        self._send({"type": "info", "code": code, "message": message})
+
+
+def _refusal(name: str) -> str:
+    return (
+        f"Refused: no function named {name!r} is available; answer without it."
+        if name
+        else ("Refused: a function call without a name; answer without it.")
+    )
+
+
+def _client_message(item: Mapping[str, Any]) -> ClientMessage:
+    role = item.get("role")
+    if role not in ("user", "assistant", "developer", "system"):
+        raise ResponsesError(
+            "invalid_value", "item.role must be user, assistant, developer or system", param="item.role"
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, Sequence):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") not in ("input_text", "output_text", "text"):
+                raise ResponsesError(
+                    "invalid_value", "kame's back-end takes text content only", param=f"item.content[{i}]"
+                )
+            parts.append(str(part.get("text", "")))
+        text = "".join(parts)
+    else:
+        raise ResponsesError("invalid_type", "item.content must be a string or an array", param="item.content")
+    return ClientMessage(role, text)
+
+
+def _output_text(output: object) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Sequence):
+        parts = []
+        for i, part in enumerate(output):
+            if not isinstance(part, Mapping) or part.get("type") != "input_text":
+                raise ResponsesError(
+                    "invalid_value", "kame's back-end takes text outputs only", param=f"item.output[{i}]"
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise ResponsesError("invalid_type", "item.output must be a string or an array of input_text", param="item.output")
+
+
+async def _aclose(gen: Any) -> None:
+    aclose = getattr(gen, "aclose", None)
+    if aclose is not None:
+        await aclose()
