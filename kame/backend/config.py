@@ -240,7 +240,10 @@ class McpServerConfig(BaseModel):
         default_factory=list,
         description="Tools (of the allow-list) without side effects: they may run on partial transcripts.",
     )
-    timeout_s: float = Field(5.0, gt=0, description="Per-call timeout (also bounds connecting and listing).")
+    timeout_s: float = Field(5.0, gt=0, description="Per-call timeout.")
+    connect_timeout_s: float = Field(
+        10.0, gt=0, description="Bound on starting/connecting to the server and listing its tools."
+    )
     max_output_chars: int = Field(4000, ge=1, description="Longer tool outputs are cut to this size.")
     enabled: bool = Field(
         False, description="On for every session (server-wide); else only where a back-end or a session enables it."
