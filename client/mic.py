@@ -6,6 +6,13 @@ transcript, the oracle answer and the assistant's text) or ``moshi``
 ``--input-wav`` no sound device is touched: the file is streamed at real
 time, the line stays open ``tail_s`` seconds for the reply, and everything
 the server sent is written to ``--output-wav``.
+
+A refused session (1013: full or starting; HTTP 503 from a load balancer)
+and a drained one (1001: the replica is shutting down) are retried with
+back-off and jitter (:mod:`kame.client.reconnect`), saying so on the
+``state`` line. A reconnect starts a new conversation: the server keeps
+nothing across connections; with ``--input-wav`` the rest of the file goes
+to the new session.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from urllib.parse import urlparse, urlunparse
 
 import numpy as np
 
+from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, describe, open_with_retry, retry_reason
 from kame.errors import UserError
 
 RATE = 24000
@@ -38,6 +46,7 @@ class MicOptions:
     tail_s: float = 4.0
     instructions: str | None = None
     oracle_policy: str | None = None
+    backoff: Backoff = Backoff()  # attempts=0: no reconnecting
 
 
 def websocket_url(server: str, protocol: str) -> str:
@@ -134,37 +143,62 @@ class Speaker:
 # --------------------------------------------------------------------------- sessions
 
 
-async def _connect(opts: MicOptions) -> Any:
+async def _open_session(opts: MicOptions) -> Any:
     url = websocket_url(opts.server, opts.protocol)
-    try:
-        if opts.protocol == "realtime":
-            from kame.client.realtime_client import RealtimeClient
+    if opts.protocol == "realtime":
+        from kame.client.realtime_client import RealtimeClient
 
-            return await RealtimeClient.connect(url, token=opts.token)
-        from kame.client.moshi_client import MoshiClient
+        return await RealtimeClient.connect(url, token=opts.token)
+    from kame.client.moshi_client import MoshiClient
 
-        query = {"backend": opts.backend} if opts.backend else None
-        if opts.oracle_policy:
-            query = {**(query or {}), "oracle_policy": opts.oracle_policy}
-        return await MoshiClient.connect(url, token=opts.token, query=query)
-    except OSError as exc:
-        raise UserError(f"cannot connect to {url}: {exc}") from None
-    except Exception as exc:  # websockets' handshake errors (401, 503...)
-        raise UserError(f"cannot connect to {url}: {type(exc).__name__}: {exc}") from None
+    query = {"backend": opts.backend} if opts.backend else None
+    if opts.oracle_policy:
+        query = {**(query or {}), "oracle_policy": opts.oracle_policy}
+    return await MoshiClient.connect(url, token=opts.token, query=query)
 
 
-async def _ready(client: Any, opts: MicOptions, display: Display) -> None:
+async def _ready(client: Any, opts: MicOptions) -> bool:
+    """True once the session is usable; False when the server closed it first (the code says why)."""
     if opts.protocol == "realtime":
         ev = await client.wait_for_type("session.created", 30)
         if ev is None:
-            raise UserError(f"no session from the server ({client.close_code} {client.close_reason})".strip())
+            if not client.closed.is_set():
+                client.close_reason = "no session.created within 30 s"
+            return False
         kame = {k: v for k, v in {"backend": opts.backend, "oracle_policy": opts.oracle_policy}.items() if v}
         if kame or opts.instructions:
             await client.update_session(instructions=opts.instructions, kame=kame or None)
-    else:
-        if not await client.wait_handshake(30):
-            raise UserError(f"no handshake from the server ({client.close_code} {client.close_reason})".strip())
-    display.state(f"connected ({opts.protocol})")
+        return True
+    if await client.wait_handshake(30):
+        return True
+    if not client.closed.is_set():
+        client.close_reason = "no handshake within 30 s"
+    return False
+
+
+async def _connect(opts: MicOptions, display: Display, retrier: Retrier) -> Any:
+    """A ready session, retrying refusals and drains (see the module docstring)."""
+    url = websocket_url(opts.server, opts.protocol)
+    try:
+        client = await open_with_retry(lambda: _open_session(opts), lambda c: _ready(c, opts), retrier)
+    except (GaveUp, Refused) as exc:
+        raise UserError(f"{url}: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"cannot connect to {url}: {exc}") from None
+    except Exception as exc:  # websockets' handshake errors (401, 404...)
+        raise UserError(f"cannot connect to {url}: {type(exc).__name__}: {exc}") from None
+    display.state(f"connected ({opts.protocol})" + (": a new conversation" if retrier.reconnects else ""))
+    return client
+
+
+def _should_reconnect(client: Any, display: Display) -> bool:
+    """The server ended the session in a way worth a new one (1001 drain, 1013, 1012)?"""
+    why = retry_reason(close_code=client.close_code)
+    if why is None:
+        if client.close_code not in (None, 1000):
+            display.state(f"the server closed the session ({client.close_code} {client.close_reason})".strip())
+        return False
+    return True
 
 
 class _EventPrinter:
@@ -173,6 +207,8 @@ class _EventPrinter:
     def __init__(self, client: Any, protocol: str, display: Display) -> None:
         self.client, self.protocol, self.display = client, protocol, display
         self.seen = 0
+        self.errors_seen = 0
+        self.meta_seen = 0
 
     def poll(self) -> None:
         if self.protocol == "realtime":
@@ -185,6 +221,13 @@ class _EventPrinter:
             for piece in texts[self.seen :]:
                 self.display.assistant_piece(piece)
             self.seen = len(texts)
+            for text in self.client.errors[self.errors_seen :]:
+                self.display.state(f"server: {text}")
+            self.errors_seen = len(self.client.errors)
+            for meta in self.client.metadata[self.meta_seen :]:
+                if isinstance(meta, dict) and meta.get("type") == "session.expiring":
+                    self.display.state(_ending_text(meta))
+            self.meta_seen = len(self.client.metadata)
 
     def _realtime(self, ev: dict[str, Any]) -> None:
         t = ev.get("type", "")
@@ -200,7 +243,16 @@ class _EventPrinter:
             err = ev.get("error", {})
             self.display.state(f"error: {err.get('code', '')} {err.get('message', '')}")
         elif t == "kame.session.ending":
-            self.display.state("the session ends soon (maximum duration)")
+            self.display.state(_ending_text(ev))
+
+
+def _ending_text(ev: dict[str, Any]) -> str:
+    """The notice that a session ends soon: maximum duration, or the server draining for a restart."""
+    left = ev.get("seconds_left")
+    when = f" in {float(left):.0f} s" if isinstance(left, (int, float)) else " soon"
+    if ev.get("reason") == "server_draining":
+        return f"the server is shutting down: this conversation ends{when}, then kame mic reconnects (a new conversation)"
+    return f"the session ends{when} (maximum duration)"
 
 
 @dataclass
@@ -209,6 +261,25 @@ class MicResult:
     time_to_first_audio_s: float | None
     rtf: float
     underruns: int = 0
+    reconnects: int = 0  # sessions opened after the first (each one a new conversation)
+
+
+def _retrier(opts: MicOptions, display: Display) -> Retrier:
+    return Retrier(opts.backoff, say=display.state)
+
+
+async def _after_session(client: Any, retrier: Retrier, display: Display) -> bool:
+    """Close ``client``; True when the server ended it in a way worth a new session."""
+    server_closed = client.closed.is_set()
+    await client.close()
+    if not (server_closed and _should_reconnect(client, display)):
+        return False
+    retrier.reset()  # this session got going: a fresh count of failed tries
+    why = describe(client.close_code, client.close_reason, retry_reason(close_code=client.close_code) or "")
+    if not await retrier.wait(why):
+        raise UserError(f"{why}: gave up after {retrier.policy.attempts} retries")
+    retrier.reconnects += 1
+    return True
 
 
 async def run_wav(opts: MicOptions, display: Display) -> MicResult:
@@ -216,29 +287,37 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
 
     assert opts.input_wav is not None
     pcm = read_audio(opts.input_wav)
-    client = await _connect(opts)
-    printer = _EventPrinter(client, opts.protocol, display)
-    try:
-        await _ready(client, opts, display)
+    retrier = _retrier(opts, display)
+    received: list[np.ndarray] = []
+    pos = 0
+    while True:
+        client = await _connect(opts, display, retrier)
+        printer = _EventPrinter(client, opts.protocol, display)
 
-        async def show() -> None:
+        async def show(p: _EventPrinter = printer) -> None:
             while True:
-                printer.poll()
+                p.poll()
                 await asyncio.sleep(0.1)
 
         shower = asyncio.create_task(show())
-        await client.send_pcm(pcm, realtime=True)
-        await client.send_silence(opts.tail_s)  # the line stays open for the reply, full duplex
-        await client.drain_output(2.0, until_complete=True)
-        shower.cancel()
-        printer.poll()
-        display.flush_assistant()
-    finally:
-        await client.close()
-    received = client.received_pcm()
+        try:
+            pos += await client.send_pcm(pcm[pos:], realtime=True)
+            cut_short = client.closed.is_set() and pos < pcm.size
+            if not cut_short:
+                await client.send_silence(opts.tail_s)  # the line stays open for the reply, full duplex
+                await client.drain_output(2.0, until_complete=True)
+        finally:
+            shower.cancel()
+            printer.poll()
+            display.flush_assistant()
+        received.append(client.received_pcm())
+        if not (cut_short and await _after_session(client, retrier, display)):
+            await client.close()
+            break
+    out = np.concatenate(received) if received else np.zeros(0, np.float32)
     if opts.output_wav is not None:
-        write_wav(opts.output_wav, received)
-    return MicResult(received, client.stats.time_to_first_audio_s, client.stats.rtf)
+        write_wav(opts.output_wav, out)
+    return MicResult(out, client.stats.time_to_first_audio_s, client.stats.rtf, reconnects=retrier.reconnects)
 
 
 async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> MicResult:
@@ -255,28 +334,37 @@ async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> M
         speaker = Speaker(sd)
     except Exception as exc:  # PortAudioError: no device
         raise UserError(f"no usable audio device ({exc}); use --input-wav/--output-wav") from None
-    client = await _connect(opts)
-    printer = _EventPrinter(client, opts.protocol, display)
-    played = 0
-    try:
-        await _ready(client, opts, display)
-        display.state("listening: speak (use headphones: the speakers would reach the microphone)")
-        with mic, speaker.stream:
-            while not stop.is_set() and not client.closed.is_set():
-                try:
-                    block = await asyncio.wait_for(mic_q.get(), 0.05)
-                    await client.send_pcm(block, chunk=block.size, realtime=False)
-                except asyncio.TimeoutError:
-                    pass
-                chunks = client.pcm_chunks
-                for chunk in chunks[played:]:
-                    speaker.push(chunk)
-                played = len(chunks)
+    retrier = _retrier(opts, display)
+    received: list[np.ndarray] = []
+    with mic, speaker.stream:
+        while True:
+            client = await _connect(opts, display, retrier)
+            printer = _EventPrinter(client, opts.protocol, display)
+            played = 0
+            try:
+                display.state("listening: speak (use headphones: the speakers would reach the microphone)")
+                while not stop.is_set() and not client.closed.is_set():
+                    try:
+                        block = await asyncio.wait_for(mic_q.get(), 0.05)
+                        await client.send_pcm(block, chunk=block.size, realtime=False)
+                    except asyncio.TimeoutError:
+                        pass
+                    chunks = client.pcm_chunks
+                    for chunk in chunks[played:]:
+                        speaker.push(chunk)
+                    played = len(chunks)
+                    printer.poll()
+            finally:
                 printer.poll()
-    finally:
-        await client.close()
-        display.flush_assistant()
-    return MicResult(client.received_pcm(), client.stats.time_to_first_audio_s, client.stats.rtf, speaker.underruns)
+                display.flush_assistant()
+            received.append(client.received_pcm())
+            if stop.is_set() or not await _after_session(client, retrier, display):
+                await client.close()
+                break
+            while not mic_q.empty():  # what was said while reconnecting belongs to no conversation
+                mic_q.get_nowait()
+    out = np.concatenate(received) if received else np.zeros(0, np.float32)
+    return MicResult(out, client.stats.time_to_first_audio_s, client.stats.rtf, speaker.underruns, retrier.reconnects)
 
 
 def summary_lines(result: MicResult) -> list[str]:
@@ -285,6 +373,7 @@ def summary_lines(result: MicResult) -> list[str]:
         f"time to first reply audio: {ttfa} (from the first frame sent)",
         f"received audio: {result.received.size / RATE:.2f} s, real-time factor {result.rtf:.3f}"
         + (f", playback underruns {result.underruns}" if result.underruns else ""),
+        *([f"reconnected {result.reconnects} time(s): each reconnect started a new conversation"] if result.reconnects else []),
     ]
 
 

@@ -10,7 +10,8 @@ the transcript of the question, see the back-end's answer fed as the oracle,
 hear reply audio through the worklets and the jitter buffer, switch the
 back-end mid-conversation, push to talk (nothing from the microphone while
 released), a back-end that is down, a second page refused because the server
-is full, and the phone layout. The page's pure audio modules (resampler,
+is full (it retries with back-off and gets in by itself once the slot frees),
+and the phone layout. The page's pure audio modules (resampler,
 jitter buffer) are checked in the same browser. Screenshots go to the
 artifacts directory; the latency numbers are printed (run with ``-s``) and
 written next to them.
@@ -342,6 +343,39 @@ def test_audio_modules_in_chromium(server: ServerProcess, browser: Browser) -> N
     assert r["flushed"]["depthMs"] == 0 and r["flushed"]["state"] == "idle" and r["flushed"]["silent"], r["flushed"]
 
 
+def test_reconnect_rules_in_chromium(server: ServerProcess, browser: Browser) -> None:
+    """server/static/reconnect.js, the page's copy of kame.client.reconnect: same schedule, same verdicts."""
+    from kame.client.reconnect import Backoff, backoff_delay_s
+
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        page.goto(server.http_url + "/")
+        r = page.evaluate("""async () => {
+          const m = await import("/static/reconnect.js");
+          const kinds = [
+            {code: 1013, reason: "server full, retry later", opened: true},
+            {code: 1013, reason: "server starting, retry later", opened: true},
+            {code: 1001, reason: "server shutting down", opened: true},
+            {code: 1006, opened: false, readyStatus: 503},
+            {code: 1006, opened: false, readyStatus: null},
+            {code: 1008, reason: "unauthorized", opened: true},
+            {code: 1000, opened: true},
+          ].map((c) => m.retryKind(c));
+          const delays = [1, 2, 3, 4, 5, 6, 7, 8].map((n) => [m.backoffDelayS(m.BACKOFF, n, 0), m.backoffDelayS(m.BACKOFF, n, 0.999)]);
+          return {kinds, delays, attempts: m.BACKOFF.attempts, text: m.retryText("draining", 0.3, 1, 8, true)};
+        }""")
+    finally:
+        ctx.close()
+    assert r["kinds"] == ["busy", "starting", "draining", "no_room", None, None, None]
+    policy = Backoff()
+    assert r["attempts"] == policy.attempts
+    for n, (top, low) in enumerate(r["delays"], 1):
+        assert top == pytest.approx(backoff_delay_s(policy, n, 0.0))
+        assert low == pytest.approx(backoff_delay_s(policy, n, 0.999))
+    assert "Reconnecting in 0.3 s (retry 1 of 8)" in r["text"] and "new conversation" in r["text"]
+
+
 # --------------------------------------------------------------------------- a conversation
 
 
@@ -453,9 +487,14 @@ def test_voice_conversation_in_chromium(
     phone = open_page(console, "phone", PHONE)
     phone.click("#connect")
     wait_until(phone, "() => !document.getElementById('notice').hidden", 20, "the server-full message", lambda: summary(phone))
-    assert "server is full" in phone.inner_text("#notice-text"), phone.inner_text("#notice-text")
-    assert kame(phone, "k.phase") == "idle"
-    assert kame(phone, "k.micSettings") is not None and kame(phone, "k.micOpen") is False  # opened, then released
+    text = phone.inner_text("#notice-text")
+    assert "server is full" in text and "Reconnecting in" in text and "(retry 1 of 8)" in text, text
+    assert "new conversation" not in text  # the phone had no conversation yet
+    # between tries the page waits with the microphone released (opened for the try, then let go)
+    wait_until(phone, "() => window.kame.phase === 'waiting' && !window.kame.micOpen", 10, "waiting, mic released",
+               lambda: summary(phone))
+    assert kame(phone, "k.micSettings") is not None
+    assert phone.inner_text("#connect") == "Cancel"
     sent_frames = kame(page, "k.counters.framesSent")
     page.click("#connect")  # the desktop hangs up ...
     wait_until(page, "() => window.kame.phase === 'idle'", 5, "disconnected", dump)
@@ -472,9 +511,9 @@ def test_voice_conversation_in_chromium(
     # the key down: the microphone (how long it is held depends on when the back-end-down notice shows)
     assert np.count_nonzero(user[pressed_ms * 24 : held["framesSent"] * 1920]) > 4800
     assert np.count_nonzero(user[: released_ms * 24]) > 24000  # open mic before
-    phone.click("#connect")  # ... and the phone gets the slot (on the server's default back-end)
-    wait_until(phone, "() => window.kame.phase === 'live'", 20, "phone session.created", lambda: summary(phone))
-    assert phone.is_hidden("#notice")
+    # ... and the phone, still retrying with back-off, gets the slot by itself (the server's default back-end)
+    wait_until(phone, "() => window.kame.phase === 'live'", 20, "phone reconnected by itself", lambda: summary(phone))
+    assert phone.is_hidden("#notice") and kame(phone, "k.reconnects") == 0  # its first conversation
     wait_until(phone, "() => /Alpha thinks/.test(document.getElementById('oracle-log').innerText)", 45,
                "the phone's oracle text", lambda: summary(phone))
     phone.mouse.move(0, 0)

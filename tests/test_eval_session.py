@@ -227,3 +227,81 @@ def test_run_set_scores_from_an_asr_transcript_of_the_reply(tmp_path: Path) -> N
     assert any("q7 (reasoning)" in line for line in lines)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["versions"] == {"server": {"kame": "test"}, "local": {"kame": "here"}}
+
+
+class DrainingPeer(ScriptedPeer):
+    """The first session is refused (1013 "server full"), the second is drained mid-question (1001
+    after ``drain_after`` input frames), the third runs normally: what a client meets during a
+    rolling update behind a load balancer."""
+
+    def __init__(self, *args: Any, drain_after: int = 10, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.connections = 0
+        self.drain_after = drain_after
+
+    async def handler(self, ws: Any) -> None:
+        self.connections += 1
+        if self.connections == 1:
+            await ws.close(1013, "server full, retry later")
+            return
+        if self.connections == 2:
+            await ws.send(json.dumps({"type": "session.created", "session": {"id": "sess_drained", "kame": {}}}))
+            frames = 0
+            async for message in ws:
+                ev = json.loads(message)
+                if ev["type"] == "session.update":
+                    await ws.send(json.dumps({"type": "session.updated", "session": {"id": "sess_drained", "kame": {}}}))
+                elif ev["type"] == "input_audio_buffer.append":
+                    frames += 1
+                    if frames >= self.drain_after:
+                        await ws.send(json.dumps({"type": "kame.session.ending", "reason": "server_draining",
+                                                  "seconds_left": 0.0}))
+                        await ws.close(1001, "server shutting down")
+                        return
+            return
+        await super().handler(ws)
+
+
+def test_refused_and_drained_sessions_are_retried_and_recorded(tmp_path: Path) -> None:
+    from kame.eval.questions import Question
+    from kame.eval.runner import EvalConfig, Services, run_set
+    from kame.eval.tts import make_tts
+
+    q = Question(3, "writing", ("Say hello.",), ("Hello.",))
+    speech = {q.key: [burst(1.0)]}
+    peer = DrainingPeer(offsets=[0.3], utterance_s=[1.0])
+    lines: list[str] = []
+
+    async def body(url: str) -> Any:
+        cfg = EvalConfig(target=ServerTarget.parse(url), questions=(q,), questions_source="test", tts=make_tts("espeak"),
+                         drive=DriveConfig(reply_silence_s=0.8, max_reply_s=4.0))
+        services = Services(None, None, speech, {"kame": "test"}, lambda: {}, say=lines.append)
+        return await run_set(cfg, tmp_path, {}, services)
+
+    outcome = asyncio.run(_with_peer(peer, body))
+    assert not outcome.failures and outcome.sessions == 1
+    assert peer.connections == 3
+    (row,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert row["reconnects"] == 2
+    assert "1013 server full" in row["reconnect_reasons"][0] and "1001 server shutting down" in row["reconnect_reasons"][1]
+    assert row["session_id"] == "sess_test"  # the recorded session is the third one
+    said = [line for line in lines if "reconnecting in" in line]
+    assert len(said) == 2 and "a new conversation starts" in said[1] and "a new conversation" not in said[0]
+
+
+def test_other_closes_are_not_retried(tmp_path: Path) -> None:
+    class Refusing(ScriptedPeer):
+        connections = 0
+
+        async def handler(self, ws: Any) -> None:
+            Refusing.connections += 1
+            await ws.close(1008, "unauthorized")
+
+    peer = Refusing(offsets=[0.0], utterance_s=[1.0])
+
+    async def body(url: str) -> Any:
+        return await drive_question(url, [burst(1.0)], {}, DriveConfig(connect_timeout_s=5))
+
+    with pytest.raises(SessionError, match="1008 unauthorized") as info:
+        asyncio.run(_with_peer(peer, body))
+    assert info.value.retry_reason is None and info.value.close_code == 1008

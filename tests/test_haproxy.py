@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from haproxy import Backend, HAProxy, start_replicas
 from moshi_client import MoshiClient, ServerProcess
@@ -153,3 +156,71 @@ def test_config_file_is_the_shipped_one(fleet: tuple[HAProxy, list[ServerProcess
     used = lb.config_path.read_text()
     for needle in ("balance leastconn", "http-check send meth GET uri /ready", "timeout tunnel", "option redispatch"):
         assert needle in used
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from speech import silence, synthesize
+
+    from kame.audio import write_wav
+
+    path = tmp_path_factory.mktemp("q") / "q.wav"
+    write_wav(path, np.concatenate([synthesize("What is the capital of France?"), silence(0.3)]))
+    return path
+
+
+def mic(server_url: str, wav: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kame.cli", "mic", "--server", server_url, "--protocol", "moshi", "--input-wav", str(wav),
+         "--tail", "0.5", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_kame_mic_retries_a_full_fleet_and_a_full_replica(
+    fleet: tuple[HAProxy, list[ServerProcess]], question_wav: Path
+) -> None:
+    """Every slot taken: through HAProxy the handshake gets HTTP 503, directly the replica says 1013.
+    Both mics say so, back off, and get in once a slot frees."""
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+
+    async def main() -> tuple[tuple[int, str, str], tuple[int, str, str]]:
+        holders = [await open_session(r.ws_url) for r in replicas for _ in range(SLOTS)]
+        assert all(h is not None for h in holders)
+        await asyncio.to_thread(lambda: [lb.wait_status(f"kame{i + 1}", "DOWN", 5.0) for i in range(REPLICAS)])
+        via_lb = mic(lb.http_url, question_wav)
+        direct = mic(replicas[2].http_url, question_wav)
+        await asyncio.sleep(2.5)  # both are refused and retry meanwhile
+        await close_all(holders[:1] + holders[-1:])  # one slot on kame1, one on kame3
+        outs = []
+        for p in (via_lb, direct):
+            out, err = await asyncio.to_thread(p.communicate, timeout=60)
+            outs.append((p.returncode, out, err))
+        await close_all(holders[1:-1])
+        return outs[0], outs[1]
+
+    (rc1, out1, err1), (rc2, out2, err2) = asyncio.run(main())
+    assert rc1 == 0, err1[-2000:]
+    assert rc2 == 0, err2[-2000:]
+    assert "HTTP 503" in out1 and "reconnecting in" in out1, out1
+    assert "1013 server full, retry later" in out2 and "reconnecting in" in out2, out2
+    for out in (out1, out2):
+        assert "connected (moshi)" in out and "giving up" not in out
+        assert "a new conversation starts" not in out  # no conversation had started yet
+
+
+def test_kame_mic_gives_up_after_its_retries(fleet: tuple[HAProxy, list[ServerProcess]], question_wav: Path) -> None:
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+
+    async def main() -> tuple[int, str, str]:
+        holders = [await open_session(replicas[0].ws_url) for _ in range(SLOTS)]
+        p = mic(replicas[0].http_url, question_wav, "--retries", "2")
+        out, err = await asyncio.to_thread(p.communicate, timeout=60)
+        await close_all(holders)
+        return p.returncode, out, err
+
+    rc, out, err = asyncio.run(main())
+    assert rc == 2 and "Traceback" not in err
+    assert out.count("reconnecting in") == 2 and "gave up after 2 retries" in err, (out, err)

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tts", default="espeak", metavar="ENGINE",
                    help="Speech for the questions: espeak[:VOICE[:WPM]] or command:PROGRAM ARGS (text on stdin, "
                         "WAV on stdout). Default espeak.")
+    p.add_argument("--retries", type=int, default=8, metavar="N",
+                   help="Ask a question again in a new session when its session is refused (1013, HTTP 503) or "
+                        "drained (1001), up to N times in a row, with back-off and jitter (default 8; recorded as "
+                        "`reconnects` in results.jsonl).")
     p.add_argument("--concurrency", type=int, default=1, metavar="N",
                    help="Questions at once, each its own session (default 1).")
     p.add_argument("--max-reply-s", type=float, default=30.0, metavar="S",
@@ -69,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check_numbers(args: argparse.Namespace) -> None:
     if args.concurrency < 1:
         raise UserError("--concurrency must be at least 1")
+    if args.retries < 0:
+        raise UserError("--retries must be 0 or more")
     if not args.max_reply_s > 0:
         raise UserError("--max-reply-s must be positive")
     if not 0 < args.reply_silence_s <= args.max_reply_s:
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         questions_source=str(Path(args.questions).resolve()) if args.questions else "bundled:mt_bench_kame_subset",
         tts=tts,
         drive=DriveConfig(args.reply_silence_s, args.max_reply_s, args.lead_in_s, VadConfig(kind=args.vad),
-                          token=target.token),
+                          token=target.token, retries=args.retries),
         score_from=args.score_from,
         concurrency=args.concurrency,
         judge_model=args.judge_model,

@@ -21,10 +21,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-wav", type=Path, default=None, help="Send this file at real time instead of the microphone.")
     p.add_argument("--output-wav", type=Path, default=None, help="Write everything the server sent here.")
     p.add_argument("--tail", type=float, default=4.0, help="Seconds the line stays open after --input-wav ends.")
+    p.add_argument("--retries", type=int, default=8,
+                   help="Reconnect this many times in a row after a refusal (1013, HTTP 503) or a drain (1001), "
+                        "with back-off and jitter; each reconnect starts a new conversation. 0: never.")
 
 
 def run(args: argparse.Namespace) -> int:
     from kame.client.mic import MicOptions, run_mic
+    from kame.client.reconnect import Backoff
+    from kame.errors import UserError
+
+    if args.retries < 0:
+        raise UserError("--retries: 0 or more")
 
     opts = MicOptions(
         server=args.server,
@@ -36,5 +44,6 @@ def run(args: argparse.Namespace) -> int:
         tail_s=args.tail,
         instructions=args.instructions,
         oracle_policy=args.oracle_policy,
+        backoff=Backoff(attempts=args.retries),
     )
     return run_mic(opts)

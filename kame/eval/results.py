@@ -56,6 +56,8 @@ FIELDS = (
     "server_settings",
     "session_audio_s",
     "send_lateness_max_s",
+    "reconnects",
+    "reconnect_reasons",
 )
 #: Only with ``--score-from asr``.
 OPTIONAL_FIELDS = ("assistant_asr_text",)

@@ -261,6 +261,8 @@ async def _finish_question(
         row["session_id"] = rec.session_id
         row["server_settings"] = {k: v for k, v in ((rec.session or {}).get("kame") or {}).items() if k != "server"}
         row["session_audio_s"] = round(rec.audio_s, 3)
+        row["reconnects"] = len(rec.reconnects)
+        row["reconnect_reasons"] = list(rec.reconnects)
         row["send_lateness_max_s"] = rec.send_lateness_max_s
         rows.append(row)
     results.append(rows)
@@ -288,6 +290,32 @@ async def _rejudge(rows: list[dict[str, Any]], questions: Mapping[str, Question]
         return changed
 
     return sum(await asyncio.gather(*[one(k, rs) for k, rs in todo]))
+
+
+async def _drive_with_retries(
+    q: Question, cfg: EvalConfig, settings: Mapping[str, Any], services: Services
+) -> SessionRecording:
+    """One question's session; a refused or drained one (1013, 1001, HTTP 503) is retried with
+    back-off and jitter, the question spoken again from its start in a new session (a new
+    conversation: the server keeps nothing across connections). The recording lists the
+    reconnects (``reconnects`` in results.jsonl)."""
+    from kame.client.reconnect import Backoff, Retrier
+
+    retrier = Retrier(Backoff(attempts=cfg.drive.retries), say=lambda m: services.say(f"  q{q.key}: {m}"))
+    reconnects: list[str] = []
+    while True:
+        try:
+            rec = await drive_question(cfg.target.ws_url, services.speech[q.key], settings, cfg.drive)
+        except SessionError as exc:
+            if exc.retry_reason is None:
+                raise
+            retrier.started = exc.close_code == 1001  # a drain ended a conversation under way
+            if not await retrier.wait(f"{exc.retry_reason}: {exc}"):
+                raise SessionError(f"{exc}; gave up after {cfg.drive.retries} retries") from None
+            reconnects.append(str(exc))
+            continue
+        rec.reconnects = reconnects
+        return rec
 
 
 async def run_set(
@@ -325,7 +353,7 @@ async def run_set(
             except asyncio.QueueEmpty:
                 return
             try:
-                rec = await drive_question(cfg.target.ws_url, services.speech[q.key], settings, cfg.drive)
+                rec = await _drive_with_retries(q, cfg, settings, services)
             except SessionError as exc:
                 outcome.failures.append(f"question {q.key}: {exc}")
                 services.say(f"  q{q.key}: FAILED: {exc}")

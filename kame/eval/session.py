@@ -36,7 +36,21 @@ FRAME_S = FRAME / RATE
 
 
 class SessionError(Exception):
-    """The session could not run to its end (refused, closed early, server error)."""
+    """The session could not run to its end (refused, closed early, server error).
+
+    ``close_code`` / ``http_status`` say how the server ended it; :attr:`retry_reason` is not None
+    when a new session is worth a try (a refusal, 1013; a drain, 1001; a 503 from a load balancer)."""
+
+    def __init__(self, message: str, *, close_code: int | None = None, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.close_code = close_code
+        self.http_status = http_status
+
+    @property
+    def retry_reason(self) -> str | None:
+        from kame.client.reconnect import retry_reason
+
+        return retry_reason(close_code=self.close_code, http_status=self.http_status)
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,9 @@ class DriveConfig:
     vad: VadConfig = field(default_factory=VadConfig)
     connect_timeout_s: float = 30.0
     token: str | None = None
+    #: Retries of a question whose session was refused or drained (kame.client.reconnect); each
+    #: retry speaks the question again from its start in a new session (a new conversation).
+    retries: int = 8
 
     def fingerprint(self) -> dict[str, Any]:
         """What changes the recordings (for resume checks)."""
@@ -84,6 +101,9 @@ class SessionRecording:
     audio_s: float  # the session's own duration (audio sent)
     wall_s: float  # connect -> closed
     send_lateness_max_s: float
+    #: Sessions of this question that were refused or drained before this one (the question was
+    #: asked again from its start each time: a new conversation), and why.
+    reconnects: list[str] = field(default_factory=list)
 
     @property
     def session_id(self) -> str | None:
@@ -139,7 +159,8 @@ async def _await_one_of(client: Any, types: tuple[str, ...], timeout: float, sta
     event = await client.wait_for(lambda e: e.get("type") in (*types, "error"), timeout, start=start)
     if event is None:
         if client.closed.is_set():
-            raise SessionError(f"server closed the session before {what} ({client.close_code} {client.close_reason})")
+            raise SessionError(f"server closed the session before {what} ({client.close_code} {client.close_reason})",
+                               close_code=client.close_code)
         raise SessionError(f"no {what} within {timeout:g} s")
     if event.get("type") == "error":
         raise SessionError(f"{what} refused: {_error_text(event)}")
@@ -158,7 +179,10 @@ async def drive_question(
     except (OSError, asyncio.TimeoutError) as exc:
         raise SessionError(f"cannot connect to {url}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - websockets' handshake errors (HTTP status, bad URL)
-        raise SessionError(f"cannot connect to {url}: {type(exc).__name__}: {exc}") from None
+        from kame.client.reconnect import handshake_status
+
+        raise SessionError(f"cannot connect to {url}: {type(exc).__name__}: {exc}",
+                           http_status=handshake_status(exc)) from None
     try:
         created = await _await_one_of(client, ("session.created",), cfg.connect_timeout_s, 0, "session.created")
         session = created.get("session")
@@ -196,7 +220,7 @@ async def _stream(
             worst_late = max(worst_late, -delay)
         if client.closed.is_set():
             raise SessionError(f"server closed the session during turn {timings[-1].turn} "
-                               f"({client.close_code} {client.close_reason})".rstrip())
+                               f"({client.close_code} {client.close_reason})".rstrip(), close_code=client.close_code)
         feed.poll(t0)
         here = k * FRAME_S
         if not speaking:

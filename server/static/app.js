@@ -6,6 +6,7 @@ import { AudioIO } from "./audio-io.js";
 import { FRAME, InputClock } from "./latency.js";
 import { Panes, seconds } from "./panes.js";
 import { RealtimeClient, base64ToFloat32 } from "./realtime-client.js";
+import { BACKOFF, backoffDelayS, retryKind, retryText } from "./reconnect.js";
 
 const $ = (id) => document.getElementById(id);
 const SILENCE = new Int16Array(FRAME);
@@ -76,6 +77,7 @@ const kame = {
   session: null,
   micSettings: null,
   sampleRate: null,
+  reconnects: 0,
   get micOpen() {
     return io.stream !== null && io.stream.active; // the browser is capturing
   },
@@ -95,6 +97,9 @@ const turns = new Map(); // user item id -> {startAt, endAt}
 let lastTurn = null;
 const requests = new Map(); // request id -> {backend, turn, arrivedAt}
 let downNotice = false;
+// Reconnecting (reconnect.js): failed tries in a row, the pending timer, whether a conversation had
+// started (a reconnect then starts a new one). window.kame.reconnects counts reconnects made.
+const retry = { failures: 0, timer: null, started: false };
 
 // ------------------------------------------------------------------ notices and state
 function notice(kind, text) {
@@ -115,8 +120,8 @@ function setPhase(phase, label, kind) {
   kame.phase = phase;
   ui.state.textContent = label;
   ui.state.dataset.kind = kind;
-  // While connecting the button cancels, except during the microphone prompt.
-  const busy = phase === "connecting";
+  // While connecting or waiting to reconnect the button cancels, except during the microphone prompt.
+  const busy = phase === "connecting" || phase === "waiting";
   ui.connect.textContent = phase === "idle" ? "Connect" : !busy ? "Disconnect" : micPending ? "Connecting…" : "Cancel";
   ui.connect.classList.toggle("primary", phase === "idle");
   ui.connect.disabled = busy && micPending;
@@ -280,13 +285,16 @@ $("access-form").addEventListener("submit", (e) => {
 });
 
 // ------------------------------------------------------------------ connecting
-async function connect() {
+async function connect({ reconnecting = false } = {}) {
   const problem = environmentProblem();
   if (problem) {
     notice("error", problem);
     return;
   }
-  clearNotice();
+  if (!reconnecting) {
+    stopRetrying();
+    clearNotice();
+  }
   micPending = true;
   setPhase("connecting", "Connecting…", "busy");
   try {
@@ -325,7 +333,15 @@ async function connect() {
   }
 }
 
+function stopRetrying() {
+  if (retry.timer !== null) clearTimeout(retry.timer);
+  retry.timer = null;
+  retry.failures = 0;
+  retry.started = false;
+}
+
 async function disconnect() {
+  stopRetrying();
   sessionReady = false;
   if (client) client.close();
   client = null;
@@ -333,13 +349,39 @@ async function disconnect() {
   setPhase("idle", "Disconnected", "idle");
 }
 
-function onClose({ code, reason, opened }) {
+async function readyStatus() {
+  try {
+    return (await fetch(new URL("ready", document.baseURI), { cache: "no-store" })).status;
+  } catch {
+    return null; // the server is unreachable: not a refusal
+  }
+}
+
+async function onClose({ code, reason, opened }) {
   client = null;
   sessionReady = false;
-  io.stop().catch(() => {});
+  io.stop().catch(() => {}); // the microphone is released while no conversation runs
+  const handshakeFailed = !opened && code === 1006;
+  setPhase(handshakeFailed ? "waiting" : "idle", handshakeFailed ? "Reconnecting…" : "Disconnected", handshakeFailed ? "busy" : "idle");
+  const kind = retryKind({ code, reason: reason || "", opened, readyStatus: handshakeFailed ? await readyStatus() : null });
+  const cancelled = handshakeFailed && kame.phase === "idle"; // Cancel pressed during the /ready probe
+  if (cancelled) return;
+  if (kind !== null && retry.failures < BACKOFF.attempts) {
+    retry.failures += 1;
+    const delay = backoffDelayS(BACKOFF, retry.failures, Math.random());
+    setPhase("waiting", "Reconnecting…", "busy");
+    notice("warn", retryText(kind, delay, retry.failures, BACKOFF.attempts, retry.started));
+    retry.timer = setTimeout(() => {
+      retry.timer = null;
+      if (kame.phase === "waiting") connect({ reconnecting: true });
+    }, delay * 1000);
+    return;
+  }
+  const gaveUp = kind !== null;
+  stopRetrying();
   setPhase("idle", "Disconnected", "idle");
-  const [kind, text] = closeText(code, reason || "", opened);
-  notice(kind, text);
+  const [level, text] = closeText(code, reason || "", opened);
+  notice(level, gaveUp ? `${text} (gave up after ${BACKOFF.attempts} retries)` : text);
 }
 
 ui.connect.addEventListener("click", () => (kame.phase === "idle" ? connect() : disconnect()));
@@ -489,7 +531,10 @@ function onServerEvent(event) {
       notice("warn", `Speech recognition stopped (${event.message}); the conversation goes on without transcripts.`);
       break;
     case "kame.session.ending":
-      notice("info", `This conversation reaches its maximum length in ${Math.round(event.seconds_left)} s.`);
+      if (event.reason === "server_draining") {
+        notice("warn", `The server is shutting down for an update: this conversation ends in ${Math.round(event.seconds_left)} s, ` +
+          "then the page reconnects (a new conversation).");
+      } else notice("info", `This conversation reaches its maximum length in ${Math.round(event.seconds_left)} s.`);
       break;
     default:
       break;
@@ -508,6 +553,14 @@ function onSessionCreated(session) {
   if (ui.instructions.value.trim()) fields.instructions = ui.instructions.value.trim();
   kame.session = session;
   sessionReady = true;
+  if (retry.failures > 0) {
+    if (retry.started) {
+      kame.reconnects += 1;
+      notice("info", "Reconnected: this is a new conversation.");
+    } else clearNotice();
+  }
+  retry.failures = 0;
+  retry.started = true;
   panes.clear(); // a new session is a new conversation
   if (Object.keys(fields).length) sendUpdate(fields, { label: "your settings" });
   else applySession(session);
