@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:  # both pull in torch; metrics must stay importable without it
+    from kame.backend.speculation import ToolCallEvent
     from kame.frontend.engine_thread import TickStats
     from kame.tandem import TandemEvent
 
@@ -30,6 +31,9 @@ _STEP_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 
 _LATE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.25, 0.5, 1.0, 2.0)
 _LLM_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _ASR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+_TOOL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: Label of every function a client defines (its names are unbounded; configured MCP tools keep theirs).
+CLIENT_FUNCTION_LABEL = "client_function"
 
 
 class ServerMetrics:
@@ -100,7 +104,26 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.tool_calls = Counter(
+            "kame_tool_calls",
+            "Tool calls executed, by tool (configured MCP tool names; client_function for client-defined ones) "
+            "and outcome (ok, error, refused, timeout).",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.tool_call_seconds = Histogram(
+            "kame_tool_call_seconds", "Duration of executed tool calls.", ["tool"], buckets=_TOOL_BUCKETS, registry=r
+        )
+
     # ------------------------------------------------------------------ feeds
+    def on_tool_call(self, event: ToolCallEvent, *, tool: str) -> None:
+        """A finished tool execution (``SpeculativeCalls`` observer); ``tool`` is a bounded label."""
+        if event.kind != "finished":
+            return
+        self.tool_calls.labels(tool=_label(tool), outcome=event.outcome or "error").inc()
+        if event.duration_s is not None and event.duration_s >= 0:
+            self.tool_call_seconds.labels(tool=_label(tool)).observe(event.duration_s)
+
     def on_tick(self, stats: TickStats) -> None:
         """``EngineThread(on_tick=...)`` callback (engine thread)."""
         self.step_seconds.observe(stats.duration_s)

@@ -96,11 +96,12 @@ def make_loop(server: LlmServer, sp: spm.SentencePieceProcessor, tools: Tools, e
         "breaker": {"enabled": False}}}})
     reg = BackendRegistry.from_config(cfg, {})
     config = OracleConfig(policy=policy, word_end_pad_steps=2)  # type: ignore[arg-type]
-    calls = SpeculativeCalls(tools, call_timeout_s=3.0, observer=(observed.append if observed is not None else None))
+    session_tools = SessionTools.create(ToolLoopLimits(call_timeout_s=3.0),
+                                        observer=(observed.append if observed is not None else None))
+    session_tools.routes.set("test", [WEATHER, BOOK], tools)
     return OracleLoop(config=config, registry=reg, sink=sink, encode=sp.encode, piece_of=sp.id_to_piece,
                       emit=lambda k, d: events.append((k, d)),
-                      settings=SessionOracleSettings(policy=policy, barge_in="keep"),
-                      tools=SessionTools([WEATHER, BOOK], calls, ToolLoopLimits(call_timeout_s=3.0)))
+                      settings=SessionOracleSettings(policy=policy, barge_in="keep"), tools=session_tools)
 
 
 async def wait_for(pred: Any, timeout: float = 6.0) -> None:
@@ -338,5 +339,29 @@ def test_speculation_session_end_lets_side_effects_finish() -> None:
         await spec.aclose()
         outcomes = {e.name: e.outcome for e in observed if e.kind == "finished"}
         assert outcomes == {"book_table": "ok", "get_weather": "error"}  # read-only cancelled, effect completed
+
+    asyncio.run(main())
+
+
+def test_routed_tools_send_each_call_to_its_source() -> None:
+    from kame.oracle.session_tools import RoutedTools
+
+    class Named:
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        async def execute(self, call: ToolCall, spec: ToolSpec) -> ToolResult:
+            return ToolResult(call.id, call.name, "ok", self.label)
+
+    async def main() -> None:
+        routes = RoutedTools()
+        routes.set("mcp", [WEATHER], Named("mcp"))
+        routes.set("client", [BOOK, ToolSpec("get_weather")], Named("client"))
+        assert [s.name for s in routes.specs] == ["get_weather", "book_table"]
+        assert (await routes.execute(ToolCall("1", "get_weather"), WEATHER)).output == "mcp"
+        assert (await routes.execute(ToolCall("2", "book_table"), BOOK)).output == "client"
+        assert (await routes.execute(ToolCall("3", "nope"), BOOK)).outcome == "refused"
+        routes.set("mcp", [], Named("mcp"))
+        assert (await routes.execute(ToolCall("4", "get_weather"), WEATHER)).output == "client"
 
     asyncio.run(main())

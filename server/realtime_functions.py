@@ -1,0 +1,339 @@
+"""Client-executed functions on ``/v1/realtime``, in the Realtime API's shapes. No I/O.
+
+* ``session.update`` carries ``tools`` (function tools:
+  ``{"type": "function", "name", "description", "parameters"}``, plus a
+  ``kame`` extension ``{"read_only": true}`` for a function without side
+  effects, which kame may call while the user is still talking) and
+  ``tool_choice`` (``auto``, ``none``, ``required`` or
+  ``{"type": "function", "name": ...}``): :func:`parse_tools`,
+  :func:`parse_tool_choice`.
+* A call is **its own response**, never part of a speech response:
+  :func:`function_call_response` gives ``response.created``,
+  ``response.output_item.added`` (a ``function_call`` item with ``call_id``
+  and ``name``), ``conversation.item.added``,
+  ``response.function_call_arguments.delta`` / ``.done``,
+  ``response.output_item.done``, ``conversation.item.done`` and
+  ``response.done`` carrying the item.
+* The client answers with ``conversation.item.create`` holding a
+  ``function_call_output`` (``call_id``, ``output``) and may send
+  ``response.create``: :func:`decode_function_output`,
+  :class:`ClientFunctions` (the tool loop's executor for these functions:
+  it sends the call, waits for the output, rejects an unknown ``call_id``).
+
+Errors are :class:`FunctionProtocolError` (code, message, param); the wire
+turns them into ``error`` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kame.backend.tools import ToolCall, ToolDefinitionError, ToolResult, ToolSpec
+
+Event = dict[str, Any]
+
+MAX_TOOLS = 128
+MAX_DESCRIPTION_CHARS = 4096
+MAX_SCHEMA_CHARS = 32768
+#: Default cap on one function_call_output (characters); larger outputs are refused.
+MAX_OUTPUT_CHARS = 32768
+
+
+class FunctionProtocolError(Exception):
+    """A client's tools, tool_choice or function output that cannot be accepted."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+# --------------------------------------------------------------------------- session.update
+
+
+def parse_tools(value: Any, param: str = "session.tools") -> list[ToolSpec]:
+    """``session.tools`` -> function tools (``[]`` or null: none)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise FunctionProtocolError("invalid_value", f"{param} must be a list of tools", param)
+    if len(value) > MAX_TOOLS:
+        raise FunctionProtocolError("invalid_value", f"{param}: at most {MAX_TOOLS} tools", param)
+    specs: list[ToolSpec] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(value):
+        where = f"{param}[{i}]"
+        if not isinstance(tool, Mapping):
+            raise FunctionProtocolError("invalid_value", f"{where} must be an object", where)
+        kind = tool.get("type", "function")
+        if kind == "mcp":
+            raise FunctionProtocolError(
+                "unsupported_tool_type",
+                f"{where}: MCP servers cannot be added by a client; the operator configures them "
+                "(enable one by name with session.kame.mcp_servers)",
+                f"{where}.type",
+            )
+        if kind != "function":
+            raise FunctionProtocolError(
+                "unsupported_tool_type", f"{where}.type: only \"function\" tools are supported", f"{where}.type"
+            )
+        name = tool.get("name")
+        if not isinstance(name, str):
+            raise FunctionProtocolError("missing_required_parameter", f"{where}.name must be a string", f"{where}.name")
+        description = tool.get("description") or ""
+        if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
+            raise FunctionProtocolError(
+                "invalid_value", f"{where}.description: a string of at most {MAX_DESCRIPTION_CHARS} characters",
+                f"{where}.description",
+            )
+        parameters = tool.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, Mapping) or len(json.dumps(parameters)) > MAX_SCHEMA_CHARS:
+            raise FunctionProtocolError(
+                "invalid_value", f"{where}.parameters: a JSON Schema object (at most {MAX_SCHEMA_CHARS} characters)",
+                f"{where}.parameters",
+            )
+        read_only = _read_only(tool.get("kame"), f"{where}.kame")
+        try:
+            spec = ToolSpec(name, description, dict(parameters), read_only=read_only)
+        except ToolDefinitionError as exc:
+            raise FunctionProtocolError("invalid_value", f"{where}: {exc}", where) from None
+        if name in seen:
+            raise FunctionProtocolError("invalid_value", f"{where}.name: {name!r} is defined twice", f"{where}.name")
+        seen.add(name)
+        specs.append(spec)
+    return specs
+
+
+def _read_only(ext: Any, param: str) -> bool:
+    if ext is None:
+        return False
+    if not isinstance(ext, Mapping):
+        raise FunctionProtocolError("invalid_value", f"{param} must be an object", param)
+    unknown = [k for k in ext if k != "read_only"]
+    if unknown:
+        raise FunctionProtocolError("unknown_parameter", f"{param}: unknown key {str(unknown[0])[:40]!r}", param)
+    value = ext.get("read_only", False)
+    if not isinstance(value, bool):
+        raise FunctionProtocolError("invalid_value", f"{param}.read_only must be true or false", f"{param}.read_only")
+    return value
+
+
+def parse_tool_choice(value: Any, tools: Sequence[ToolSpec], param: str = "session.tool_choice") -> str:
+    """``auto`` | ``none`` | ``required`` | ``{"type": "function", "name": N}`` -> kame's choice string."""
+    if value is None:
+        return "auto"
+    if value in ("auto", "none", "required"):
+        return str(value)
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        name = value.get("name")
+        if isinstance(name, str) and any(t.name == name for t in tools):
+            return name
+        raise FunctionProtocolError("invalid_value", f"{param}.name: not one of session.tools", f"{param}.name")
+    raise FunctionProtocolError(
+        "invalid_value", f"{param}: auto, none, required or {{\"type\": \"function\", \"name\": ...}}", param
+    )
+
+
+def session_tools(specs: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """The ``tools`` of the session object."""
+    return [
+        {"type": "function", "name": s.name, "description": s.description, "parameters": dict(s.parameters),
+         "kame": {"read_only": s.read_only}}
+        for s in specs
+    ]
+
+
+def session_tool_choice(choice: str) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "name": choice}
+
+
+# --------------------------------------------------------------------------- a call as its own response
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def _response(response_id: str, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "realtime.response",
+        "status": status,
+        "status_details": None,
+        "output": output,
+        "output_modalities": ["audio"],
+        "conversation_id": None,
+        "max_output_tokens": "inf",
+        "metadata": None,
+        "usage": None,
+    }
+
+
+def function_call_response(
+    response_id: str,
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    previous_item_id: str | None = None,
+    deltas: Sequence[str] | None = None,
+) -> list[Event]:
+    """Every event of one function-call response, in wire order."""
+    started = function_call_item(item_id, call_id, name, "", "in_progress")
+    done = function_call_item(item_id, call_id, name, arguments, "completed")
+    where = {"response_id": response_id, "item_id": item_id, "output_index": 0, "call_id": call_id}
+    events: list[Event] = [
+        {"type": "response.created", "response": _response(response_id, "in_progress", [])},
+        {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": started},
+        {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": dict(started)},
+    ]
+    for delta in deltas if deltas is not None else ([arguments] if arguments else []):
+        events.append({"type": "response.function_call_arguments.delta", **where, "delta": delta})
+    events += [
+        {"type": "response.function_call_arguments.done", **where, "name": name, "arguments": arguments},
+        {"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": done},
+        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(done)},
+        {"type": "response.done", "response": _response(response_id, "completed", [dict(done)])},
+    ]
+    return events
+
+
+# --------------------------------------------------------------------------- the client's answer
+
+
+@dataclass(frozen=True)
+class FunctionOutput:
+    """A ``conversation.item.create`` with a ``function_call_output`` item."""
+
+    call_id: str
+    output: str
+    item_id: str | None = None
+    previous_item_id: str | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseCreate:
+    """``response.create``: the client has sent its outputs (the loop goes on as soon as all are in)."""
+
+    event_id: str | None = None
+
+
+def decode_function_output(obj: Mapping[str, Any], max_output_chars: int = MAX_OUTPUT_CHARS) -> FunctionOutput:
+    """``conversation.item.create`` -> :class:`FunctionOutput`; only function outputs can be added."""
+    event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
+    item = obj.get("item")
+    if not isinstance(item, Mapping):
+        raise FunctionProtocolError("missing_required_parameter", "conversation.item.create needs an item object", "item")
+    if item.get("type") != "function_call_output":
+        raise FunctionProtocolError(
+            "unsupported_item_type",
+            "only function_call_output items can be added: the rest of the conversation is the live audio",
+            "item.type",
+        )
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise FunctionProtocolError("missing_required_parameter", "item.call_id must be a string", "item.call_id")
+    output = item.get("output")
+    if not isinstance(output, str):
+        raise FunctionProtocolError("invalid_value", "item.output must be a string", "item.output")
+    if len(output) > max_output_chars:
+        raise FunctionProtocolError(
+            "output_too_large", f"item.output: at most {max_output_chars} characters (got {len(output)})", "item.output"
+        )
+    item_id = item.get("id") if isinstance(item.get("id"), str) else None
+    previous = obj.get("previous_item_id") if isinstance(obj.get("previous_item_id"), str) else None
+    return FunctionOutput(call_id[:128], output, item_id and item_id[:128], previous, event_id and event_id[:128])
+
+
+def function_output_item(item_id: str, call_id: str, output: str) -> dict[str, Any]:
+    return {"id": item_id, "object": "realtime.item", "type": "function_call_output", "status": "completed",
+            "call_id": call_id, "output": output}
+
+
+def output_accepted(item_id: str, previous_item_id: str | None, call_id: str, output: str) -> list[Event]:
+    item = function_output_item(item_id, call_id, output)
+    return [
+        {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": item},
+        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(item)},
+    ]
+
+
+@dataclass
+class _Pending:
+    call: ToolCall
+    future: asyncio.Future[str]
+
+
+class ClientFunctions:
+    """The tool loop's executor for functions the client runs.
+
+    ``send`` puts events on the session's send queue (it must not block);
+    ``new_id(kind)`` gives session-unique ids (``resp``, ``item``, ``call``).
+    Each call gets a call id of kame's own, so ids the LLM reuses across
+    requests never collide on the wire. The tool loop bounds the wait
+    (``call_timeout_s``); a call that was given up is forgotten, and a late
+    output for it is an ``unknown_call_id`` error.
+    """
+
+    def __init__(self, send: Callable[[list[Event]], None], new_id: Callable[[str], str]) -> None:
+        self._send = send
+        self._new_id = new_id
+        self._pending: dict[str, _Pending] = {}
+        self.last_item_id: str | None = None
+
+    @property
+    def pending_call_ids(self) -> list[str]:
+        return list(self._pending)
+
+    async def execute(self, call: ToolCall, spec: ToolSpec) -> ToolResult:
+        call_id = self._new_id("call")
+        response_id, item_id = self._new_id("resp"), self._new_id("item")
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = _Pending(call, future)
+        try:
+            self._send(function_call_response(response_id, item_id, call_id, call.name, call.arguments,
+                                              self.last_item_id))
+            self.last_item_id = item_id
+            output = await future
+        finally:
+            self._pending.pop(call_id, None)
+        return ToolResult(call.id, call.name, "ok", output)
+
+    def deliver(self, out: FunctionOutput) -> list[Event]:
+        """The client's output for a call: wakes the waiting loop; the events to confirm it."""
+        pending = self._pending.get(out.call_id)
+        if pending is None or pending.future.done():
+            raise FunctionProtocolError(
+                "unknown_call_id",
+                f"no function call is waiting for call_id {out.call_id[:64]!r} (unknown, answered, or timed out)",
+                "item.call_id",
+            )
+        pending.future.set_result(out.output)
+        item_id = out.item_id or self._new_id("item")
+        events = output_accepted(item_id, out.previous_item_id or self.last_item_id, out.call_id, out.output)
+        self.last_item_id = item_id
+        return events
+
+    def cancel_all(self) -> None:
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.cancel()
+        self._pending.clear()
