@@ -83,6 +83,9 @@ class Reply:
     tool_calls: list[ToolCallScript] = field(default_factory=list)  # streamed after the text
     tool_call_delay_s: float = 0.0  # pause between the text and the first call
     interleave_calls: bool = False  # send the calls' argument pieces round-robin (index order varies)
+    #: Token usage sent in a last chunk when the request asks for it (``stream_options.include_usage``),
+    #: as OpenAI does; None: counted (prompt: words of all messages; completion: chunks sent).
+    usage: dict[str, Any] | None = None
 
     def pieces(self) -> list[str]:
         if self.chunks is not None:
@@ -432,12 +435,27 @@ class LlmServer:
                 if reply.chunk_delay_s:
                     await self._wait_or_gone(gone, reply.chunk_delay_s)
         await send(self._chunk(rec, cid, {}, finish="tool_calls" if reply.tool_calls else "stop"))
+        options = rec.body.get("stream_options") if isinstance(rec.body, dict) else None
+        if isinstance(options, dict) and options.get("include_usage"):
+            await send(self._usage_chunk(rec, cid, reply))
         if reply.send_done:
             await send(b"data: [DONE]\n\n")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         rec.completed = True
 
+
+    @staticmethod
+    def _usage_chunk(rec: RecordedRequest, cid: str, reply: Reply) -> bytes:
+        usage = reply.usage
+        if usage is None:
+            messages = rec.body.get("messages") or []
+            prompt = sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+            usage = {"prompt_tokens": prompt, "completion_tokens": rec.chunks_sent,
+                     "total_tokens": prompt + rec.chunks_sent}
+        payload = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                   "model": rec.model or "test-model", "choices": [], "usage": usage}
+        return f"data: {json.dumps(payload)}\n\n".encode()
 
     @staticmethod
     def _tool_deltas(reply: Reply, request_no: str) -> list[dict[str, Any]]:

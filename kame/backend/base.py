@@ -114,7 +114,9 @@ class ToolCapableBackend(Protocol):
     ``stream_turn`` yields text chunks (``str``) and
     :class:`~kame.backend.tools.ToolCallDelta` pieces of the calls the LLM
     makes; ``messages`` may hold tool rounds. Same cancellation contract
-    as ``stream``.
+    as ``stream``. ``model`` replaces the configured model for one request;
+    ``report`` (a :class:`~kame.backend.tools.TurnReport`) receives the
+    turn's finish reason and token usage.
     """
 
     def stream_turn(
@@ -125,6 +127,8 @@ class ToolCapableBackend(Protocol):
         tool_choice: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        model: str | None = None,
+        report: Any = None,
     ) -> AsyncIterator[Any]: ...
 
 

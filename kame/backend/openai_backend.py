@@ -37,7 +37,7 @@ from kame.backend.errors import (
     redact,
 )
 from kame.backend.presets import apply_preset
-from kame.backend.tools import ToolCallDelta, ToolSpec, tool_choice_value
+from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport, tool_choice_value
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -222,7 +222,7 @@ class OpenAIBackend:
         temperature: float | None = None,
     ) -> AsyncIterator[str]:
         """Stream the reply's text; see the module doc for timeouts and cancellation."""
-        gen = self._stream_items(normalize_messages(messages), None, None, max_tokens, temperature)
+        gen = self._stream_items(normalize_messages(messages), None, None, max_tokens, temperature, None, None)
         try:
             async for item in gen:
                 if isinstance(item, str):
@@ -238,14 +238,19 @@ class OpenAIBackend:
         tool_choice: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        model: str | None = None,
+        report: TurnReport | None = None,
     ) -> AsyncIterator[str | ToolCallDelta]:
         """Stream one LLM turn with function tools: text chunks and tool-call deltas.
 
         ``messages`` may hold earlier tool rounds (assistant ``tool_calls``
         and ``tool`` messages). A tool-call delta counts as the first token.
+        ``model`` replaces the configured model for this request; ``report``
+        receives the finish reason and the token usage (requested with
+        ``stream_options.include_usage``).
         """
         msgs = normalize_turn_messages(messages)
-        gen = self._stream_items(msgs, tools, tool_choice, max_tokens, temperature)
+        gen = self._stream_items(msgs, tools, tool_choice, max_tokens, temperature, model, report)
         try:
             async for item in gen:
                 yield item
@@ -259,6 +264,8 @@ class OpenAIBackend:
         tool_choice: str | None,
         max_tokens: int | None,
         temperature: float | None,
+        model_override: str | None,
+        report: TurnReport | None,
     ) -> AsyncIterator[str | ToolCallDelta]:
         loop = asyncio.get_running_loop()
         t = self.cfg.timeouts
@@ -286,7 +293,9 @@ class OpenAIBackend:
                 raise BackendTimeout(self.name, which, limit) from None
 
         try:
-            model = await self._model_name(first_deadline, key)
+            model = model_override or await self._model_name(first_deadline, key)
+            if report is not None:
+                report.model = model
             body = dict(self.cfg.extra_body)
             kwargs: dict[str, Any] = {
                 "model": model,
@@ -306,6 +315,8 @@ class OpenAIBackend:
                 kwargs["max_tokens"] = mt
             if temp is not None:
                 kwargs["temperature"] = temp
+            if report is not None:
+                kwargs["stream_options"] = {"include_usage": True}
             log.debug(
                 "back-end %s: request model=%s messages=%d tools=%d", self.name, model, len(msgs), len(tools or ())
             )
@@ -321,6 +332,8 @@ class OpenAIBackend:
                     chunk = await within(stream.__anext__())
                 except StopAsyncIteration:
                     break
+                if report is not None:
+                    _note(report, chunk)
                 for item in self._items_of(chunk):
                     got_first = True
                     yield item
@@ -362,3 +375,25 @@ class OpenAIBackend:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _note(report: TurnReport, chunk: Any) -> None:
+    """Finish reason and usage of a ``chat.completion.chunk`` into ``report`` (fields it lacks are left alone)."""
+    choices = getattr(chunk, "choices", None)
+    if isinstance(choices, list) and choices:
+        reason = getattr(choices[0], "finish_reason", None)
+        if isinstance(reason, str):
+            report.finish_reason = reason
+    usage = getattr(chunk, "usage", None)
+    if usage is None:
+        return
+    for field_name, attr in (("prompt_tokens", "prompt_tokens"), ("completion_tokens", "completion_tokens")):
+        value = getattr(usage, attr, None)
+        if isinstance(value, int):
+            setattr(report, field_name, value)
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    if isinstance(cached, int):
+        report.cached_tokens = cached
+    reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
+    if isinstance(reasoning, int):
+        report.reasoning_tokens = reasoning

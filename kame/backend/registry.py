@@ -45,7 +45,7 @@ from kame.backend.errors import (
 from kame.backend.limits import Busy, Caps
 from kame.backend.resolve import ResolvedBackends, resolve_backends
 from kame.backend.stats import BackendEvent, Observer, StatsCollector
-from kame.backend.tools import ToolCallDelta, ToolSpec
+from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport
 
 if TYPE_CHECKING:
     from kame.config import KameConfig
@@ -265,12 +265,16 @@ class BackendRegistry:
         tool_choice: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        model: str | None = None,
+        report: TurnReport | None = None,
     ) -> TurnStream:
         """Like :meth:`stream`, for one turn of the tool loop (``messages`` may hold tool rounds).
 
         With ``tools`` the request only goes to back-ends that allow tools:
         :class:`BackendToolsNotAllowed` (raised here, nothing sent) if the
-        chosen one does not; a fallback that does not is skipped.
+        chosen one does not; a fallback that does not is skipped. ``model``
+        replaces the back-end's model (the primary only: a fallback keeps
+        its own); ``report`` receives the turn's finish reason and usage.
         """
         resolved = self.resolve_name(name)
         msgs = normalize_turn_messages(messages)
@@ -283,6 +287,10 @@ class BackendRegistry:
             "tools": list(tools) if tools else None,
             "tool_choice": tool_choice if tools else None,
         }
+        if model is not None:
+            opts["model"] = model
+        if report is not None:
+            opts["report"] = report
         return reply._attach(self._run(reply, resolved, msgs, opts, turn=True))
 
     async def _run(
@@ -327,8 +335,9 @@ class BackendRegistry:
                 except BaseException:
                     entry.breaker.neutral(ticket)
                     raise
+                attempt_opts = opts if index == 0 else {k: v for k, v in opts.items() if k != "model"}
                 attempt = self._attempt(
-                    reply, entry, ticket, name, msgs, opts, last=index == len(chain) - 1, turn=turn
+                    reply, entry, ticket, name, msgs, attempt_opts, last=index == len(chain) - 1, turn=turn
                 )
                 try:
                     async for chunk in attempt:

@@ -31,7 +31,7 @@ from kame.backend.base import (
     normalize_turn_messages,
 )
 from kame.backend.config import BackendConfig, ScriptedConfig, ScriptedToolRule
-from kame.backend.tools import ToolCallDelta, ToolSpec
+from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport
 
 
 def split_words(text: str) -> list[str]:
@@ -100,8 +100,14 @@ class ScriptedBackend:
         tool_choice: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        model: str | None = None,
+        report: TurnReport | None = None,
     ) -> AsyncIterator[str | ToolCallDelta]:
-        """One LLM turn with tools: text words, then (per ``tool_rules``) one call."""
+        """One LLM turn with tools: text words, then (per ``tool_rules``) one call.
+
+        ``model`` is ignored (a script has none); ``report`` gets the finish
+        reason (no token usage: nothing is counted).
+        """
         msgs = normalize_turn_messages(messages)
         offered = {t.name for t in tools or ()} if tool_choice != "none" else set()
         text, call = self._turn_script(msgs, offered)
@@ -119,6 +125,9 @@ class ScriptedBackend:
             await asyncio.sleep(max(start + len(words) * period - loop.time(), 0.0))
             self._calls += 1
             yield ToolCallDelta(0, f"call_scripted_{self._calls}", call.tool, json.dumps(call.arguments))
+        if report is not None:
+            report.finish_reason = "tool_calls" if call is not None else "stop"
+            report.model = self.model
 
     def _turn_script(
         self, msgs: list[dict[str, Any]], offered: set[str]

@@ -109,6 +109,24 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+@dataclass
+class TurnReport:
+    """What a back-end learnt about one streamed turn, filled in while it streams.
+
+    Pass one to ``stream_turn(report=...)`` to get the ``finish_reason`` of
+    the turn and the token usage (an OpenAI-compatible back-end then asks
+    for it with ``stream_options.include_usage``; None: the server sent
+    none). The Live API's Responses delegation reports both to its client.
+    """
+
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    model: str | None = None  #: the model the request named
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """The outcome of one call, addressed to the call by ``call_id``."""

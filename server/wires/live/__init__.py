@@ -16,6 +16,8 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.usage`: usage reports and close reasons;
 - :mod:`.wire`: one session's Live protocol state over all of the above;
 - :mod:`.responses_config`, :mod:`.responses_conversation`,
-  :mod:`.responses_stream`: Responses delegation (a kame back-end with its
-  tool loop answering, nested ``response.event`` streams).
+  :mod:`.responses_stream`, :mod:`.responses_run`, :mod:`.responses_backend`:
+  Responses delegation (``delegation.responses`` validation, the back-end's
+  own conversation and prompt, one nested ``response.event`` stream per
+  round, the rounds with the client's function calls, the registry binding).
 """
