@@ -5,8 +5,10 @@ and the metrics together. Its lifespan opens the LLM back-ends and starts
 loading the models in a thread (the app answers ``/health`` with
 "starting" meanwhile); at shutdown it drains the sessions and stops the
 engine. :mod:`kame.server.runner` drains *before* uvicorn closes the
-sockets, so clients get 1001 "server shutting down" rather than uvicorn's
-1012.
+listening sockets (:mod:`kame.server.sessions`: sessions are told, run on
+for ``server.drain_grace_s``, then get 1001 "server shutting down" rather
+than uvicorn's 1012), so a draining server still answers ``/ready`` (503)
+and refuses new websockets with 1001 meanwhile.
 """
 
 from __future__ import annotations
@@ -46,8 +48,14 @@ class AppState:
     async def backend_health(self) -> dict[str, Any]:
         return await self.health_cache.get(self)
 
-    async def drain(self) -> None:
-        await self.sessions.drain(self.cfg.server.drain_timeout_s)
+    def begin_draining(self) -> bool:
+        """Stop admitting (from the signal handler); False when already draining."""
+        return self.sessions.begin_draining(self.cfg.server.drain_grace_s)
+
+    async def drain(self, cut: asyncio.Event | None = None) -> None:
+        """Tell the live sessions, give them ``server.drain_grace_s`` (or until ``cut``), close the rest."""
+        s = self.cfg.server
+        await self.sessions.drain_sessions(s.drain_grace_s, s.drain_timeout_s, cut)
 
 
 def create_app(

@@ -36,11 +36,21 @@ class ServerConfig(BaseModel):
     duration_warning_s: float = Field(
         30.0, ge=0, description="A metadata message warns the client this long before max_duration_s (at once if the session is shorter)."
     )
+    drain_grace_s: float = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM: how long live sessions may run on after being told the server is ending "
+        "(kame.session.ending / a 0x05 notice) before they are closed with 1001; admission stops at once. "
+        "The default keeps the whole shutdown inside Docker's 10 s grace period; on Kubernetes use minutes "
+        "(with terminationGracePeriodSeconds above drain_grace_s + drain_timeout_s + 5).",
+    )
     drain_timeout_s: float = Field(
         3.0,
         ge=0,
         le=5.0,
-        description="On SIGTERM: how long sessions get to finish their close handshake before the process exits.",
+        description="On SIGTERM, after drain_grace_s: how long the closed sessions get to finish their close "
+        "handshake before the process exits.",
     )
     warmup_steps: int = Field(
         4, ge=0, le=100, description="Engine ticks on every slot at start, before the server reports ready."

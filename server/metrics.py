@@ -44,6 +44,7 @@ class ServerMetrics:
         self.sessions_active = Gauge("kame_sessions_active", "Sessions holding an engine slot now.", registry=r)
         self.sessions_max = Gauge("kame_sessions_max", "Session cap (engine slots).", registry=r)
         self.ready = Gauge("kame_ready", "1 once models are loaded and warmed up.", registry=r)
+        self.draining = Gauge("kame_draining", "1 from SIGTERM on: no new sessions, live ones are drained.", registry=r)
         self.sessions_total = Counter("kame_sessions", "Sessions started.", registry=r)
         self.sessions_rejected = Counter(
             "kame_sessions_rejected",
