@@ -29,6 +29,9 @@ EXPOSE 8998
 # so the check passes once the server listens; /ready tells load balancers when to route.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
   CMD curl -fsS http://127.0.0.1:8998/health || exit 1
-# SIGTERM drains sessions and exits within 8 s, inside Docker's default 10 s grace period.
+# SIGTERM drains: no new sessions at once (/ready 503, new websockets 1001), live sessions are
+# told and run on for server.drain_grace_s (2 s), then get 1001 and drain_timeout_s (3 s) to
+# close: exit within 8 s, inside Docker's default 10 s grace period. Raise drain_grace_s only
+# with a longer grace (docker stop -t, compose stop_grace_period; Kubernetes: deploy/kubernetes).
 STOPSIGNAL SIGTERM
 ENTRYPOINT [".venv/bin/kame", "serve", "--host", "0.0.0.0", "--port", "8998"]

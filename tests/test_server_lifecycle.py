@@ -99,20 +99,42 @@ def test_memory_housekeeping_runs(server: ServerProcess) -> None:
 
 
 def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> None:
-    async def main() -> tuple[list[MoshiClient], float]:
+    """SIGTERM: admission stops at once but the server keeps listening (/ready 503, a new websocket
+    1001) while live sessions run on for drain_grace_s (2 s by default); then 1001 and exit < 8 s."""
+    grace = 2.0
+
+    async def main() -> tuple[list[MoshiClient], float, dict[str, object], list[float]]:
         clients = await asyncio.gather(*[MoshiClient.connect(server.ws_url) for _ in range(2)])
         assert all(await asyncio.gather(*[c.wait_handshake(10) for c in clients]))
-        senders = [asyncio.create_task(c.send_silence(2.5)) for c in clients]
+        senders = [asyncio.create_task(c.send_silence(6.0)) for c in clients]
         await asyncio.sleep(0.8)
         t0 = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        await asyncio.gather(*[c.wait_closed(8) for c in clients])
+        await asyncio.sleep(0.3)
+        during: dict[str, object] = {}
+        during["ready"] = await asyncio.to_thread(server.get_json, "/ready")
+        during["ready_k8s"] = (await asyncio.to_thread(server.get, "/ready?full_ok=1"))[0]
+        during["health"] = (await asyncio.to_thread(server.get_json, "/health"))[1]["status"]
+        late = await MoshiClient.connect(server.ws_url)
+        during["late"] = await late.wait_closed(5)
+        during["late_handshake"] = late.handshake.is_set()
+        during["live_then"] = [c.closed.is_set() for c in clients]
+        closed_at: list[float] = []
+        for c in clients:
+            await c.wait_closed(8)
+            closed_at.append(time.monotonic() - t0)
         await asyncio.gather(*senders)
-        return clients, t0
+        return clients, t0, during, closed_at
 
-    clients, t0 = asyncio.run(main())
+    clients, t0, during, closed_at = asyncio.run(main())
+    assert during["ready"] == (503, {"ready": False, "reason": "draining"})
+    assert during["ready_k8s"] == 503 and during["health"] == "draining"
+    assert during["late"] == (1001, "server shutting down") and during["late_handshake"] is False
+    assert during["live_then"] == [False, False]  # still running 0.3 s into the drain
     for c in clients:
         assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+        assert c.stats.audio_received_s > 0.8 + grace - 0.5  # audio flowed through the grace
+    assert all(grace - 0.2 <= t < grace + 3.0 for t in closed_at), closed_at
     server.proc.wait(timeout=max(0.1, 8.0 - (time.monotonic() - t0)))
     assert time.monotonic() - t0 < 8.0
     assert server.proc.returncode is not None
