@@ -498,6 +498,19 @@ function onServerEvent(event) {
       panes.oracleStatus(event.request_id, `failed: ${event.error}`, "bad");
       break;
     }
+    case "kame.tool.call_started":
+      panes.oracleTool(event.request_id, requests.get(event.request_id)?.backend, event.call_id, event.name, "running…");
+      break;
+    case "kame.tool.call_finished":
+      panes.oracleTool(
+        event.request_id,
+        requests.get(event.request_id)?.backend,
+        event.call_id,
+        event.name,
+        `${event.outcome} in ${seconds(event.duration_s * 1000)}`,
+        event.ok ? "done" : "bad",
+      );
+      break;
     case "kame.oracle.cleared":
       panes.oracleCleared();
       break;

@@ -149,6 +149,28 @@ export class Panes {
     });
   }
 
+  // A tool call the back-end made for this request: one line per call, updated when it finishes.
+  oracleTool(requestId, backend, callId, name, label, kind = "") {
+    const node = this.oracleEntry(requestId, backend);
+    this.oracle.touched(() => {
+      let list = node.querySelector(".tools");
+      if (!list) {
+        list = el("ul", "tools");
+        node.insertBefore(list, node.querySelector(".text"));
+      }
+      let item = [...list.children].find((li) => li.dataset.callId === callId);
+      if (!item) {
+        item = el("li", "tool");
+        item.dataset.callId = callId;
+        item.append(el("code", "name", name), el("span", "state"));
+        list.append(item);
+      }
+      const state = item.querySelector(".state");
+      state.textContent = label;
+      state.dataset.kind = kind;
+    });
+  }
+
   oracleWhen(requestId, label) {
     const node = this.oracle.get(requestId);
     if (node) node.querySelector(".when").textContent = label;
