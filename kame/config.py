@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from kame.asr.config import AsrConfig
 from kame.backend.config import BackendConfig, LlmConfig, ToolsConfig
@@ -94,6 +94,16 @@ class KameConfig(BaseModel):
     )
     llm: LlmConfig = Field(default_factory=LlmConfig, description="Caps over all LLM back-ends together.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Function tools and MCP servers.")
+
+    @model_validator(mode="after")
+    def _mcp_names(self) -> KameConfig:
+        for name, backend in self.backends.items():
+            unknown = [m for m in backend.mcp_servers if m not in self.tools.mcp_servers]
+            if unknown:
+                raise ValueError(
+                    f"backends.{name}.mcp_servers: {', '.join(unknown)} not in tools.mcp_servers"
+                )
+        return self
     server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 

@@ -279,3 +279,69 @@ def test_the_llm_calls_an_mcp_tool_through_the_loop(server_script: Path, llm_ser
     assert any(isinstance(e, TextDelta) and e.after_tools for e in events)
     for rec in llm_server.chat_requests():
         assert SECRET not in str(rec.body)
+
+
+def test_catalog_gives_a_session_its_mcp_tools_and_the_oracle_speaks_their_answer(
+    server_script: Path, llm_server: LlmServer  # noqa: F811
+) -> None:
+    from kame.config import KameConfig
+    from kame.oracle.config import OracleConfig
+    from kame.oracle.loop import OracleLoop
+    from kame.oracle.session_tools import ToolCatalog
+
+    def llm(rec: RecordedRequest) -> Reply:
+        if rec.tool_messages:
+            return Reply(text=f"Here it is, {rec.tool_messages[-1]['content'].split(' (')[0]}.")
+        if "get_weather" in rec.tool_names:
+            return Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})])
+        return Reply(text="No tools.")
+
+    llm_server.responder = llm
+    cfg = KameConfig.model_validate({
+        "backends": {"main": {"base_url": llm_server.base_url, "model": "m", "api_key_env": "", "allow_tools": True,
+                              "mcp_servers": ["weather"]}},
+        "tools": {"mcp_servers": {"weather": stdio_cfg(server_script).model_dump()}},
+    })
+    seen: list[tuple[str, str, str | None]] = []
+    catalog = ToolCatalog(cfg.tools, {"KAME_WEATHER_KEY": SECRET},
+                          observer=lambda ev, source: seen.append((ev.name, source, ev.outcome)))
+    reg = BackendRegistry.from_config(cfg, {})
+
+    class Sink:
+        def __init__(self) -> None:
+            self.texts: list[str] = []
+
+        def oracle_reset(self, ids: list[int]) -> None:
+            self.texts.append("".join(chr(i) for i in ids))
+
+        def oracle_push(self, ids: list[int]) -> None:
+            self.texts[-1] += "".join(chr(i) for i in ids)
+
+        def oracle_clear(self) -> None:
+            pass
+
+    async def main() -> tuple[Sink, list[str]]:
+        tools = catalog.new_session()
+        servers = catalog.mcp_servers_for(cfg.backends["main"])
+        assert servers == ["weather"]
+        with pytest.raises(UnknownMcpServer):
+            catalog.mcp_servers_for(cfg.backends["main"], ["stdio:/bin/sh"])
+        specs = await catalog.enable_mcp(tools, servers)
+        assert "get_weather" in [s.name for s in specs]
+        sink = Sink()
+        events: list[str] = []
+        loop = OracleLoop(config=OracleConfig(), registry=reg, sink=sink, encode=lambda t: [ord(c) for c in t],
+                          piece_of=None, emit=lambda k, d: events.append(k), tools=tools)
+        loop.on_user_final("what is the weather in Paris")
+        deadline = time.monotonic() + 15
+        while "llm.done" not in events and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await loop.aclose()
+        await catalog.aclose()
+        await reg.aclose()
+        return sink, events
+
+    sink, events = asyncio.run(main())
+    assert sink.texts == ["Let me check.", "Here it is, sunny and 21 degrees in Paris."]
+    assert ("get_weather", "mcp", "ok") in seen
+    assert "tool.call_finished" in events

@@ -15,10 +15,12 @@ the session records; arguments may hold personal data).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kame.backend.speculation import SpeculativeCalls, ToolObserver
+from kame.backend.config import BackendConfig, ToolsConfig
+from kame.backend.mcp_tools import McpToolbox, UnknownMcpServer
+from kame.backend.speculation import SpeculativeCalls, ToolCallEvent, ToolObserver
 from kame.backend.tool_loop import ToolExecutor, ToolLoopLimits
 from kame.backend.tools import ToolCall, ToolResult, ToolSpec, refused
 
@@ -92,3 +94,75 @@ class SessionTools:
 
     async def aclose(self) -> None:
         await self.calls.aclose()
+
+
+SourceObserver = Callable[[ToolCallEvent, str], None]
+
+
+class ToolCatalog:
+    """Server-wide: the MCP servers and the tool settings; builds each session's :class:`SessionTools`.
+
+    ``observer(event, source)`` sees every real execution of every session
+    (``source``: ``mcp`` or ``client``), for metrics. Clients enable MCP
+    servers by configured name only (:class:`~kame.backend.mcp_tools.UnknownMcpServer`
+    otherwise).
+    """
+
+    def __init__(
+        self,
+        cfg: ToolsConfig,
+        environ: Mapping[str, str],
+        *,
+        observer: SourceObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.observer = observer
+        self.clock = clock
+        self.mcp = McpToolbox(cfg, environ, clock=clock) if cfg.mcp_servers else None
+        self.limits = ToolLoopLimits(
+            max_rounds=cfg.max_rounds, call_timeout_s=cfg.call_timeout_s, max_output_chars=cfg.max_output_chars
+        )
+
+    @property
+    def mcp_server_names(self) -> list[str]:
+        return self.mcp.names if self.mcp is not None else []
+
+    def new_session(self, *, include_arguments: bool = False) -> SessionTools:
+        tools = SessionTools.create(
+            self.limits, cache_ttl_s=self.cfg.cache_ttl_s, clock=self.clock, include_arguments=include_arguments
+        )
+        if self.observer is not None:
+            observer = self.observer
+
+            def observe(event: ToolCallEvent) -> None:
+                observer(event, tools.routes.source_of(event.name) or "unknown")
+
+            tools.calls.observer = observe
+        return tools
+
+    def mcp_servers_for(self, backend: BackendConfig | None, requested: Sequence[str] | None = None) -> list[str]:
+        """The MCP servers a session gets (raises UnknownMcpServer for a name not configured)."""
+        if self.mcp is None:
+            if requested:
+                raise UnknownMcpServer(requested[0], [])
+            return []
+        return self.mcp.servers_for(backend, requested)
+
+    async def enable_mcp(self, tools: SessionTools, servers: Sequence[str]) -> list[ToolSpec]:
+        """List these servers' allowed tools and make them the session's ``mcp`` source (unreachable ones: none)."""
+        if self.mcp is None or not servers:
+            tools.routes.set("mcp", [], _NoTools())
+            return []
+        found = await self.mcp.tools(servers)
+        tools.routes.set("mcp", [t.spec for t in found], self.mcp.executor(found))
+        return [t.spec for t in found]
+
+    async def aclose(self) -> None:
+        if self.mcp is not None:
+            await self.mcp.aclose()
+
+
+class _NoTools:
+    async def execute(self, call: ToolCall, spec: ToolSpec) -> ToolResult:
+        return refused(call, "no such tool")
