@@ -24,6 +24,7 @@ from kame.server.wires.live.responses_run import (
     ResponsesDelegator,
     RoundEnd,
     RoundRequest,
+    RoundText,
     TextOut,
 )
 from kame.server.wires.live.responses_stream import Usage
@@ -68,6 +69,7 @@ class Harness:
         self.requests: list[RoundRequest] = []
         self.sent: list[dict[str, Any]] = []
         self.texts: list[TextOut] = []
+        self.rounds: list[RoundText] = []
         self.done: list[DelegationDone] = []
         self.script = script
         n = itertools.count(1)
@@ -77,6 +79,7 @@ class Harness:
             source=self.source,
             send=self.send,
             on_text=self.texts.append,
+            on_round_text=self.rounds.append,
             on_done=self.done.append,
             conversation=self.conversation,
             ids=lambda prefix: f"{prefix}_{next(n)}",
@@ -169,6 +172,7 @@ async def test_full_exchange_rounds_outputs_and_oracle_text() -> None:
         ("check.", False, 0),
         ("It is sunny in Paris.", True, 1),
     ]
+    assert [(r.text, r.after_tools) for r in h.rounds] == [("Let me check.", False), ("It is sunny in Paris.", True)]
     assert h.done == [done]
 
 
@@ -271,8 +275,10 @@ async def test_backend_error_fails_the_response_and_the_next_delegation_works() 
     assert failed["error"]["code"] == "server_error" and "timed out" in failed["error"]["message"]
     assert failed["error"]["type"] == "timeout"
     assert h.nested("response.output_item.done")[0]["item"]["status"] == "incomplete"
+    assert h.rounds == []  # a failed round's partial text is no answer
     done = await asyncio.wait_for(h.d.start(*h.d.new_ids()), 5)
     assert (done.status, done.text) == ("completed", "Back again.")
+    assert [r.text for r in h.rounds] == ["Back again."]
 
 
 @aio
@@ -380,3 +386,17 @@ async def test_response_create_when_idle_or_streaming_and_message_items() -> Non
     gate.set()
     await asyncio.wait_for(task, 5)
     assert len(h.conversation.entries) == 3  # the two items and the back-end's answer
+
+
+@aio
+async def test_a_failing_hook_does_not_end_the_delegation() -> None:
+    h = Harness(lambda r: ["Fine.", RoundEnd("stop")], {"model": "fast"})
+
+    def broken(_: Any) -> None:
+        raise RuntimeError("consumer bug")
+
+    h.d._on_round_text = broken
+    h.d._on_text = broken
+    done = await asyncio.wait_for(h.d.start(*h.d.new_ids()), 5)
+    assert (done.status, done.text) == ("completed", "Fine.")
+    assert h.nested("response.completed")

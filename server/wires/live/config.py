@@ -4,8 +4,9 @@ Every field of ``openai/types/live/session_config.py`` is either applied,
 accepted and ignored with an ``info`` (it has no meaning for a Moshi
 front-end: ``store``, ``voice``, ``safety_identifier``,
 ``acknowledgement_delay_ms``, ...), or refused with an ``error`` (a feature
-kame does not have: ``delegation.type`` ``"responses"`` or ``"decisions"``,
-non-empty ``triggers``, ...). A command is validated as a whole before
+kame does not have: ``delegation.type`` ``"decisions"``, ``"responses"``
+on a server that offers no back-end for it, non-empty ``triggers``, ...).
+``delegation.responses`` is resolved by :mod:`.responses_config`. A command is validated as a whole before
 anything changes. The ``kame`` object is kame's extension and is checked
 strictly, since a typo there would silently do nothing. docs/protocol.md
 section 4 lists every field.
@@ -26,6 +27,14 @@ from kame.server.wires.live.audio import (
 )
 from kame.server.wires.live.decode import sdk_validate
 from kame.server.wires.live.events import Info, LiveError
+from kame.server.wires.live.responses_config import (
+    IGNORED_FIELDS,
+    BackendCatalog,
+    DelegationConfigError,
+    ResponsesDelegationSettings,
+    parse_responses_config,
+    update_responses_config,
+)
 
 DelegationMode = Literal["turn", "speculative"]
 DELEGATION_MODES: tuple[DelegationMode, ...] = ("turn", "speculative")
@@ -47,6 +56,8 @@ class LiveServerInfo:
     default_delegation: DelegationMode = "turn"
     default_backchannel_words: int = 3
     usage_interval_s: float = 5.0
+    #: The back-ends a Responses delegation may use (None: Responses delegation is not offered).
+    responses: BackendCatalog | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,16 @@ class LiveConfig:
     history: tuple[HistoryItem, ...] = ()
     acknowledgement_delay_ms: int | None = None
     kame: KameLiveSettings = field(default_factory=KameLiveSettings)
+    #: ``delegation.responses`` resolved (None: client delegation).
+    responses: ResponsesDelegationSettings | None = None
+
+    @property
+    def delegation_type(self) -> Literal["client", "responses"]:
+        return "responses" if self.responses is not None else "client"
 
     def delegation_mode(self, info: LiveServerInfo) -> DelegationMode:
+        if self.responses is not None:
+            return "turn"  # only the request after the user's turn may run the client's functions
         return self.kame.delegation or info.default_delegation
 
     def backchannel_words(self, info: LiveServerInfo) -> int:
@@ -130,13 +149,59 @@ def _audio_format(value: Any, event_id: str | None) -> LiveAudioFormat:
     return LiveAudioFormat(ftype, int(rate))
 
 
-def _delegation(value: Any, event_id: str | None, infos: list[Info]) -> int | None:
-    """``delegation`` -> its acknowledgement delay (only client delegation is offered)."""
+@dataclass(frozen=True)
+class _Delegation:
+    ack: int | None
+    responses: ResponsesDelegationSettings | None
+
+
+def _responses(
+    d: Mapping[str, Any],
+    info: LiveServerInfo,
+    current: ResponsesDelegationSettings | None,
+    event_id: str | None,
+    infos: list[Info],
+) -> ResponsesDelegationSettings:
+    """``delegation.responses`` on kame's back-ends (:mod:`.responses_config`)."""
+    assert info.responses is not None
+    raw = d.get("responses")
+    param = "session.delegation.responses"
+    try:
+        if current is None:
+            if raw is None:
+                raise DelegationConfigError(
+                    "missing_required_parameter", f"{param} is required (at least its model)", param=param
+                )
+            settings = parse_responses_config(raw, info.responses, param=param)
+        else:
+            settings = current if raw is None else update_responses_config(current, raw, info.responses, param=param)
+    except DelegationConfigError as exc:
+        raise LiveError(exc.code, exc.message, param=exc.param, client_event_id=event_id) from None
+    if isinstance(raw, Mapping):
+        for name in IGNORED_FIELDS:
+            if raw.get(name) is not None:
+                infos.append(_ignored(f"{param}.{name}",
+                                      "kame's back-ends speak chat completions; provider options are the "
+                                      "operator's (backends.NAME.extra_body)", event_id))
+    return settings
+
+
+def _delegation(value: Any, event_id: str | None, infos: list[Info], info: LiveServerInfo | None = None,
+                current: LiveConfig | None = None) -> _Delegation:
+    """``delegation`` -> its acknowledgement delay and, for Responses delegation, the resolved back-end."""
     if value is None:
-        return None
+        return _Delegation(None, current.responses if current is not None else None)
     d = _object(value, "session.delegation", event_id)
     dtype = d.get("type")
-    if dtype == "responses":
+    if current is not None and dtype in ("client", "responses") and dtype != current.delegation_type:
+        raise LiveError("unsupported_delegation",
+                        f"session.delegation.type cannot change after session.start (this session uses "
+                        f"{current.delegation_type!r} delegation)",
+                        param="session.delegation.type", client_event_id=event_id)
+    responses: ResponsesDelegationSettings | None = None
+    if dtype == "responses" and info is not None and info.responses is not None:
+        responses = _responses(d, info, current.responses if current is not None else None, event_id, infos)
+    elif dtype == "responses":
         raise LiveError(
             "unsupported_delegation",
             "session.delegation.type: \"responses\" (a hosted Responses model) is not available; kame offers "
@@ -146,8 +211,8 @@ def _delegation(value: Any, event_id: str | None, infos: list[Info]) -> int | No
         raise LiveError("unsupported_delegation",
                         "session.delegation.type: \"decisions\" (the Decisions API) is not available; use \"client\"",
                         param="session.delegation.type", client_event_id=event_id)
-    if dtype != "client":
-        raise LiveError("invalid_value", f"session.delegation.type: {str(dtype)[:32]!r} is not \"client\"",
+    elif dtype not in ("client", "responses"):
+        raise LiveError("invalid_value", f"session.delegation.type: {str(dtype)[:32]!r} is not \"client\" or \"responses\"",
                         param="session.delegation.type", client_event_id=event_id)
     delay = d.get("acknowledgement_delay_ms")
     if delay is not None:
@@ -157,10 +222,12 @@ def _delegation(value: Any, event_id: str | None, infos: list[Info]) -> int | No
         infos.append(_ignored("session.delegation.acknowledgement_delay_ms",
                               "Moshi speaks on its own from the first frame; kame requests no acknowledgements",
                               event_id))
+    known = ("type", "acknowledgement_delay_ms") + (("responses",) if responses is not None else ())
     for key in d:
-        if key not in ("type", "acknowledgement_delay_ms"):
-            infos.append(_ignored(f"session.delegation.{str(key)[:32]}", "not part of client delegation", event_id))
-    return delay if isinstance(delay, int) and not isinstance(delay, bool) else None
+        if key not in known:
+            infos.append(_ignored(f"session.delegation.{str(key)[:32]}", f"not part of {dtype} delegation", event_id))
+    ack = delay if isinstance(delay, int) and not isinstance(delay, bool) else None
+    return _Delegation(ack, responses)
 
 
 def _triggers(value: Any, event_id: str | None) -> None:
@@ -258,7 +325,7 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, *, now_s: floa
         if output is not None and _object(output, "session.audio.output", event_id).get("voice") is not None:
             infos.append(_ignored("session.audio.output.voice",
                                   f"Moshi speaks with the voice of its checkpoint ({VOICE!r})", event_id))
-    ack = _delegation(session.get("delegation"), event_id, infos)
+    delegation = _delegation(session.get("delegation"), event_id, infos, info)
     _triggers(session.get("triggers"), event_id)
     instructions = session.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -294,14 +361,17 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, *, now_s: floa
         infos.append(Info("no_transcription",
                           "this server runs without speech recognition: no input transcript and no delegations",
                           client_event_id=event_id))
+    if delegation.responses is not None and kame.delegation == "speculative":
+        infos.append(_speculative_ignored(event_id))
     config = LiveConfig(
         model=model.strip()[:128],
         expires_at=int(now_s + info.max_duration_s),
         audio=fmt,
         instructions=instructions if instructions and instructions.strip() else None,
         history=history,
-        acknowledgement_delay_ms=ack,
+        acknowledgement_delay_ms=delegation.ack,
         kame=kame,
+        responses=delegation.responses,
     )
     return Parsed(config, tuple(infos))
 
@@ -318,9 +388,11 @@ def parse_update(session: Mapping[str, Any], current: LiveConfig, info: LiveServ
             raise LiveError("immutable_parameter", f"session.{key} cannot change after session.start",
                             param=f"session.{key}", client_event_id=event_id)
     ack = current.acknowledgement_delay_ms
+    responses = current.responses
     if session.get("delegation") is not None:
-        new_ack = _delegation(session["delegation"], event_id, infos)
-        ack = ack if new_ack is None else new_ack
+        delegation = _delegation(session["delegation"], event_id, infos, info, current)
+        ack = ack if delegation.ack is None else delegation.ack
+        responses = delegation.responses
     _triggers(session.get("triggers"), event_id)
     kame = current.kame
     if session.get("kame") is not None:
@@ -328,7 +400,15 @@ def parse_update(session: Mapping[str, Any], current: LiveConfig, info: LiveServ
     for key in session:
         if key not in ("delegation", "triggers", "kame"):
             infos.append(_ignored(f"session.{str(key)[:32]}", "not a Live session field", event_id))
-    return Parsed(replace(current, acknowledgement_delay_ms=ack, kame=kame), tuple(infos))
+    if responses is not None and kame.delegation == "speculative" and session.get("kame") is not None:
+        infos.append(_speculative_ignored(event_id))
+    return Parsed(replace(current, acknowledgement_delay_ms=ack, kame=kame, responses=responses), tuple(infos))
+
+
+def _speculative_ignored(event_id: str | None) -> Info:
+    return _ignored("session.kame.delegation",
+                    "with Responses delegation only the request after the user's turn is delegated (it may run "
+                    "your functions); kame's speculative requests stay inside kame", event_id)
 
 
 # --------------------------------------------------------------------------- the session resource
@@ -336,7 +416,9 @@ def parse_update(session: Mapping[str, Any], current: LiveConfig, info: LiveServ
 
 def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]:
     """The ``session`` of ``session.started`` / ``updated`` / ``closed`` (``SessionResource`` plus ``kame``)."""
-    delegation: dict[str, Any] = {"type": "client"}
+    delegation: dict[str, Any] = {"type": config.delegation_type}
+    if config.responses is not None:
+        delegation["responses"] = config.responses.as_config()
     if config.acknowledgement_delay_ms is not None:
         delegation["acknowledgement_delay_ms"] = config.acknowledgement_delay_ms
     out: dict[str, Any] = {

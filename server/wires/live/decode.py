@@ -8,9 +8,9 @@ the contract describes; nothing is trusted before its size and type are
 checked, and messages quote at most a few dozen characters of the input.
 
 Events of the protocol that kame does not implement are refused by name,
-with the reason: the Decisions API (``decision.*``), audio fixtures, the
-Responses back-end (``response.*``, which needs Responses delegation) and
-the SIP sideband's DTMF.
+with the reason: the Decisions API (``decision.*``), audio fixtures and
+the SIP sideband's DTMF. ``response.*`` commands decode here and are
+refused by the wire unless the session uses Responses delegation.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ REFUSED: dict[str, str] = {
     "decision.item.create": "the Decisions API is not available: kame delegates to your application (client delegation)",
     "decision.item.delete": "the Decisions API is not available: kame delegates to your application (client delegation)",
     "session.output_audio.fixture.play": "audio fixtures are not supported: Moshi's output is one continuous stream",
-    "response.item.create": "requires Responses delegation; this session uses client delegation",
-    "response.create": "requires Responses delegation; this session uses client delegation",
     "transport.dtmf.send": "DTMF needs a SIP call; this is a websocket session",
 }
 
@@ -90,7 +88,25 @@ class Close:
     event_id: str | None = None
 
 
-LiveCommand = Start | Update | AppendAudio | Mute | AppendContext | Close
+@dataclass(frozen=True)
+class ItemCreate:
+    """``response.item.create``: an item for the Responses back-end (shape checked with the SDK's model)."""
+
+    item: dict[str, Any]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseCreate:
+    """``response.create``: continue the delegated response waiting for tool results, or ask for one."""
+
+    event_id: str | None = None
+
+
+#: Why the ``response.*`` commands are refused in client delegation.
+NEEDS_RESPONSES = "requires Responses delegation; this session uses client delegation"
+
+LiveCommand = Start | Update | AppendAudio | Mute | AppendContext | Close | ItemCreate | ResponseCreate
 
 
 def _event_id(obj: dict[str, Any]) -> str | None:
@@ -171,6 +187,16 @@ def decode_client_event(message: str | bytes | None) -> LiveCommand:
         return Mute(False, event_id)
     if etype == "session.close":
         return Close(event_id)
+    if etype == "response.item.create":
+        from openai.types.live import ResponseItemCreateEvent
+
+        sdk_validate(ResponseItemCreateEvent, obj, event_id)
+        return ItemCreate(dict(obj["item"]), event_id)
+    if etype == "response.create":
+        from openai.types.live import ResponseCreateEvent
+
+        sdk_validate(ResponseCreateEvent, obj, event_id)
+        return ResponseCreate(event_id)
     if etype in REFUSED:
         raise LiveError("unsupported_event", f"{etype} is not supported: {REFUSED[etype]}", param="type",
                         client_event_id=event_id)

@@ -139,16 +139,38 @@ class OutputTranscriptDelta:
 
 @dataclass(frozen=True)
 class DelegationCreated:
-    """Work handed to the application: metadata only, never the task text."""
+    """Work delegated: metadata only, never the task text.
+
+    ``target`` is ``client`` (the application answers with appends) or
+    ``responses`` (kame's back-end answers; ``response_id`` names the first
+    response of its nested ``response.event`` stream).
+    """
 
     delegation_id: str
     offset_ms: int
     client_event_id: str | None = None
+    target: Literal["client", "responses"] = "client"
+    response_id: str | None = None
     type: str = field(default="session.delegation.created", init=False)
 
     def body(self) -> Json:
-        return {"delegation": {"id": self.delegation_id, "target": "client", "type": "delegation"},
-                "offset_ms": self.offset_ms}
+        delegation: Json = {"id": self.delegation_id, "target": self.target, "type": "delegation"}
+        if self.response_id is not None:
+            delegation["response_id"] = self.response_id
+        return {"delegation": delegation, "offset_ms": self.offset_ms}
+
+
+@dataclass(frozen=True)
+class ResponseEventOut:
+    """``response.event``: one nested Responses streaming event of a Responses delegation."""
+
+    event: Json
+    delegation_id: str | None
+    client_event_id: str | None = None
+    type: str = field(default="response.event", init=False)
+
+    def body(self) -> Json:
+        return {"delegation_id": self.delegation_id, "event": self.event}
 
 
 @dataclass(frozen=True)
@@ -249,6 +271,7 @@ LiveEvent = (
     | InputTranscriptDelta
     | OutputTranscriptDelta
     | DelegationCreated
+    | ResponseEventOut
     | Appended
     | UsageUpdated
     | InputAudioMuted

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -117,6 +117,20 @@ class TextOut:
 
 
 @dataclass(frozen=True)
+class RoundText:
+    """The whole text of a round that ended (completed or cut short): one oracle answer.
+
+    "Let me check" before a call and the answer built on its result are
+    separate rounds, so each becomes its own oracle sequence.
+    """
+
+    delegation_id: str
+    round: int
+    text: str
+    after_tools: bool
+
+
+@dataclass(frozen=True)
 class DelegationDone:
     """How a delegation ended."""
 
@@ -159,6 +173,7 @@ class ResponsesDelegator:
         source: RoundSource,
         send: Callable[[Event], None],
         on_text: Callable[[TextOut], None] = lambda _out: None,
+        on_round_text: Callable[[RoundText], None] = lambda _out: None,
         on_done: Callable[[DelegationDone], None] = lambda _done: None,
         conversation: ConversationLog | None = None,
         prompt: PromptOptions | None = None,
@@ -167,13 +182,16 @@ class ResponsesDelegator:
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         ids: Callable[[str], str] = new_id,
         clock: Callable[[], float] = time.time,
+        spawn: Callable[[Coroutine[Any, Any, DelegationDone]], asyncio.Task[DelegationDone]] | None = None,
     ) -> None:
+        """``spawn`` runs a delegation's coroutine (the runtime's task factory; default: a loop task)."""
         if max_rounds < 1:
             raise ValueError("max_rounds must be >= 1")
         self._settings = settings
         self._source = source
         self._send = send
         self._on_text = on_text
+        self._on_round_text = on_round_text
         self._on_done = on_done
         self.conversation = conversation if conversation is not None else ConversationLog()
         self._prompt = prompt or PromptOptions()
@@ -182,6 +200,7 @@ class ResponsesDelegator:
         self.max_output_chars = max_output_chars
         self._ids = ids
         self._clock = clock
+        self._spawn = spawn
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[DelegationDone]] = set()
         self._waiting: _Waiting | None = None
@@ -196,9 +215,12 @@ class ResponsesDelegator:
 
     def start(self, delegation_id: str, response_id: str) -> asyncio.Task[DelegationDone]:
         """Run a delegation after those already queued (the wire sent its ``delegation.created``)."""
-        task = asyncio.get_running_loop().create_task(
-            self._serialized(delegation_id, response_id), name=f"kame-responses-{delegation_id}"
-        )
+        coro = self._serialized(delegation_id, response_id)
+        task: asyncio.Task[DelegationDone]
+        if self._spawn is not None:
+            task = self._spawn(coro)
+        else:
+            task = asyncio.get_running_loop().create_task(coro, name=f"kame-responses-{delegation_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -295,12 +317,12 @@ class ResponsesDelegator:
             try:
                 done = await self._run(delegation_id, response_id)
             except asyncio.CancelledError:
-                self._on_done(DelegationDone(delegation_id, "cancelled", "", 0, None))
+                _guard(self._on_done, DelegationDone(delegation_id, "cancelled", "", 0, None))
                 raise
             finally:
                 self._running = None
                 self._waiting = None
-            self._on_done(done)
+            _guard(self._on_done, done)
             return done
 
     async def _run(self, delegation_id: str, response_id: str) -> DelegationDone:
@@ -327,6 +349,8 @@ class ResponsesDelegator:
             self._running = None
             if usage is not None:
                 total = usage if total is None else total + usage
+            if status != "failed" and stream.text.strip():
+                _guard(self._on_round_text, RoundText(delegation_id, round_no, stream.text, after_tools))
             calls = stream.summary().calls
             records = [CallRecord(c.call_id, c.name, c.arguments) for c in calls] + [r for r, _ in refused]
             self.conversation.add(BackendTurn(stream.text, tuple(records)))
@@ -386,7 +410,7 @@ class ResponsesDelegator:
                     if isinstance(item, str):
                         if item:
                             self._emit(delegation_id, stream.text_delta(item))
-                            self._on_text(TextOut(delegation_id, round_no, item, after_tools))
+                            _guard(self._on_text, TextOut(delegation_id, round_no, item, after_tools))
                     elif isinstance(item, RoundEnd):
                         end = item
                     else:
@@ -490,6 +514,14 @@ class ResponsesDelegator:
 
     def _info(self, code: str, message: str) -> None:
         self._send({"type": "info", "code": code, "message": message})
+
+
+def _guard(callback: Callable[[Any], None], value: Any) -> None:
+    """Call a consumer's hook; its bug is logged, never allowed to end the delegation."""
+    try:
+        callback(value)
+    except Exception:
+        log.exception("responses delegation: a %s hook failed", type(value).__name__)
 
 
 def _refusal(name: str) -> str:

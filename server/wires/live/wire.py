@@ -46,10 +46,13 @@ from kame.server.wires.live.config import (
     session_resource,
 )
 from kame.server.wires.live.decode import (
+    NEEDS_RESPONSES,
     AppendAudio,
     AppendContext,
     Close,
+    ItemCreate,
     Mute,
+    ResponseCreate,
     Start,
     Update,
     decode_client_event,
@@ -70,6 +73,7 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
+from kame.server.wires.live.responses_mode import ResponsesHooks, ResponsesMode
 from kame.server.wires.live.transcript import (
     FRAME_MS,
     AssistantTranscript,
@@ -119,7 +123,9 @@ class LiveWire:
         oracle_config: OracleConfig,
         ids: LiveIds | None = None,
         frame_size: int = 1920,
+        responses: ResponsesHooks | None = None,
     ) -> None:
+        """``responses``: the runtime's hooks for Responses delegation (needed when ``info.responses`` is set)."""
         self.info = info
         self.encode = encode
         self.oracle_config = oracle_config
@@ -138,6 +144,9 @@ class LiveWire:
         self.context: deque[ContextItem] = deque()
         self._context_chars = 0
         self.usage: UsageClock | None = None
+        self.responses_hooks = responses
+        self.responses: ResponsesMode | None = None  #: set when the session uses Responses delegation
+        self._last_utterance = -1  #: the latest user utterance the recogniser reported
         self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
         self.started_at: float | None = None
 
@@ -177,6 +186,8 @@ class LiveWire:
                 self._update(command, out)
             elif isinstance(command, Close):
                 out.close = command
+            elif isinstance(command, (ItemCreate, ResponseCreate)):
+                self._responses_command(command, out)
         except LiveError as exc:
             out.errors.append(exc)
             out.events.append(exc.event())
@@ -198,6 +209,17 @@ class LiveWire:
             self._keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
         if parsed.config.instructions:
             self._keep(ContextItem("instructions", parsed.config.instructions, None, 0))
+        if parsed.config.responses is not None:
+            if self.responses_hooks is None:
+                raise RuntimeError("Responses delegation offered without the runtime's hooks")
+            self.responses = ResponsesMode(
+                self._responses_settings,
+                self.responses_hooks,
+                book=self.book,
+                encode=self.encode,
+                oracle_config=self.oracle_config,
+                history=[(h.role, h.text) for h in parsed.config.history],
+            )
         out.events.append(SessionStarted(self.session(), command.event_id))
         out.events.extend(parsed.infos)
         out.settings = parsed.config.kame
@@ -214,12 +236,37 @@ class LiveWire:
         if changed:
             out.settings = parsed.config.kame
 
+    def _responses_settings(self) -> Any:
+        assert self.config is not None and self.config.responses is not None
+        return self.config.responses
+
+    def _responses_command(self, command: ItemCreate | ResponseCreate, out: WireOut) -> None:
+        etype = "response.item.create" if isinstance(command, ItemCreate) else "response.create"
+        if self.responses is None:
+            raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
+                            client_event_id=command.event_id)
+        if isinstance(command, ItemCreate):
+            self.responses.item_create(command.item, command.event_id)
+        elif self.responses.response_create(command.event_id) == "new":
+            # A response the client asked for: a delegation of its own, on the conversation so far.
+            offset = self.timeline_ms
+            d = self.book.add(self.ids.delegation(), self._last_utterance, offset, 0)
+            response_id = self.responses.delegate(d.id)
+            out.events.append(DelegationCreated(d.id, offset, command.event_id, target="responses",
+                                                response_id=response_id))
+
     def _apply_kame(self, config: LiveConfig) -> None:
         self.policy.set_mode(config.delegation_mode(self.info))
         self.book.backchannel_words = config.backchannel_words(self.info)
 
     def _append(self, command: AppendContext, out: WireOut) -> None:
         check_length(command.content, self.encode, command.kind, command.event_id)
+        if self.responses is not None and command.delegation_id is not None:
+            raise LiveError("invalid_value",
+                            f"session.{command.kind}.append: delegation_id must be null with Responses delegation",
+                            param="delegation_id", client_event_id=command.event_id)
+        if self.responses is not None and command.kind in ("instructions", "thinking"):
+            self.responses.note(command.kind, command.content)  # type: ignore[arg-type]
         verdict = self.book.judge(command.delegation_id, kind=command.kind, event_id=command.event_id)
         now_ms = self.timeline_ms
         end_ms = now_ms
@@ -251,6 +298,7 @@ class LiveWire:
     # ------------------------------------------------------------------ recogniser
     def speech_started(self, utterance: int, audio_s: float) -> list[LiveEvent]:
         self.user.speech_started(utterance, audio_s)
+        self._last_utterance = max(self._last_utterance, utterance)
         return []
 
     def partial(self, utterance: int, audio_s: float, stable: str, now: float) -> list[LiveEvent]:
@@ -268,6 +316,9 @@ class LiveWire:
         if delta is not None:
             out.append(delta)
         self.book.heard(utterance, len(text.split()))
+        self._last_utterance = max(self._last_utterance, utterance)
+        if self.responses is not None:
+            self.responses.heard(text)
         self._delegate(self.policy.final(now, utterance, text), out)
         return out
 
@@ -276,7 +327,10 @@ class LiveWire:
             return
         offset = self.timeline_ms
         d = self.book.add(self.ids.delegation(), decision.utterance, offset, decision.words)
-        out.append(DelegationCreated(d.id, offset))
+        if self.responses is not None:
+            out.append(DelegationCreated(d.id, offset, target="responses", response_id=self.responses.delegate(d.id)))
+        else:
+            out.append(DelegationCreated(d.id, offset))
 
     # ------------------------------------------------------------------ engine output
     def assistant_frame(self, pcm: np.ndarray, piece: str | None, step: int, *, send_audio: bool = True) -> list[LiveEvent]:

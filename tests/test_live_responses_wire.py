@@ -1,0 +1,255 @@
+"""The Live wire in Responses delegation: session.start with delegation.responses, the user's turn as the
+delegation, the nested response.event stream, the client's function output and response.create, answers
+to the oracle. The back-end is the registry with the real `openai` client against tests/llm_server.py;
+every event is encoded as on the wire and parsed with the openai SDK's own Live models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
+from kame.backend.config import BackendConfig
+from kame.backend.registry import BackendRegistry
+from kame.backend.resolve import ResolvedBackends
+from kame.oracle.config import OracleConfig
+from kame.server.wires.live.commentary import OracleAnswer
+from kame.server.wires.live.config import LiveServerInfo
+from kame.server.wires.live.events import DelegationCreated, LiveEncoder, LiveEvent, LiveIds
+from kame.server.wires.live.responses_backend import registry_catalog, registry_source
+from kame.server.wires.live.responses_mode import ResponsesHooks
+from kame.server.wires.live.wire import LiveWire
+from openai.types.live import ServerEvent
+from pydantic import TypeAdapter
+
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+@pytest.fixture(scope="module")
+def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int]]:
+    """A real SentencePiece model (the tiny checkpoints' tokenizer recipe)."""
+    import sentencepiece as spm
+    from kame.frontend.tiny import train_tokenizer
+
+    path: Path = tmp_path_factory.mktemp("sp") / "tok.model"
+    train_tokenizer(path, vocab_size=400)
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    return lambda text: list(sp.encode(text, out_type=int))
+
+
+class Client:
+    """The runtime's side: one ordered send queue, the oracle answers, encoded and SDK-checked events."""
+
+    def __init__(self, server: LlmServer, encode: Callable[[str], list[int]], **hooks: Any) -> None:
+        cfg = BackendConfig.model_validate(
+            {"base_url": server.base_url, "model": "test-model", "api_key_env": "", "allow_tools": True}
+        )
+        self.registry = BackendRegistry(ResolvedBackends({"llm": cfg}, "llm"), environ={})
+        self.encoder = LiveEncoder(LiveIds("t"))
+        self.sent: list[dict[str, Any]] = []
+        self.answers: list[OracleAnswer] = []
+        info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))
+        self.wire = LiveWire(
+            info,
+            encode=encode,
+            oracle_config=OracleConfig(),
+            responses=ResponsesHooks(
+                source=registry_source(self.registry), send=self.send, answer=self.answers.append, **hooks
+            ),
+        )
+
+    def send(self, event: LiveEvent) -> None:
+        data = self.encoder.to_json(event)
+        if not data["type"].startswith("kame."):  # kame's extension events are not in the contract
+            SERVER_EVENT.validate_python(data)
+        self.sent.append(data)
+
+    def sends(self, events: list[LiveEvent]) -> None:
+        for event in events:
+            self.send(event)
+
+    def message(self, obj: dict[str, Any], now: float = 1.0) -> Any:
+        out = self.wire.message(json.dumps(obj), now)
+        self.sends(out.events)
+        return out
+
+    def of_type(self, type_: str) -> list[dict[str, Any]]:
+        return [e for e in self.sent if e["type"] == type_]
+
+    def nested(self, type_: str) -> list[dict[str, Any]]:
+        return [e["event"] for e in self.of_type("response.event") if e["event"]["type"] == type_]
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not predicate():
+            assert loop.time() < end, "timed out"
+            await asyncio.sleep(0.01)
+
+
+def start(client: Client, **responses: Any) -> Any:
+    cfg = {"model": "llm", "instructions": "You are a weather assistant.", "tools": [WEATHER], **responses}
+    return client.message(
+        {
+            "type": "session.start",
+            "event_id": "s1",
+            "session": {
+                "model": "gpt-live-1",
+                "instructions": "Speak warmly.",
+                "delegation": {"type": "responses", "responses": cfg},
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": "I live in Paris."}]}],
+            },
+        }
+    )
+
+
+def test_a_full_exchange_and_a_second_question(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+    llm_server.push(
+        Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})]),
+        Reply(text="It is sunny and twenty one degrees in Paris."),
+        Reply(text="Tomorrow it will rain."),
+    )
+
+    async def main() -> Client:
+        c = Client(llm_server, encode)
+        out = start(c, reasoning={"effort": "low"})
+        assert out.started and not out.errors
+        started = c.of_type("session.started")[0]["session"]
+        assert started["delegation"]["type"] == "responses"
+        assert started["delegation"]["responses"]["tools"][0]["name"] == "get_weather"
+        assert any(e["type"] == "info" and "reasoning" in e["message"] for e in c.sent)
+        c.sends(c.wire.speech_started(1, 0.0))
+        c.sends(c.wire.final(1, 1.5, "What is the weather today?", 2.0))
+        created = c.of_type("session.delegation.created")[0]
+        assert created["delegation"]["target"] == "responses" and created["delegation"]["response_id"]
+        await c.until(lambda: c.wire.responses is not None and c.wire.responses.delegator._waiting is not None)
+        call = next(e["item"] for e in c.nested("response.output_item.done") if e["item"]["type"] == "function_call")
+        assert c.sent.index(created) < c.sent.index(c.of_type("response.event")[0])  # the delegation first
+        assert c.nested("response.created")[0]["response"]["id"] == created["delegation"]["response_id"]
+        c.message(
+            {
+                "type": "response.item.create",
+                "event_id": "i1",
+                "item": {"type": "function_call_output", "call_id": call["call_id"], "output": '{"temp_c": 21}'},
+            }
+        )
+        c.message({"type": "response.create", "event_id": "r1"})
+        await c.until(lambda: len(c.nested("response.completed")) == 2 and len(c.answers) == 2)
+        assert not c.of_type("error")
+        # Each round's text is its own oracle answer: "let me check", then the answer built on the result.
+        assert [a.text for a in c.answers] == ["Let me check.", "It is sunny and twenty one degrees in Paris."]
+        assert [a.ids for a in c.answers] == [tuple(encode(a.text)) for a in c.answers]
+        reached = [e for e in c.sent if e["type"] == "kame.responses.answer"]
+        assert [e["after_tools"] for e in reached] == [False, True]
+        # A second question: a new delegation on the same conversation.
+        c.sends(c.wire.speech_started(2, 5.0))
+        c.sends(c.wire.final(2, 6.0, "And tomorrow?", 7.0))
+        await c.until(lambda: len(c.answers) == 3)
+        assert len(c.of_type("session.delegation.created")) == 2
+        await c.wire.responses.aclose() if c.wire.responses else None
+        await c.registry.aclose()
+        return c
+
+    c = asyncio.run(main())
+    reqs = llm_server.chat_requests()
+    first = reqs[0].body["messages"]
+    assert "You are a weather assistant." in first[0]["content"] and "Speak warmly." not in first[0]["content"]
+    assert [m["content"] for m in first[1:]] == ["I live in Paris. What is the weather today?"]
+    assert reqs[1].tool_messages[0]["content"] == '{"temp_c": 21}'
+    third = reqs[2].body["messages"]
+    assert [m["role"] for m in third[1:]] == ["user", "assistant", "tool", "assistant", "user"]
+    assert third[-1]["content"] == "And tomorrow?"
+    assert c.answers[-1].text == "Tomorrow it will rain."
+
+
+def test_responses_commands_and_appends(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+    llm_server.push(Reply(text="You asked about trains."))
+
+    async def main() -> Client:
+        c = Client(llm_server, encode)
+        start(c)
+        out = c.message({"type": "session.thinking.append", "content": "x", "delegation_id": "dlg_1"})
+        assert out.errors and out.errors[0].param == "delegation_id"
+        c.message({"type": "session.instructions.append", "content": "Mention trains.", "delegation_id": None})
+        c.message(
+            {
+                "type": "response.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Typed: how do I get to Lyon?"}],
+                },
+            }
+        )
+        out = c.message(
+            {
+                "type": "response.item.create",
+                "event_id": "bad",
+                "item": {"type": "function_call_output", "call_id": "call_x", "output": "1"},
+            }
+        )
+        assert out.errors[0].code == "unknown_call_id" and c.of_type("error")[-1]["error"]["client_event_id"] == "bad"
+        c.message({"type": "response.create", "event_id": "r1"})
+        created = c.of_type("session.delegation.created")[-1]
+        assert created["client_event_id"] == "r1" and created["delegation"]["target"] == "responses"
+        await c.until(lambda: len(c.answers) == 1)
+        await c.registry.aclose()
+        return c
+
+    c = asyncio.run(main())
+    body = llm_server.chat_requests()[0].body["messages"]
+    assert "Mention trains." in body[0]["content"]
+    assert body[-1]["content"] == "I live in Paris. Typed: how do I get to Lyon?"
+    assert c.answers[0].text == "You asked about trains."
+
+
+def test_client_delegation_still_refuses_responses_commands(encode: Callable[[str], list[int]]) -> None:
+    wire = LiveWire(LiveServerInfo(session_id="abcd1234"), encode=encode, oracle_config=OracleConfig())
+    wire.message(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}), 1.0)
+    for etype in ("response.create", "response.item.create"):
+        body: dict[str, Any] = {"type": etype, "event_id": "e"}
+        if etype == "response.item.create":
+            body["item"] = {"type": "function_call_output", "call_id": "c", "output": "x"}
+        out = wire.message(json.dumps(body), 2.0)
+        assert out.errors[0].code == "unsupported_event" and "Responses delegation" in out.errors[0].message
+
+
+def test_hosted_tools_are_refused_at_start(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+    c = Client(llm_server, encode)
+    out = start(c, tools=[WEATHER, {"type": "web_search"}, {"type": "file_search"}])
+    assert not out.started and out.errors[0].code == "unsupported_tool"
+    error = c.of_type("error")[0]["error"]
+    assert "web_search" in error["message"] and "file_search" in error["message"]
+    assert error["param"] == "session.delegation.responses.tools[1]" and error["client_event_id"] == "s1"
+    asyncio.run(c.registry.aclose())
+
+
+def test_update_changes_the_backend_prompt_and_keeps_the_type(
+    llm_server: LlmServer,  # noqa: F811
+    encode: Callable[[str], list[int]],
+) -> None:
+    c = Client(llm_server, encode)
+    start(c)
+    out = c.message(
+        {
+            "type": "session.update",
+            "session": {"delegation": {"type": "responses", "responses": {"instructions": "Be brief."}}},
+        }
+    )
+    assert not out.errors
+    responses = c.of_type("session.updated")[0]["session"]["delegation"]["responses"]
+    assert responses["instructions"] == "Be brief." and responses["tools"][0]["name"] == "get_weather"
+    out = c.message({"type": "session.update", "session": {"delegation": {"type": "client"}}})
+    assert out.errors[0].code == "unsupported_delegation"
+    assert isinstance(DelegationCreated("d", 0, target="responses", response_id="r").body()["delegation"], dict)
+    asyncio.run(c.registry.aclose())
