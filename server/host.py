@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kame.errors import UserError
+from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
 
 if TYPE_CHECKING:
     import torch
@@ -39,31 +40,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kame.server.host")
 
-TINY_PREFIX = "tiny:"
 CPU_DEMO_HINT = "kame serve --config cpu-demo"
 
 STARTING, READY, FAILED, STOPPED = "starting", "ok", "failed", "stopped"
 
 
-def is_tiny(checkpoint: str) -> bool:
-    return checkpoint.startswith(TINY_PREFIX)
-
-
-def tiny_seed(checkpoint: str) -> int:
-    raw = checkpoint[len(TINY_PREFIX) :] or "0"
-    try:
-        return int(raw)
-    except ValueError:
-        raise UserError(f"frontend.checkpoint {checkpoint!r}: expected tiny:SEED with an integer seed") from None
-
-
 def resolve_checkpoint_spec(checkpoint: str, cache_dir: Path) -> str:
     """``tiny:SEED`` -> the cached tiny checkpoint directory (made on first use); anything else as is."""
-    if not is_tiny(checkpoint):
-        return checkpoint
-    from kame.frontend.tiny import ensure_tiny_checkpoint
-
-    return str(ensure_tiny_checkpoint(Path(cache_dir), tiny_seed(checkpoint)))
+    return resolve_spec(checkpoint, cache_dir)
 
 
 def choose_device(cfg: KameConfig) -> torch.device:
@@ -192,16 +176,13 @@ class ModelHost:
             return
         asr_cfg = self.cfg.asr
         if asr_cfg.kind == "kyutai" and asr_cfg.model and is_tiny(asr_cfg.model):
-            from kame.frontend.tiny import ensure_tiny_checkpoint
-
-            tiny = ensure_tiny_checkpoint(Path(self.cfg.cache_dir), tiny_seed(asr_cfg.model), stt=True)
-            asr_cfg = asr_cfg.model_copy(update={"model": str(tiny)})
+            asr_cfg = asr_cfg.model_copy(update={"model": resolve_spec(asr_cfg.model, self.cfg.cache_dir, stt=True)})
         stt = self._shared_stt(asr_cfg, device)
         if stt is None and asr_cfg.kind != "none":
             from kame.asr.factory import create_recognizer
 
             log.info("loading ASR (%s)", asr_cfg.kind)
-            self.recognizer = create_recognizer(asr_cfg)
+            self.recognizer = create_recognizer(asr_cfg, sessions=self.max_sessions, cache_dir=self.cfg.cache_dir)
         core = EngineCore(self.models, fcfg, batch_size=self.max_sessions, stt=stt)
         if device.type == "cpu":
             log.info("engine: %d torch thread(s) on the CPU (frontend.cpu_threads)", torch.get_num_threads())
@@ -231,7 +212,9 @@ class ModelHost:
         log.info("ASR: Kyutai STT %s shares the front-end engine (one Mimi encode per frame)", files.source)
         stt = SttCore(files, device, self.max_sessions, dtype=self.cfg.frontend.dtype, own_mimi=False)
         self.models.mimi = load_mimi(self.models.files, device, 32)
-        self.recognizer = SharedKyutaiAsr(asr_cfg, stt.piece_of, delay_frames=stt.delay_frames)
+        self.recognizer = SharedKyutaiAsr(
+            asr_cfg, stt.piece_of, delay_frames=stt.delay_frames, prefix_frames=stt.silence_prefix_frames
+        )
         return stt
 
     def _warm_up(self, core: EngineCore) -> None:

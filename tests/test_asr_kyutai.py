@@ -126,11 +126,15 @@ def test_engine_with_shared_stt_encodes_once(stt_ckpt: Path, tiny_kame_ckpt: Pat
     for _ in range(own.silence_prefix_frames):
         own.step_pcm({1: np.zeros(1920, np.float32)})
     rng = np.random.default_rng(3)
-    for _ in range(10):
+    for i in range(10):
         f = (0.1 * rng.standard_normal(1920)).astype(np.float32)
         a, b = shared.tick({1: f})[1], plain.tick({1: f})[1]
         assert a.text_id == b.text_id and np.array_equal(a.pcm, b.pcm)
         assert a.stt == own.step_pcm({1: f})[1]
+        if i == 0:  # the engine's Mimi follows Moshi's first-frame rule: so does the reference here
+            assert own.mimi is not None
+            own.mimi.reset_streaming(torch.tensor([False, True]))
+            own._mimi_mask = None
 
 
 def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_ckpt: Path) -> None:
@@ -178,8 +182,150 @@ def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_
     from kame.asr.kyutai_recognizer import KyutaiTranscriber
 
     ref = KyutaiTranscriber(SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 1), asr_cfg)
-    ems = ref.push(audio) + ref.finish()
+    # the shared engine's Mimi follows Moshi's first-frame rule (reset after the first encode): so here
+    ems = ref.push(audio[:1920])
+    assert ref.core.mimi is not None
+    ref.core.mimi.reset_streaming()
+    ref.core._mimi_mask = None
+    ems += ref.push(audio[1920:]) + ref.finish()
     want = [(e.type.value, e.text) for e in ems]
     have = [(e.type.removeprefix("asr."), e.data.get("text", "")) for e in got if e.type.startswith("asr.")]
     assert want, "the tiny STT produced no events at all"
     assert have == want
+
+
+# --- Kyutai STT as Kyutai runs it: silence prefix, end-of-turn heads, slots ----------------
+
+
+@pytest.fixture(scope="module")
+def stt_prefix_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny STT whose stt_config asks for 1.0 s of silence first (like kyutai/stt-2.6b-en)."""
+    from kame.frontend.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("stt-prefix") / "ck", seed=0, stt=True, silence_prefix_s=1.0)
+
+
+def test_silence_prefix_is_rounded_up() -> None:
+    from kame.asr.kyutai_core import silence_prefix_frames
+
+    assert [silence_prefix_frames(s) for s in (0.0, 0.08, 0.5, 1.0, 2.5)] == [0, 1, 7, 13, 32]
+
+
+def test_tiny_stt_with_one_second_prefix(stt_prefix_ckpt: Path) -> None:
+    from kame.asr.kyutai_recognizer import KyutaiRecognizer
+
+    core = SttCore.from_spec(str(stt_prefix_ckpt), torch.device("cpu"), 1)
+    assert core.silence_prefix_s == 1.0 and core.silence_prefix_frames == 13
+    rec = KyutaiRecognizer(AsrConfig(kind="kyutai", model=str(stt_prefix_ckpt), device="cpu"))
+    try:
+        tr = rec.new_transcriber()
+        steps: list[int] = []
+        real_step = tr.core.step_pcm
+
+        def counting(frames):  # type: ignore[no-untyped-def]
+            steps.append(int(np.abs(next(iter(frames.values()))).max() > 0))
+            return real_step(frames)
+
+        tr.core.step_pcm = counting  # type: ignore[method-assign]
+        tr.push((0.1 * np.random.default_rng(0).standard_normal(1920 * 3)).astype(np.float32))
+        assert steps == [0] * 13 + [1] * 3  # 13 frames of silence, then the audio
+    finally:
+        rec.close()
+
+
+def test_stt_without_end_of_turn_heads_warns(stt_ckpt: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "no-heads"
+    shutil.copytree(stt_ckpt, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("extra_heads_num_heads")
+    cfg.pop("extra_heads_dim")
+    (d / "config.json").write_text(json.dumps(cfg))
+    state = {k: v for k, v in load_file(str(d / "model.safetensors")).items() if not k.startswith("extra_heads.")}
+    save_file(state, str(d / "model.safetensors"))
+    with caplog.at_level("WARNING", logger="kame.asr.kyutai_core"):
+        core = SttCore.from_spec(str(d), torch.device("cpu"), 1)
+        SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 1)  # has the heads: no warning
+    assert core.eot_head is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "no end-of-turn heads" in line and "fall back to silence" in line
+
+
+def test_default_kyutai_model_has_end_of_turn_heads() -> None:
+    from kame.asr.kyutai_recognizer import DEFAULT_MODEL
+
+    assert DEFAULT_MODEL == "kyutai/stt-1b-en_fr-candle"
+
+
+def test_own_engine_stt_gets_the_sessions_it_is_asked_for(stt_ckpt: Path) -> None:
+    from kame.asr.factory import create_recognizer
+
+    rec = create_recognizer(AsrConfig(kind="kyutai", model=str(stt_ckpt), device="cpu"), sessions=11)
+    try:
+        assert rec is not None and rec.core.batch_size == 11  # type: ignore[attr-defined]
+        streams = [rec.open_stream() for _ in range(12)]
+        assert [s.error is None for s in streams] == [True] * 11 + [False]
+        for s in streams:
+            s.close()
+    finally:
+        rec.close()
+
+
+def test_shared_engine_prefix_costs_other_slots_no_frame(stt_prefix_ckpt: Path, tiny_kame_ckpt: Path) -> None:
+    """A session joining a shared STT with a 1 s prefix: one STT step per tick, the other slot's
+    cadence untouched, and the joining slot's STT sees 13 frames of silence, then its audio."""
+    from kame.frontend.config import FrontendConfig, SamplingConfig
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.models import load_frontend
+
+    cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=2, sampling=SamplingConfig(use_sampling=False))
+    stt = SttCore.from_spec(str(stt_prefix_ckpt), torch.device("cpu"), 2, own_mimi=False)
+    core = EngineCore(load_frontend(cfg, torch.device("cpu"), mimi_codebooks=32), cfg, stt=stt)
+    assert core.stt_lag_frames == 13
+    fed: list[tuple[torch.Tensor, torch.Tensor]] = []
+    encoded: list[torch.Tensor] = []
+    real_step, real_encode = stt.step_codes, core.mimi.encode
+
+    def step_codes(codes, mask):  # type: ignore[no-untyped-def]
+        fed.append((codes.clone(), mask.clone()))
+        return real_step(codes, mask)
+
+    def encode(pcm):  # type: ignore[no-untyped-def]
+        out = real_encode(pcm)
+        encoded.append(out.clone())
+        return out
+
+    stt.step_codes = step_codes  # type: ignore[method-assign]
+    core.mimi.encode = encode
+    rng = np.random.default_rng(5)
+
+    def frame() -> np.ndarray:
+        return (0.1 * rng.standard_normal(1920)).astype(np.float32)
+
+    core.attach(0)
+    core.stt_attach(0)
+    for _ in range(4):
+        core.tick({0: frame()})
+    before = len(fed)
+    core.attach(1)
+    core.stt_attach(1)
+    assert len(fed) == before  # joining stepped nothing
+    per_tick: list[int] = []
+    for _ in range(20):
+        n = len(fed)
+        out = core.tick({0: frame(), 1: frame()})
+        per_tick.append(len(fed) - n)
+        assert out[0].stt is not None and out[1].stt is not None  # slot 0 got its frame in every tick
+    assert per_tick == [1] * 20
+    joined = fed[before:]
+    silence = core._stt_silence
+    assert silence is not None
+    for i, (codes, mask) in enumerate(joined):
+        assert bool(mask[1]) and bool(mask[0])
+        want = silence[0, :, i : i + 1] if i < 13 else encoded[4 + i - 13][1]
+        assert torch.equal(codes[1], want), i
+    # slot 0 joined 4 ticks earlier: its STT input is its own audio, 13 frames late
+    assert torch.equal(joined[15][0][0], encoded[4 + 15 - 13][0])

@@ -373,3 +373,33 @@ def test_plan_load_is_pure() -> None:
         plan_load(Path("f"), {"a.in_proj_weight": (10, 2), "b.weight": (2,)}, expected, fused)
     with pytest.raises(CheckpointError, match=r"^checkpoint file f: unknown keys a.bias$"):
         plan_load(Path("f"), {"a.in_proj_weight": (12, 2), "b.weight": (2,), "a.bias": (1,)}, expected, fused)
+
+
+def test_tiny_front_end_and_stt_share_mimi_bytes_whatever_the_threads(tmp_path: Path) -> None:
+    """Same seed, same Mimi file for the front-end and the STT (so the server shares one encode),
+    even when they are written under different torch thread counts."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a = make_tiny_checkpoint(tmp_path / "kame", seed=7)
+        torch.set_num_threads(1)
+        b = make_tiny_checkpoint(tmp_path / "stt", seed=7, stt=True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+    assert (a / "mimi.safetensors").read_bytes() == (b / "mimi.safetensors").read_bytes()
+
+
+def test_tiny_mimi_codes_follow_the_audio(tiny_kame_ckpt: Path) -> None:
+    """The tiny Mimi's codebooks come from its own latents: codes change with the audio
+    and with the encoder's streaming state (as with the real model)."""
+    mimi = load_mimi(resolve_checkpoint(str(tiny_kame_ckpt)), "cpu", 8)
+    rng = torch.Generator().manual_seed(0)
+    frames = [0.1 * torch.randn(1, 1, 1920, generator=rng) for _ in range(6)]
+    with torch.no_grad():
+        mimi.streaming_forever(1)
+        codes = [mimi.encode(f)[0, :, 0].tolist() for f in frames]
+        mimi.reset_streaming()
+        fresh = mimi.encode(frames[3])[0, :, 0].tolist()
+    assert len({tuple(c) for c in codes}) == len(codes)
+    assert fresh != codes[3]

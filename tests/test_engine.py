@@ -179,7 +179,10 @@ def test_step_error_reported_and_engine_survives(tiny_kame_ckpt: Path) -> None:
 # --------------------------------------------------------------------------- vanilla equivalence
 
 
-def _moshi_reference(ckpt: Path, fs: list[np.ndarray], seed: int, greedy: bool) -> list[list[int]]:
+def _moshi_reference(
+    ckpt: Path, fs: list[np.ndarray], seed: int, greedy: bool, decoded: list[np.ndarray] | None = None
+) -> list[list[int]]:
+    """moshi's own LMGen + Mimi loop, as moshi's server runs a session (``decoded``: its output audio)."""
     from moshi.models import loaders
     from moshi.models.lm import LMGen
     from moshi.utils.compile import no_compile
@@ -200,10 +203,15 @@ def _moshi_reference(ckpt: Path, fs: list[np.ndarray], seed: int, greedy: bool) 
     with no_compile(), torch.no_grad():
         mimi.streaming_forever(1)
         gen.streaming_forever(1)
-        for f in fs:
-            tokens = gen.step(mimi.encode(torch.from_numpy(f)[None, None]))
+        for i, f in enumerate(fs):
+            codes = mimi.encode(torch.from_numpy(f)[None, None])
+            if i == 0:  # moshi's server: reset Mimi after encoding the session's first frame
+                mimi.reset_streaming()
+            tokens = gen.step(codes)
             if tokens is not None:
                 out.append(tokens[0, :, 0].tolist())
+                if decoded is not None:
+                    decoded.append(mimi.decode(tokens[:, 1:]).numpy().reshape(-1).copy())
     return out
 
 
@@ -238,3 +246,85 @@ def test_vanilla_equivalence_greedy_any_batch(tiny_moshi_ckpt: Path, batch: int)
     for slot in range(batch):
         core2 = core if slot == 0 else make_core(tiny_moshi_ckpt, batch, greedy=True)
         assert _ours(core2, slot, list(range(batch)), fs, seed=0) == ref
+
+
+def test_first_frame_rule_per_slot_matches_moshis_loop(tiny_moshi_ckpt: Path) -> None:
+    """Mimi is reset right after a slot's first frame (moshi's server), per slot: a session that
+    joins a busy engine gets moshi's tokens AND audio, and the slot already running is not reset."""
+    fs = frames(16, seed=21)
+    ref_audio: list[np.ndarray] = []
+    ref = _moshi_reference(tiny_moshi_ckpt, fs, seed=0, greedy=True, decoded=ref_audio)
+    core = make_core(tiny_moshi_ckpt, 2, greedy=True)
+    busy = frames(30, seed=22)
+    core.attach(0)
+    for f in busy[:5]:
+        core.tick({0: f})
+    core.attach(1)  # joins while slot 0 runs
+    got, audio, busy_out = [], [], []
+    for i, f in enumerate(fs):
+        out = core.tick({0: busy[5 + i], 1: f})
+        busy_out.append(out[0])
+        o = out[1]
+        if o.text_id is not None:
+            assert o.audio_codes is not None
+            got.append([o.text_id, *o.audio_codes])
+            audio.append(o.pcm)
+    assert got == ref
+    for a, b in zip(audio, ref_audio):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # slot 0 went on as if alone: same as an engine that only ever ran slot 0
+    alone = make_core(tiny_moshi_ckpt, 2, greedy=True)
+    alone.attach(0)
+    solo = [alone.tick({0: f})[0] for f in busy[: 5 + len(fs)]][5:]
+    assert [o.text_id for o in solo] == [o.text_id for o in busy_out]
+    assert all(np.allclose(a.pcm, b.pcm, atol=1e-5) for a, b in zip(solo, busy_out))
+
+
+def test_without_the_first_frame_reset_the_tokens_differ(tiny_moshi_ckpt: Path) -> None:
+    """The rule is observable: moshi's loop without the reset gives other tokens on the same input."""
+    from moshi.models import loaders
+    from moshi.models.lm import LMGen
+    from moshi.utils.compile import no_compile
+
+    fs = frames(16, seed=21)
+    ref = _moshi_reference(tiny_moshi_ckpt, fs, seed=0, greedy=True)
+    ck = tiny_moshi_ckpt
+    info = loaders.CheckpointInfo.from_hf_repo(
+        "local/unused", moshi_weights=ck / "model.safetensors", mimi_weights=ck / "mimi.safetensors",
+        tokenizer=ck / "tokenizer.model", config_path=ck / "config.json", mimi_config_path=ck / "mimi_config.json",
+    )
+    lm, mimi = info.get_moshi(device="cpu", dtype=torch.float32), info.get_mimi("cpu")
+    gen = LMGen(lm, use_sampling=False, **info.lm_gen_config)
+    no_reset: list[list[int]] = []
+    with no_compile(), torch.no_grad():
+        mimi.streaming_forever(1)
+        gen.streaming_forever(1)
+        for f in fs:
+            tokens = gen.step(mimi.encode(torch.from_numpy(f)[None, None]))
+            if tokens is not None:
+                no_reset.append(tokens[0, :, 0].tolist())
+    assert no_reset != ref
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_graphs_setting_reaches_every_model_call(tiny_kame_ckpt: Path, graphs: bool) -> None:
+    """frontend.cuda_graphs: false turns moshi's CUDA graphs off around every engine call (moshi reads
+    its flag at each call of a graphed function, so the guard must hold for ticks and resets alike)."""
+    from moshi.utils import compile as moshi_compile
+
+    cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=1, cuda_graphs=graphs)
+    core = EngineCore(load_frontend(cfg, torch.device("cpu")), cfg)
+    seen: list[bool] = []
+    real_encode = core.mimi.encode
+
+    def encode(pcm):  # type: ignore[no-untyped-def]
+        seen.append(moshi_compile._is_cuda_graph_enabled())
+        return real_encode(pcm)
+
+    core.mimi.encode = encode
+    core.attach(0)
+    with core._compile_guard():
+        seen.append(moshi_compile._is_cuda_graph_enabled())
+    core.tick({0: frames(1)[0]})
+    assert seen == [graphs, graphs]
+    assert moshi_compile._is_cuda_graph_enabled()  # nothing leaks out of the engine

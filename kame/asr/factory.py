@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kame.asr.config import AsrConfig
 from kame.asr.recognizer import AsrUnavailableError, Recognizer
 
 
-def create_recognizer(cfg: AsrConfig) -> Recognizer | None:
+def create_recognizer(cfg: AsrConfig, *, sessions: int = 1, cache_dir: str | Path | None = None) -> Recognizer | None:
     """Load the configured recogniser; None for ``kind: none``.
+
+    ``sessions``: how many streams may be open at once (Kyutai STT batches
+    that many slots; the server passes ``server.max_sessions``).
+    ``cache_dir``: where ``tiny:SEED`` models are made.
 
     Raises :class:`~kame.errors.UserError` (one sentence) when it cannot run
     here: unknown model, download impossible, package missing. Heavy imports
@@ -30,5 +36,5 @@ def create_recognizer(cfg: AsrConfig) -> Recognizer | None:
             from kame.asr.kyutai_recognizer import KyutaiRecognizer
         except ImportError as exc:  # torch / moshi missing
             raise AsrUnavailableError(f"asr.kind 'kyutai' needs {exc.name or 'torch and moshi'}, which is not installed") from None
-        return KyutaiRecognizer(cfg)
+        return KyutaiRecognizer(cfg, batch_size=max(1, int(sessions)), cache_dir=cache_dir)
     raise ValueError(f"unknown asr.kind {cfg.kind!r}")

@@ -17,8 +17,11 @@ models share a device.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,16 @@ from kame.frontend.loading import load_lm, load_mimi, load_tokenizer, resolve_dt
 
 FRAME_RATE = 12.5
 STT_CODEBOOKS = 32
+#: The Kyutai STT whose config has the end-of-turn heads (4 heads, dim 6; head 2 > 0.5 = end of turn):
+#: what Kyutai's own PyTorch script loads when it wants voice activity / turn ends.
+EOT_MODEL = "kyutai/stt-1b-en_fr-candle"
+
+log = logging.getLogger(__name__)
+
+
+def silence_prefix_frames(seconds: float, frame_rate: float = FRAME_RATE) -> int:
+    """Frames of silence fed before the audio: ``ceil(seconds * frame_rate)`` (1.0 s -> 13)."""
+    return max(0, math.ceil(seconds * frame_rate - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,13 @@ class SttCore:
         self.mimi = load_mimi(files, device, STT_CODEBOOKS) if own_mimi else None
         self.delay_s, self.silence_prefix_s = stt_delays(files)
         self.eot_head = eot_head if eot_head < len(self.lm.extra_heads) else None
+        if self.eot_head is None:
+            log.warning(
+                "Kyutai STT %s has no end-of-turn heads (extra_heads): turn ends fall back to silence "
+                "(asr.turn.end_silence_s); %s has them",
+                files.source,
+                EOT_MODEL,
+            )
         self.gen = LMGen(self.lm, use_sampling=False, temp=0.0, temp_text=0.0, support_out_of_sync=True)
         self._guard = contextlib.nullcontext if device.type == "cuda" else _no_compile()
         self._mask_host = torch.zeros(batch_size, dtype=torch.bool)
@@ -82,8 +102,11 @@ class SttCore:
             self.gen.streaming_forever(batch_size)
 
     @classmethod
-    def from_spec(cls, spec: str, device: torch.device, batch_size: int, **kw: Any) -> SttCore:
-        return cls(resolve_checkpoint(spec), device, batch_size, **kw)
+    def from_spec(
+        cls, spec: str, device: torch.device, batch_size: int, *, cache_dir: str | Path | None = None, **kw: Any
+    ) -> SttCore:
+        """``spec``: a Hub id, a local directory or ``tiny:SEED`` (an STT-shaped tiny checkpoint)."""
+        return cls(resolve_checkpoint(spec, cache_dir=cache_dir, stt=True), device, batch_size, **kw)
 
     @property
     def delay_frames(self) -> int:
@@ -91,7 +114,8 @@ class SttCore:
 
     @property
     def silence_prefix_frames(self) -> int:
-        return round(self.silence_prefix_s * FRAME_RATE)
+        """``ceil(audio_silence_prefix_seconds * frame_rate)``, as Kyutai's own script counts it."""
+        return silence_prefix_frames(self.silence_prefix_s)
 
     def piece_of(self, token_id: int) -> str:
         if 0 <= token_id < self.tokenizer.vocab_size():

@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from kame.asr.config import AsrConfig
 from kame.asr.events import Emission
-from kame.asr.kyutai_core import SttCore
+from kame.asr.kyutai_core import EOT_MODEL, SttCore
 from kame.asr.kyutai_turns import SttTurns
 from kame.asr.recognizer import AsrUnavailableError, Recognizer
 from kame.asr.stream import AsrStream, EventCallback
@@ -33,7 +34,8 @@ from kame.errors import UserError
 log = logging.getLogger(__name__)
 
 FRAME = 1920
-DEFAULT_MODEL = "kyutai/stt-1b-en_fr"
+#: The default: Kyutai's 1B en/fr STT in the repo whose config carries the end-of-turn heads.
+DEFAULT_MODEL = EOT_MODEL
 FLUSH_EXTRA_FRAMES = 4
 
 
@@ -48,9 +50,9 @@ def _turns(core: SttCore, cfg: AsrConfig) -> SttTurns:
     return SttTurns(core.piece_of, silence_frames=silence)
 
 
-def _load(cfg: AsrConfig, batch: int) -> SttCore:
+def _load(cfg: AsrConfig, batch: int, cache_dir: str | Path | None = None) -> SttCore:
     try:
-        return SttCore.from_spec(cfg.model or DEFAULT_MODEL, _device(cfg), batch)
+        return SttCore.from_spec(cfg.model or DEFAULT_MODEL, _device(cfg), batch, cache_dir=cache_dir)
     except UserError:
         raise
     except ValueError as exc:
@@ -113,10 +115,11 @@ class KyutaiRecognizer(Recognizer):
 
     kind = "kyutai"
 
-    def __init__(self, cfg: AsrConfig, *, batch_size: int = 8) -> None:
+    def __init__(self, cfg: AsrConfig, *, batch_size: int = 1, cache_dir: str | Path | None = None) -> None:
         super().__init__(cfg)
         self.batch_size = batch_size
-        self.core = _load(cfg, batch_size)
+        self.cache_dir = cache_dir
+        self.core = _load(cfg, batch_size, cache_dir)
         self._lock = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._attach_pending: set[int] = set()
@@ -125,7 +128,7 @@ class KyutaiRecognizer(Recognizer):
         self._thread.start()
 
     def new_transcriber(self) -> Transcriber:
-        return KyutaiTranscriber(_load(self.cfg, 1), self.cfg)
+        return KyutaiTranscriber(_load(self.cfg, 1, self.cache_dir), self.cfg)
 
     def open_stream(self, *, on_event: EventCallback | None = None) -> AsrStream:
         stream = AsrStream(self._stream_name(), max_queued_s=self.cfg.max_queued_s, max_events=self.cfg.max_events,

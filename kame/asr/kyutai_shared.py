@@ -71,10 +71,14 @@ class SharedKyutaiAsr:
     kind = "kyutai"
     shared_engine = True
 
-    def __init__(self, cfg: AsrConfig, piece_of: Callable[[int], str], *, delay_frames: int) -> None:
+    def __init__(
+        self, cfg: AsrConfig, piece_of: Callable[[int], str], *, delay_frames: int, prefix_frames: int = 0
+    ) -> None:
+        """``delay_frames``: the model's text delay; ``prefix_frames``: the silence prefix, by which the
+        engine delays each slot's STT input (both must be flushed at the end of a session)."""
         self.cfg = cfg
         self.piece_of = piece_of
-        self.delay_frames = delay_frames
+        self.delay_frames = delay_frames + prefix_frames
         self._count = 0
 
     def open_stream(self) -> SharedSttStream:

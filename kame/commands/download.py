@@ -21,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _is_local(spec: str) -> bool:
-    return Path(spec).expanduser().exists() or spec.startswith("tiny:")
+    from kame.frontend.checkpoint import is_tiny
+
+    return Path(spec).expanduser().exists() or is_tiny(spec)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"front-end checkpoint {ckpt}: {files.lm_weights.parent}")
     kind, model = cfg.asr.kind, cfg.asr.model
     if kind == "kyutai":
-        repo = model or "kyutai/stt-1b-en_fr"
+        from kame.asr.kyutai_recognizer import DEFAULT_MODEL
+
+        repo = model or DEFAULT_MODEL
         if _is_local(repo):
             print(f"ASR model {repo}: local, nothing to download")
         else:

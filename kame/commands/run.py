@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     pcm = read_audio(args.input)
     device = resolve_device(cfg.device)
     log.info("loading %s on %s (%s)", cfg.frontend.checkpoint, device, versions_line())
-    models = load_frontend(cfg.frontend, device)
+    models = load_frontend(cfg.frontend, device, cache_dir=cfg.cache_dir)
     core = EngineCore(models, cfg.frontend, batch_size=1)
 
     def encode_answer(text: str) -> list[int]:
@@ -113,7 +113,7 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):  # type: ignor
             registry.resolve_name(args.backend)  # unknown name: one-line error now
     else:
         log.warning("no LLM back-end configured (set KAME_LLM_BASE_URL or --config): running without the oracle")
-    recognizer = create_recognizer(cfg.asr)
+    recognizer = create_recognizer(cfg.asr, cache_dir=cfg.cache_dir)
     factory = TandemFactory(oracle_config=cfg.oracle, registry=registry, recognizer=recognizer,
                             encode=core.models.encode_text, piece_of=lambda i: piece_of(core.models.tokenizer, i))
     engine = EngineThread(core)

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, overrides={"asr.kind": args.asr})
     pcm = load_wav_24k_mono(args.input)  # before loading a model: a bad file fails fast
-    recognizer = create_recognizer(cfg.asr)
+    recognizer = create_recognizer(cfg.asr, cache_dir=cfg.cache_dir)
     if recognizer is None:
         raise UserError("asr.kind is 'none': there is no recogniser to transcribe with (try --asr whisper)")
     with recognizer:

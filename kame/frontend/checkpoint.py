@@ -206,8 +206,47 @@ def resolve_hub(repo: str, revision: str | None = None) -> CheckpointFiles:
     )
 
 
-def resolve_checkpoint(spec: str | Path, revision: str | None = None) -> CheckpointFiles:
-    """A local directory if one exists at ``spec``, else a Hub repo id."""
+TINY_PREFIX = "tiny:"
+
+
+def is_tiny(spec: str | Path) -> bool:
+    return str(spec).startswith(TINY_PREFIX)
+
+
+def tiny_seed(spec: str) -> int:
+    raw = spec[len(TINY_PREFIX) :] or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise CheckpointError(f"checkpoint {spec!r}: expected tiny:SEED with an integer seed") from None
+
+
+def default_cache_dir() -> Path:
+    """``$KAME_CACHE_DIR``, else ``~/.cache/kame`` (the config's ``cache_dir`` default)."""
+    return Path(os.path.expanduser(os.environ.get("KAME_CACHE_DIR") or "~/.cache/kame"))
+
+
+def resolve_spec(spec: str | Path, cache_dir: str | Path | None = None, *, stt: bool = False) -> str:
+    """``tiny:SEED`` -> the cached tiny checkpoint directory (made on first use; an STT-shaped
+    one with ``stt``); anything else unchanged."""
+    text = str(spec)
+    if not is_tiny(text):
+        return text
+    from kame.frontend.tiny import ensure_tiny_checkpoint
+
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return str(ensure_tiny_checkpoint(root, tiny_seed(text), stt=stt))
+
+
+def resolve_checkpoint(
+    spec: str | Path,
+    revision: str | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    stt: bool = False,
+) -> CheckpointFiles:
+    """``tiny:SEED``, a local directory if one exists at ``spec``, else a Hub repo id."""
+    spec = resolve_spec(spec, cache_dir, stt=stt)
     path = Path(os.path.expanduser(str(spec)))
     if path.is_dir():
         return resolve_local(path)

@@ -34,7 +34,10 @@ class FrontendConfig(BaseModel):
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )
     batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model.")
-    cuda_graphs: bool = Field(True, description="Use CUDA graphs on GPU (fixed batch size).")
+    cuda_graphs: bool = Field(
+        True,
+        description="Use moshi's CUDA graphs on GPU for every step of the front-end engine (and a Kyutai STT sharing it); false turns them off.",
+    )
     oracle_idle: Literal["auto", "pad", "zero"] = Field(
         "auto",
         description="Oracle token when idle: pad (3) for KAME checkpoints, zero (-1, exact vanilla Moshi) "

@@ -9,6 +9,10 @@ with ``support_out_of_sync=True`` so resetting one slot never costs another
 slot a frame; rows still inside the acoustic delay come back as -2 and are
 turned into silence here, never decoded.
 
+Moshi's first-frame rule holds per slot: right after a slot's first frame
+is encoded, that slot's Mimi streaming state is reset (as moshi's and KAME's
+servers do for a session), and the LM is still stepped with that frame.
+
 Sampling in moshi is batch-wide (audio temperature and top-k, and the
 default text ones). Per slot we honour the text temperature and text top-k
 through the text-logits hook: logits are rescaled by
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +126,7 @@ class EngineCore:
         self.stt = stt
         self._stt_mask = torch.zeros(self.batch_size, dtype=torch.bool)
         self._stt_silence: torch.Tensor | None = None
+        self._stt_lag: dict[int, deque[torch.Tensor]] = {}  # slot -> STT input delayed by the silence prefix
         if stt is not None:
             if models.mimi.num_codebooks < 32:
                 raise ValueError("a shared Kyutai STT needs Mimi with 32 codebooks (load_frontend(mimi_codebooks=32))")
@@ -130,6 +136,7 @@ class EngineCore:
         self.slots = [_SlotState(fifo=OracleFifo(self.start_id, self.idle_id, cfg.oracle_fifo_size)) for _ in range(self.batch_size)]
         self._oracle_host = torch.full((self.batch_size,), self.idle_id, dtype=torch.long)
         self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
+        self._first_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping their first frame
         self._pcm_host = torch.zeros(self.batch_size, 1, self.frame_size, dtype=torch.float32)
         self._temp_scale = torch.ones(self.batch_size, 1, device=self.device)
         self._topk = torch.zeros(self.batch_size, dtype=torch.long)
@@ -145,12 +152,29 @@ class EngineCore:
 
     # ------------------------------------------------------------------ set-up helpers
     def _no_compile_context(self) -> Any:
-        """torch.compile only pays off on GPU; on CPU it costs ~20 s and gains nothing."""
-        if self.device.type == "cuda":
-            return contextlib.nullcontext
-        from moshi.utils.compile import no_compile
+        """The context every model call runs in.
 
-        return no_compile
+        torch.compile only pays off on GPU; on CPU it costs ~20 s and gains
+        nothing. ``frontend.cuda_graphs: false`` turns moshi's CUDA graphs
+        off for every call of this engine (moshi's ``no_cuda_graph`` flag is
+        read at each call, so it must surround them all, not just the first).
+        """
+        from moshi.utils.compile import no_compile, no_cuda_graph
+
+        guards: list[Callable[[], Any]] = []
+        if self.device.type != "cuda":
+            guards.append(no_compile)
+        if not self.cfg.cuda_graphs:
+            guards.append(no_cuda_graph)
+
+        @contextlib.contextmanager
+        def guard() -> Iterator[None]:
+            with contextlib.ExitStack() as stack:
+                for make in guards:
+                    stack.enter_context(make())
+                yield
+
+        return guard
 
     @property
     def mimi(self) -> Any:
@@ -168,6 +192,7 @@ class EngineCore:
             self.lm_gen.reset_streaming(mask_dev)
         self._mimi_mask = self._lm_mask = None  # reset re-enables the slot's exec mask
         self._stt_mask[slot] = False
+        self._stt_lag.pop(slot, None)
         state = self.slots[slot]
         state.fifo.clear()
         state.attached = True
@@ -181,23 +206,47 @@ class EngineCore:
         state.attached = False
         state.fifo.clear()
         self._stt_mask[slot] = False
+        self._stt_lag.pop(slot, None)
         self.set_slot_sampling(slot, None, None)
 
     def stt_attach(self, slot: int) -> None:
-        """Start the shared STT on ``slot`` (after :meth:`attach`), silence prefix included."""
+        """Start the shared STT on ``slot`` (after :meth:`attach`), silence prefix included.
+
+        The prefix costs no tick: instead of stepping the STT ``prefix``
+        extra times now (which would stall every other slot's frame), the
+        slot's STT input is delayed by ``prefix`` frames through a FIFO that
+        starts full of silence codes. Each tick then steps the STT once, as
+        usual, and the session's audio reaches the STT after the silence,
+        exactly as Kyutai feeds it.
+        """
         if self.stt is None:
             raise RuntimeError("this engine has no shared STT")
-        self.stt.attach(slot)
+        with self._compile_guard():
+            self.stt.attach(slot)
         self._stt_mask[slot] = True
+        self._stt_lag.pop(slot, None)
         if self._stt_silence is not None and self._stt_silence.shape[-1]:
-            mask = torch.zeros(self.batch_size, dtype=torch.bool)
-            mask[slot] = True
-            for i in range(self._stt_silence.shape[-1]):
-                codes = self._stt_silence[..., i : i + 1].expand(self.batch_size, -1, -1)
-                self.stt.step_codes(codes, mask)
+            self._stt_lag[slot] = deque(self._stt_silence[0, :, i : i + 1].clone() for i in range(self._stt_silence.shape[-1]))
 
     def stt_detach(self, slot: int) -> None:
         self._stt_mask[slot] = False
+        self._stt_lag.pop(slot, None)
+
+    @property
+    def stt_lag_frames(self) -> int:
+        """Frames by which a shared-STT slot's text lags its audio beyond the model's own delay."""
+        return 0 if self._stt_silence is None else int(self._stt_silence.shape[-1])
+
+    def _stt_codes(self, codes: torch.Tensor, stt_mask: torch.Tensor) -> torch.Tensor:
+        """The codes each STT slot consumes this tick: its own, or ``stt_lag_frames`` older ones."""
+        if not self._stt_lag:
+            return codes
+        feed = codes.clone()
+        for slot, fifo in self._stt_lag.items():
+            if bool(stt_mask[slot]):
+                fifo.append(codes[slot, :, :].clone())
+                feed[slot] = fifo.popleft()
+        return feed
 
     def _silence_codes(self, frames: int) -> torch.Tensor:
         """Codes of ``frames`` frames of silence from a fresh Mimi (the STT's silence prefix)."""
@@ -269,7 +318,9 @@ class EngineCore:
                 raise ValueError(f"slot {slot} is not attached")
         self._mask_host.zero_()
         self._pcm_host.zero_()
+        self._first_host.zero_()
         for slot in stepped:
+            self._first_host[slot] = self.slots[slot].steps == 0
             pcm = np.asarray(frames[slot], dtype=np.float32).reshape(-1)
             if pcm.shape[0] != self.frame_size:
                 raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
@@ -316,6 +367,12 @@ class EngineCore:
         mask = self._mask_host
         self._set_mimi_mask(mask)
         codes = self.mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
+        first = mask & self._first_host
+        if bool(first.any()):
+            # Moshi's rule (moshi's and KAME's servers): Mimi's streaming state is reset right
+            # after encoding a session's first frame; the LM is still stepped with that frame.
+            self.mimi.reset_streaming(first.to(self.device))
+            self._mimi_mask = None  # the reset re-enabled those slots
         self.oracle_input.set_tokens(self._oracle_host.to(self.device, non_blocking=True))
         self._set_lm_mask(mask)
         out = self.lm_gen.step(codes)  # moshi slices the 8 codebooks it needs
@@ -324,7 +381,7 @@ class EngineCore:
         if self.stt is not None:
             stt_mask = mask & self._stt_mask
             if bool(stt_mask.any()):
-                stt_out = self.stt.step_codes(codes, stt_mask)
+                stt_out = self.stt.step_codes(self._stt_codes(codes, stt_mask), stt_mask)
         tokens = out[:, :, 0].cpu()
         generated = (tokens != UNGENERATED).all(dim=1) & mask
         pcm_np: np.ndarray | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,9 +57,15 @@ class FrontendModels:
         return list(self.tokenizer.encode(text))
 
 
-def load_frontend(cfg: FrontendConfig, device: torch.device, *, mimi_codebooks: int | None = None) -> FrontendModels:
-    """Resolve ``cfg.checkpoint`` (local dir or Hub id) and load its three parts."""
-    files = resolve_checkpoint(cfg.checkpoint, cfg.revision)
+def load_frontend(
+    cfg: FrontendConfig,
+    device: torch.device,
+    *,
+    mimi_codebooks: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> FrontendModels:
+    """Resolve ``cfg.checkpoint`` (``tiny:SEED`` in ``cache_dir``, local dir or Hub id) and load its three parts."""
+    files = resolve_checkpoint(cfg.checkpoint, cfg.revision, cache_dir=cache_dir)
     dtype = resolve_dtype(cfg.dtype, device)
     loaded = load_lm(files, device, dtype)
     mimi = load_mimi(files, device, mimi_codebooks or lm_num_codebooks(files))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the tiny layout changes, so stale cached copies are not reused.
-TINY_FORMAT = 3
+TINY_FORMAT = 4
 #: ``release``: fused attention weights as Kyutai ships them; ``split``: moshi's state_dict names.
 LAYOUTS = ("release", "split")
 TEXT_CARD = 200
@@ -108,11 +108,44 @@ def train_tokenizer(out_path: Path, vocab_size: int = TEXT_CARD, model_type: str
 
 
 def _init_mimi_codebooks(mimi: Any, generator: Any) -> None:
-    """Random Mimi codebooks are all zero until initialised: give them random centroids."""
+    """Give the random Mimi's codebooks centroids drawn from its own latents.
+
+    Random Mimi codebooks are all zero until initialised. Centroids drawn
+    from N(0, 1) are far larger than a random encoder's latents (std ~0.07),
+    so every frame would map to the same codes whatever the audio. Real Mimi
+    training initialises codebooks from data (k-means); here each layer of
+    each residual quantizer takes its centroids from the residuals of a few
+    seconds of noise and tones, so codes depend on the audio and on the
+    encoder's streaming state, as with the real model.
+    """
+    import torch
     from moshi.quantization.core_vq import EuclideanCodebook
 
-    for module in mimi.modules():
-        if isinstance(module, EuclideanCodebook):
+    frame = int(mimi.sample_rate / mimi.frame_rate)
+    n = 64
+    t = torch.arange(frame * n) / mimi.sample_rate
+    tones = torch.stack([0.3 * torch.sin(2 * torch.pi * f * t) for f in (110.0, 220.0, 440.0, 880.0)])
+    noise = 0.1 * torch.randn(4, frame * n, generator=generator)
+    audio = torch.cat([tones, noise, tones * (noise * 5).clamp(-1, 1)])[:, None, :]
+    with torch.no_grad():
+        latent = mimi._encode_to_unquantized_latent(audio)  # [B, D, T]
+        quantizer = mimi.quantizer
+        rvqs = [quantizer.rvq_first, quantizer.rvq_rest] if hasattr(quantizer, "rvq_first") else [quantizer]
+        for rvq in rvqs:
+            residual = rvq.input_proj(latent)
+            for layer in rvq.vq.layers:
+                codebook: EuclideanCodebook = layer._codebook
+                vectors = layer.project_in(layer._rearrange_input(residual)).reshape(-1, codebook.dim)
+                pick = torch.randint(0, vectors.shape[0], (codebook.codebook_size,), generator=generator)
+                jitter = 0.05 * vectors.std() * torch.randn(codebook.codebook_size, codebook.dim, generator=generator)
+                codebook.embedding_sum.copy_(vectors[pick] + jitter)
+                codebook.cluster_usage.fill_(1.0)
+                codebook._initialized.fill_(1)
+                codebook._embedding = None  # drop moshi's cached embedding
+                codebook._cached_initialized = False
+                residual = residual - layer.decode(layer.encode(residual))
+    for module in mimi.modules():  # any codebook outside the quantizers above
+        if isinstance(module, EuclideanCodebook) and not bool(module._initialized.item()):
             module.embedding_sum.normal_(generator=generator)
             module.cluster_usage.fill_(1.0)
             module._initialized.fill_(1)
@@ -136,11 +169,24 @@ def write_tiny_checkpoint(
 ) -> Path:
     """Write a tiny checkpoint into ``directory`` (which must not exist yet)."""
     import torch
-    from moshi.models import loaders
-    from safetensors.torch import save_file
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    # One thread: the same seed must give the same bytes whatever the caller's thread count
+    # (the Mimi codebook initialisation runs convolutions, whose float sums depend on it).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _write(Path(directory), seed, stt=stt, with_oracle=with_oracle, layout=layout,
+                      silence_prefix_s=silence_prefix_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _write(directory: Path, seed: int, *, stt: bool, with_oracle: bool, layout: str, silence_prefix_s: float) -> Path:
+    import torch
+    from moshi.models import loaders
+    from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True)
