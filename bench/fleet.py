@@ -29,75 +29,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from haproxy import Backend, HAProxy, start_replicas  # noqa: E402
-from moshi_client import FRAME, FRAME_S, RATE, MoshiClient, ServerProcess, percentile  # noqa: E402
+from haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start_replicas  # noqa: E402
+from moshi_client import FRAME_S, MoshiClient, ServerProcess, percentile  # noqa: E402
 
-from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, open_with_retry, retry_reason  # noqa: E402
-
-_LOG = re.compile(r"\b127\.0\.0\.1:(\d+) \[[^\]]+\] kame kame/(\S+) ")
-
-
-@dataclass
-class SessionRun:
-    """One session of one client."""
-
-    client: int
-    ws: MoshiClient
-    local_port: int
-    opened_t: float
-    closed_t: float | None = None
-    close_code: int | None = None
-    replica: str = "?"
-
-
-@dataclass
-class ClientRun:
-    index: int
-    sessions: list[SessionRun] = field(default_factory=list)
-    gave_up: str | None = None
-    said: list[str] = field(default_factory=list)
-
-
-async def run_client(index: int, url: str, stop_at: float, policy: Backoff, out: ClientRun) -> None:
-    retrier = Retrier(policy, say=out.said.append)
-    signal_pcm = (0.05 * np.sin(2 * np.pi * 220 * np.arange(RATE) / RATE)).astype(np.float32)
-    while time.monotonic() < stop_at:
-        try:
-            ws = await open_with_retry(lambda: MoshiClient.connect(url, open_timeout=10),
-                                       lambda c: c.wait_handshake(15), retrier)
-        except (GaveUp, Refused, OSError) as exc:
-            out.gave_up = f"{type(exc).__name__}: {exc}"
-            return
-        run = SessionRun(index, ws, int(ws.ws.local_address[1]), time.monotonic())
-        out.sessions.append(run)
-        seconds = max(0.0, stop_at - time.monotonic())
-        pcm = np.tile(signal_pcm, int(seconds) + 1)[: int(seconds * RATE)]
-        await ws.send_pcm(pcm, realtime=True)  # returns early when the server closes the session
-        server_closed = ws.closed.is_set()
-        run.closed_t = time.monotonic()
-        await ws.close()
-        run.close_code = ws.close_code
-        if not (server_closed and retry_reason(close_code=ws.close_code)):
-            return
-        retrier.reset()
-        if not await retrier.wait(f"session closed ({ws.close_code} {ws.close_reason})"):
-            out.gave_up = "retries used up"
-            return
-
+from kame.client.reconnect import Backoff  # noqa: E402
 
 def window_stats(ws: MoshiClient, t0: float, t1: float) -> tuple[float, list[float]] | None:
     """RTF and per-frame lateness of the frames that arrived in [t0, t1]."""
@@ -118,8 +63,8 @@ async def main_async(args: argparse.Namespace, lb: HAProxy, replicas: list[Serve
     t_start = time.monotonic()
     total_s = args.warmup + args.steady + args.after
     stop_at = t_start + total_s
-    clients = [ClientRun(i) for i in range(args.clients)]
-    tasks = [asyncio.create_task(run_client(i, lb.ws_url, stop_at, policy, clients[i])) for i in range(args.clients)]
+    clients = [StreamingClient(i, lb.ws_url) for i in range(args.clients)]
+    tasks = [asyncio.create_task(c.run(stop_at, policy)) for c in clients]
     await asyncio.sleep(args.warmup)
     steady0 = time.monotonic()
     await asyncio.sleep(args.steady)
@@ -142,14 +87,7 @@ async def main_async(args: argparse.Namespace, lb: HAProxy, replicas: list[Serve
     print(f"{names[victim]}: back in rotation {time.monotonic() - sigterm_t:.1f} s after SIGTERM")
     await asyncio.gather(*tasks)
     await asyncio.sleep(0.5)  # HAProxy logs a connection when it ends
-    # ---- which replica served each session (HAProxy's log: client port -> server)
-    by_port: dict[int, list[str]] = {}
-    for m in _LOG.finditer(lb.logs()):
-        by_port.setdefault(int(m.group(1)), []).append(m.group(2))
-    for c in clients:
-        for s in c.sessions:
-            served = by_port.get(s.local_port)
-            s.replica = served[-1] if served else "?"
+    attribute_replicas(lb, clients)  # which replica served each session (HAProxy's log)
     # ---- steady phase, per replica
     print(f"\nsteady phase: {steady1 - steady0:.1f} s with {args.clients} clients "
           f"({args.replicas} replicas x {args.slots} slots)")

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,74 @@ class HAProxy:
     def log_lines_for(self, server: str) -> list[str]:
         """HTTP log lines of connections that HAProxy sent to ``server`` (``kame/<server>``)."""
         return [line for line in self.logs().splitlines() if re.search(rf"\bkame/{re.escape(server)}\b", line)]
+
+
+@dataclass
+class SessionRun:
+    """One session of a :class:`StreamingClient`."""
+
+    ws: Any  # MoshiClient
+    local_port: int
+    opened_t: float
+    closed_t: float | None = None
+    close_code: int | None = None
+    close_reason: str = ""
+    replica: str = "?"
+
+
+@dataclass
+class StreamingClient:
+    """A caller that streams a tone at real time through ``url`` until ``stop_at`` (monotonic), and
+    reconnects like ``kame mic`` (kame.client.reconnect) when a session is refused or drained."""
+
+    index: int
+    url: str
+    sessions: list[SessionRun] = field(default_factory=list)
+    gave_up: str | None = None
+    said: list[str] = field(default_factory=list)
+
+    async def run(self, stop_at: float, policy: Any = None) -> None:
+        import numpy as np
+        from moshi_client import RATE, MoshiClient
+
+        from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, open_with_retry, retry_reason
+
+        retrier = Retrier(policy or Backoff(), say=self.said.append)
+        tone = (0.05 * np.sin(2 * np.pi * 220 * np.arange(RATE) / RATE)).astype(np.float32)
+        while time.monotonic() < stop_at:
+            try:
+                ws = await open_with_retry(lambda: MoshiClient.connect(self.url, open_timeout=10),
+                                           lambda c: c.wait_handshake(15), retrier)
+            except (GaveUp, Refused, OSError) as exc:
+                self.gave_up = f"{type(exc).__name__}: {exc}"
+                return
+            run = SessionRun(ws, int(ws.ws.local_address[1]), time.monotonic())
+            self.sessions.append(run)
+            seconds = max(0.0, stop_at - time.monotonic())
+            await ws.send_pcm(np.tile(tone, int(seconds) + 1)[: int(seconds * RATE)], realtime=True)  # early on close
+            server_closed = ws.closed.is_set()
+            run.closed_t = time.monotonic()
+            await ws.close()
+            run.close_code, run.close_reason = ws.close_code, ws.close_reason
+            if not (server_closed and retry_reason(close_code=ws.close_code)):
+                return
+            retrier.reset()
+            if not await retrier.wait(f"session closed ({ws.close_code} {ws.close_reason})"):
+                self.gave_up = "retries used up"
+                return
+
+
+_LOG_LINE = re.compile(r"\b127\.0\.0\.1:(\d+) \[[^\]]+\] kame kame/(\S+) ")
+
+
+def attribute_replicas(lb: HAProxy, clients: Sequence[StreamingClient]) -> None:
+    """Set each session's ``replica`` from HAProxy's log (written when a connection ends)."""
+    by_port: dict[int, str] = {}
+    for m in _LOG_LINE.finditer(lb.logs()):
+        by_port[int(m.group(1))] = m.group(2)
+    for c in clients:
+        for s in c.sessions:
+            s.replica = by_port.get(s.local_port, "?")
 
 
 def start_replicas(count: int, *, cache_dir: Any, run_dir: Path, env: dict[str, str]) -> list[Any]:

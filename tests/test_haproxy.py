@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from haproxy import Backend, HAProxy, start_replicas
+from haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start_replicas
 from moshi_client import MoshiClient, ServerProcess
 
 SLOTS = 2
 REPLICAS = 3
+DRAIN_GRACE_S = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def fleet(
         "KAME_FRONTEND__BATCH_SIZE": str(SLOTS),
         "KAME_SERVER__WARMUP_STEPS": "1",
         "KAME_FRONTEND__CPU_THREADS": "1",
+        "KAME_SERVER__DRAIN_GRACE_S": str(DRAIN_GRACE_S),
     }
     replicas = start_replicas(REPLICAS, cache_dir=kame_cache_dir, run_dir=run, env=env)
     lb = HAProxy(run, [Backend(f"kame{i + 1}", r.port, SLOTS) for i, r in enumerate(replicas)])
@@ -224,3 +226,79 @@ def test_kame_mic_gives_up_after_its_retries(fleet: tuple[HAProxy, list[ServerPr
     rc, out, err = asyncio.run(main())
     assert rc == 2 and "Traceback" not in err
     assert out.count("reconnecting in") == 2 and "gave up after 2 retries" in err, (out, err)
+
+
+def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
+    """Four callers through HAProxy; SIGTERM to the replica holding two of them. Its sessions are told,
+    run on for the grace, get 1001 and reconnect to the others; no new session lands on it while it
+    drains; nobody gives up; the callers on the other replicas keep real-time cadence. (Last in the
+    module: the drained replica is gone afterwards.)"""
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+    names = [f"kame{i + 1}" for i in range(REPLICAS)]
+
+    async def main() -> dict[str, object]:
+        t_end = time.monotonic() + 11.0
+        callers = [StreamingClient(i, lb.ws_url) for i in range(4)]
+        tasks = []
+        for c in callers:  # one at a time: leastconn puts 1, 1, 1, then a second on one replica
+            tasks.append(asyncio.create_task(c.run(t_end)))
+            while not c.sessions or c.sessions[-1].ws.stats.handshake_t is None:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        counts = await asyncio.to_thread(active, replicas)
+        victim = counts.index(SLOTS)
+        before = await asyncio.to_thread(replicas[victim].metric, "kame_sessions_total")
+        stot = lb.stats()[names[victim]].total
+        t_term = time.monotonic()
+        replicas[victim].proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(lb.wait_status, names[victim], "DOWN", 3.0)
+        down_after = time.monotonic() - t_term
+        # newcomers during the drain: they must land elsewhere (the fleet has room for them)
+        newcomers = [await open_session(lb.ws_url) for _ in range(1)]
+        during = await asyncio.to_thread(replicas[victim].metric, "kame_sessions_total")
+        stot_during = lb.stats()[names[victim]].total
+        await close_all(newcomers)
+        await asyncio.gather(*tasks)
+        code = await asyncio.to_thread(replicas[victim].proc.wait, 10)
+        await asyncio.sleep(0.3)
+        attribute_replicas(lb, callers)
+        return {"callers": callers, "victim": victim, "counts": counts, "t_term": t_term, "down_after": down_after,
+                "started_before": before, "started_during": during, "stot": stot, "stot_during": stot_during,
+                "newcomers": newcomers, "exit": code}
+
+    r = asyncio.run(main())
+    callers: list[StreamingClient] = r["callers"]  # type: ignore[assignment]
+    victim = names[r["victim"]]  # type: ignore[index]
+    t_term: float = r["t_term"]  # type: ignore[assignment]
+    assert r["down_after"] < 1.5  # type: ignore[operator]  # /ready said 503 at once
+    assert all(n is not None for n in r["newcomers"])  # type: ignore[union-attr]
+    assert r["started_during"] == r["started_before"]  # no new session on the draining replica
+    assert r["stot_during"] == r["stot"]  # HAProxy sent it no connection once it was DOWN
+    assert all(c.gave_up is None for c in callers), [c.gave_up for c in callers]
+    displaced = [c for c in callers if c.sessions[0].replica == victim]
+    assert len(displaced) == SLOTS, [[s.replica for s in c.sessions] for c in callers]
+    for c in displaced:
+        first, second = c.sessions[0], c.sessions[1]
+        assert (first.close_code, first.close_reason) == (1001, "server shutting down")
+        assert first.closed_t is not None and DRAIN_GRACE_S - 0.3 <= first.closed_t - t_term <= DRAIN_GRACE_S + 3.0
+        assert first.ws.stats.frame_arrivals[-1] > t_term + DRAIN_GRACE_S - 0.5  # audio flowed through the grace
+        assert second.replica not in (victim, "?")
+        assert second.ws.stats.handshake_t is not None and second.ws.stats.handshake_t - first.closed_t < 3.0
+        assert any("reconnecting in" in line for line in c.said)
+    # The callers on the other replicas keep their cadence through the drain and the newcomers'
+    # arrival: compared with their own cadence just before (same machine, same load), since the
+    # absolute rate on a shared 2-core machine is bench/fleet.py's business.
+    span = DRAIN_GRACE_S + 2.0
+    for c in callers:
+        if c in displaced:
+            continue
+        (only,) = c.sessions  # never displaced
+        arrivals = only.ws.stats.frame_arrivals
+        before = [t for t in arrivals if t_term - 2.0 <= t < t_term]
+        during = [t for t in arrivals if t_term <= t < t_term + span]
+        gaps_before = [b - a for a, b in zip(before, before[1:])]
+        gaps_during = [b - a for a, b in zip(during, during[1:])]
+        rate_before, rate_during = len(before) * 0.08 / 2.0, len(during) * 0.08 / span
+        assert rate_during >= 0.75 * rate_before, (rate_before, rate_during)
+        assert max(gaps_during) <= max(0.6, 2 * max(gaps_before)), (max(gaps_before), max(gaps_during))
