@@ -200,3 +200,93 @@ def test_usage_is_none_when_the_server_sends_none(llm_server: LlmServer) -> None
 
     assert usage_of(TurnReport()) is None
     assert usage_of(TurnReport(prompt_tokens=3, completion_tokens=2, cached_tokens=1)) == Usage(3, 2, 1, 0)
+
+
+MCP_SERVER = """
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("weather")
+
+
+@app.tool()
+def forecast(city: str) -> str:
+    \"\"\"Tomorrow's weather in a city.\"\"\"
+    return f"rain tomorrow in {city}"
+
+
+@app.tool()
+def broken() -> str:
+    \"\"\"Always fails.\"\"\"
+    raise ValueError("the forecast service is down")
+
+
+if __name__ == "__main__":
+    app.run()
+"""
+
+
+def test_operator_mcp_server_runs_inside_kame(llm_server: LlmServer, tmp_path: Any) -> None:  # noqa: F811
+    import sys
+
+    from kame.backend.config import McpServerConfig, ToolsConfig
+    from kame.backend.mcp_tools import McpToolbox
+    from kame.server.wires.live.responses_backend import McpServerTools, mcp_catalog
+
+    script = tmp_path / "weather_mcp.py"
+    script.write_text(MCP_SERVER)
+    llm_server.push(
+        Reply(
+            text="One moment.", tool_calls=[ToolCallScript("forecast", {"city": "Oslo"}), ToolCallScript("broken", {})]
+        ),
+        Reply(text="It will rain tomorrow in Oslo."),
+    )
+
+    async def main() -> tuple[DelegationDone, Session]:
+        box = McpToolbox(
+            ToolsConfig(
+                mcp_servers={
+                    "weather": McpServerConfig.model_validate(
+                        {
+                            "command": sys.executable,
+                            "args": [str(script)],
+                            "tools": ["forecast", "broken"],
+                            "timeout_s": 10.0,
+                        }
+                    )
+                }
+            ),
+            {},
+        )
+        registry = registry_for(llm_server)
+        try:
+            catalog = registry_catalog(registry, mcp_catalog(box))
+            s = Session.__new__(Session)
+            s.settings = parse_responses_config(
+                {"model": "llm", "tools": [WEATHER, {"type": "mcp", "server_label": "weather"}]}, catalog
+            )
+            s.sent, s.done, s.conversation = [], [], ConversationLog()
+            s.d = ResponsesDelegator(
+                settings=lambda: s.settings,
+                source=registry_source(registry),
+                send=s.send,
+                on_done=s.done.append,
+                conversation=s.conversation,
+                server_tools=McpServerTools(box),
+            )
+            s.conversation.add(UserSpeech("Will it rain in Oslo tomorrow?"))
+            done = await asyncio.wait_for(s.d.start(*s.d.new_ids()), 30)
+            return done, s
+        finally:
+            await box.aclose()
+            await registry.aclose()
+
+    done, s = asyncio.run(main())
+    assert (done.status, done.text, done.rounds) == ("completed", "It will rain tomorrow in Oslo.", 2)
+    items = [e["item"] for e in s.nested("response.output_item.done") if e["item"]["type"] == "mcp_call"]
+    assert [(i["name"], i["status"]) for i in items] == [("forecast", "completed"), ("broken", "failed")]
+    assert items[0]["output"] == "rain tomorrow in Oslo" and items[0]["server_label"] == "weather"
+    assert not [e for e in s.nested("response.output_item.done") if e["item"]["type"] == "function_call"]
+    first, second = llm_server.chat_requests()
+    assert set(first.tool_names) == {"get_weather", "forecast", "broken"}
+    outputs = [m["content"] for m in second.tool_messages]
+    assert outputs[0] == "rain tomorrow in Oslo" and outputs[1].startswith("Error:")

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from kame.backend.mcp_tools import McpTool, McpToolbox
 from kame.backend.registry import BackendRegistry
-from kame.backend.tools import ToolSpec, TurnReport
-from kame.server.wires.live.responses_config import BackendCatalog, FunctionSpec
-from kame.server.wires.live.responses_run import RoundEnd, RoundRequest, RoundSource
+from kame.backend.tools import ToolCall, ToolSpec, TurnReport
+from kame.server.wires.live.responses_config import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
+from kame.server.wires.live.responses_run import RoundEnd, RoundRequest, RoundSource, ServerTool
 from kame.server.wires.live.responses_stream import Usage
 
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
@@ -88,3 +89,46 @@ def registry_catalog(
         model_override=frozenset(n for n in names if kinds[n] == "openai"),
         mcp_servers=dict(mcp_servers or {}),
     )
+
+
+def mcp_catalog(toolbox: McpToolbox) -> dict[str, list[str]]:
+    """The operator's MCP servers and their allow-lists (what ``delegation.responses`` may enable)."""
+    return {name: list(server.tools) for name, server in toolbox.cfg.mcp_servers.items()}
+
+
+class McpServerTools:
+    """The MCP servers a Responses delegation enabled, as :class:`~.responses_run.ServerTools`.
+
+    kame runs these calls itself (the client sees them as ``mcp_call``
+    items); timeouts, output caps and secret redaction are the toolbox's
+    (docs/tools.md). A server that is down contributes no tools.
+    """
+
+    def __init__(self, toolbox: McpToolbox) -> None:
+        self.toolbox = toolbox
+        self._tools: dict[str, McpTool] = {}
+
+    async def offered(self, settings: ResponsesDelegationSettings) -> list[ServerTool]:
+        servers = [ref.server_label for ref in settings.mcp_servers]
+        if not servers:
+            return []
+        allowed = {ref.server_label: ref.allowed_tools for ref in settings.mcp_servers}
+        out: list[ServerTool] = []
+        for tool in await self.toolbox.tools(servers):
+            names = allowed.get(tool.server)
+            if names is not None and tool.tool not in names:
+                continue
+            if not settings.tool_choice.offers(f"mcp:{tool.server}:{tool.tool}"):
+                continue
+            spec = tool.spec
+            self._tools[spec.name] = tool
+            function = FunctionSpec(spec.name, spec.description or None, dict(spec.parameters))
+            out.append(ServerTool(spec.name, tool.server, tool.tool, function))
+        return out
+
+    async def call(self, tool: ServerTool, call_id: str, arguments: str) -> tuple[bool, str]:
+        found = self._tools.get(tool.name)
+        if found is None:
+            return False, f"no MCP tool named {tool.name!r} is enabled"
+        result = await self.toolbox.executor([found]).execute(ToolCall(call_id, tool.name, arguments), found.spec)
+        return result.ok, result.output

@@ -46,6 +46,7 @@ from kame.server.wires.live.responses_run import (
     ResponsesDelegator,
     RoundSource,
     RoundText,
+    ServerTools,
 )
 from kame.server.wires.live.responses_stream import Event, new_id
 
@@ -64,6 +65,8 @@ class ResponsesHooks:
     spawn: Callable[[Coroutine[Any, Any, DelegationDone]], asyncio.Task[DelegationDone]] | None = None
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
     max_rounds: int = DEFAULT_MAX_ROUNDS
+    #: Operator-configured MCP tools kame runs itself (:class:`.responses_backend.McpServerTools`).
+    server_tools: ServerTools | None = None
 
 
 class ResponsesMode:
@@ -104,6 +107,7 @@ class ResponsesMode:
             function_timeout_s=hooks.function_timeout_s,
             max_rounds=hooks.max_rounds,
             spawn=hooks.spawn,
+            server_tools=hooks.server_tools,
         )
 
     # ------------------------------------------------------------------ the wire's calls

@@ -83,6 +83,31 @@ class ToolCallPiece(Protocol):
 
 
 @dataclass(frozen=True)
+class ServerTool:
+    """A tool kame runs itself (an operator-configured MCP server's), offered next to the client's functions."""
+
+    name: str  #: the function name the back-end sees
+    server_label: str
+    tool: str  #: the tool's name on its server
+    function: FunctionSpec
+
+    @property
+    def key(self) -> str:
+        """How ``tool_choice`` names it (:class:`~.responses_config.ToolChoiceSpec`)."""
+        return f"mcp:{self.server_label}:{self.tool}"
+
+
+class ServerTools(Protocol):
+    """The session's server-side tools (bound to the MCP toolbox by :mod:`.responses_backend`)."""
+
+    async def offered(self, settings: ResponsesDelegationSettings) -> Sequence[ServerTool]: ...
+
+    async def call(self, tool: ServerTool, call_id: str, arguments: str) -> tuple[bool, str]:
+        """Run it: (ok, text). Never raises for a broken tool; the text is safe for clients."""
+        ...
+
+
+@dataclass(frozen=True)
 class RoundEnd:
     """Optional last item of a round source: why the back-end stopped, and its token usage."""
 
@@ -183,6 +208,7 @@ class ResponsesDelegator:
         ids: Callable[[str], str] = new_id,
         clock: Callable[[], float] = time.time,
         spawn: Callable[[Coroutine[Any, Any, DelegationDone]], asyncio.Task[DelegationDone]] | None = None,
+        server_tools: ServerTools | None = None,
     ) -> None:
         """``spawn`` runs a delegation's coroutine (the runtime's task factory; default: a loop task)."""
         if max_rounds < 1:
@@ -201,6 +227,7 @@ class ResponsesDelegator:
         self._ids = ids
         self._clock = clock
         self._spawn = spawn
+        self._server_tools = server_tools
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[DelegationDone]] = set()
         self._waiting: _Waiting | None = None
@@ -344,23 +371,23 @@ class ResponsesDelegator:
             )
             previous = stream.response_id
             self._running = delegation_id
-            refused: list[tuple[CallRecord, str]] = []
-            status, usage = await self._round(delegation_id, round_no, stream, settings, last, after_tools, refused)
+            internal: list[tuple[CallRecord, str]] = []  # calls kame answered itself (MCP, refused)
+            status, usage = await self._round(delegation_id, round_no, stream, settings, last, after_tools, internal)
             self._running = None
             if usage is not None:
                 total = usage if total is None else total + usage
             if status != "failed" and stream.text.strip():
                 _guard(self._on_round_text, RoundText(delegation_id, round_no, stream.text, after_tools))
             calls = stream.summary().calls
-            records = [CallRecord(c.call_id, c.name, c.arguments) for c in calls] + [r for r, _ in refused]
+            records = [CallRecord(c.call_id, c.name, c.arguments) for c in calls] + [r for r, _ in internal]
             self.conversation.add(BackendTurn(stream.text, tuple(records)))
-            for record, why in refused:
-                self.conversation.add(CallOutput(record.call_id, why))
+            for record, output in internal:
+                self.conversation.add(CallOutput(record.call_id, output))
             if status != "completed" or not records:
                 return DelegationDone(delegation_id, status, stream.text, round_no + 1, total)
             if calls:
                 await self._await_client(delegation_id, {c.call_id: c.name for c in calls})
-                after_tools = True
+            after_tools = after_tools or bool(calls) or any(not o.startswith("Refused:") for _, o in internal)
         raise AssertionError("unreachable: the last round offers no tools")  # pragma: no cover
 
     async def _round(
@@ -371,14 +398,27 @@ class ResponsesDelegator:
         settings: ResponsesDelegationSettings,
         last: bool,
         after_tools: bool,
-        refused: list[tuple[CallRecord, str]],
+        internal: list[tuple[CallRecord, str]],
     ) -> tuple[Literal["completed", "incomplete", "failed"], Usage | None]:
-        functions = () if last else tuple(settings.offered_functions())
+        client = () if last else tuple(settings.offered_functions())
+        server: list[ServerTool] = []
+        if not last and self._server_tools is not None and settings.mcp_servers:
+            try:
+                client_names = {f.name for f in client}
+                server = [t for t in await self._server_tools.offered(settings) if t.name not in client_names]
+            except Exception:  # noqa: BLE001 - MCP servers down: the round goes on with the client's functions
+                log.warning("responses delegation %s: MCP tools unavailable", delegation_id, exc_info=True)
+        functions = client + tuple(t.function for t in server)
+        by_name = {t.name: t for t in server}
         choice = settings.tool_choice
         tool_choice: str | None = None
         if functions:
             forced = choice.forced
-            tool_choice = forced.removeprefix("function:") if forced and forced.startswith("function:") else choice.mode
+            tool_choice = choice.mode
+            if forced and forced.startswith("function:"):
+                tool_choice = forced.removeprefix("function:")
+            elif forced:
+                tool_choice = next((t.name for t in server if t.key == forced), "required")
             if round_no > 0 and tool_choice != "none":
                 tool_choice = "auto"  # forcing a call again after its output would loop
         request = RoundRequest(
@@ -398,7 +438,7 @@ class ResponsesDelegator:
             model=settings.target.model,
         )
         self._emit(delegation_id, stream.start())
-        offered = {f.name for f in functions}
+        offered = {f.name for f in client}
         names: dict[int, str] = {}
         args: dict[int, list[str]] = {}
         order: list[int] = []
@@ -429,17 +469,20 @@ class ResponsesDelegator:
         reason: IncompleteReason | None = incomplete_reason(end.finish_reason)
         # Calls open only now, when their names are whole (some servers split names), in index order.
         # A round cut short leaves them open: they close ``incomplete`` and no client runs them.
-        refused.clear()
+        internal.clear()
+        mine: list[tuple[ServerTool, CallRecord]] = []
         for index in order:
             name = names.get(index, "")
+            arguments = "".join(args.get(index, [])) or "{}"
+            if name in by_name:
+                if reason is None:
+                    mine.append((by_name[name], CallRecord(self._ids("call"), name, arguments)))
+                continue
             if name not in offered:
                 if reason is not None:
                     continue
                 # Never shown to the client (it could not run it); the back-end is told and tries again.
-                call_id = self._ids("call")
-                refused.append(
-                    (CallRecord(call_id, name or "unnamed", "".join(args.get(index, [])) or "{}"), _refusal(name))
-                )
+                internal.append((CallRecord(self._ids("call"), name or "unnamed", arguments), _refusal(name)))
                 log.info("responses delegation %s: refused a call of %r (not offered)", delegation_id, name)
                 continue
             self._emit(delegation_id, stream.call_begin(index, None, name))
@@ -449,8 +492,42 @@ class ResponsesDelegator:
         if reason is not None:
             self._emit(delegation_id, stream.incomplete(reason, end.usage))
             return "incomplete", end.usage
+        if mine:
+            await self._run_server_tools(delegation_id, stream, mine, internal)
         self._emit(delegation_id, stream.complete(end.usage))
         return "completed", end.usage
+
+    async def _run_server_tools(
+        self,
+        delegation_id: str,
+        stream: ResponseStream,
+        calls: list[tuple[ServerTool, CallRecord]],
+        internal: list[tuple[CallRecord, str]],
+    ) -> None:
+        """Run the MCP calls of a round concurrently, shown as ``mcp_call`` items of its response."""
+        assert self._server_tools is not None
+        tools = self._server_tools
+        items = []
+        for tool, record in calls:
+            item_id, events = stream.mcp_call_begin(tool.server_label, tool.tool, record.arguments)
+            self._emit(delegation_id, events)
+            items.append(item_id)
+
+        async def one(tool: ServerTool, record: CallRecord) -> tuple[bool, str]:
+            try:
+                return await tools.call(tool, record.call_id, record.arguments)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a broken tool fails its call, never the delegation
+                log.warning("responses delegation %s: MCP call %s failed: %r", delegation_id, tool.name, exc)
+                return False, f"the tool failed ({type(exc).__name__})"
+
+        results = await asyncio.gather(*(one(tool, record) for tool, record in calls))
+        for item_id, (_tool, record), (ok, text) in zip(items, calls, results, strict=True):
+            self._emit(
+                delegation_id, stream.mcp_call_end(item_id, output=text if ok else None, error=None if ok else text)
+            )
+            internal.append((record, text if ok else f"Error: {text}"))
 
     def _piece(
         self,

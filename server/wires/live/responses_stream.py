@@ -141,13 +141,16 @@ class FunctionCall:
 class _Item:
     item_id: str
     output_index: int
-    kind: Literal["message", "function_call"]
-    text: str = ""  # message text, or the function call's arguments so far
+    kind: Literal["message", "function_call", "mcp_call"]
+    text: str = ""  # message text, or the call's arguments so far
     call_id: str = ""
     name: str = ""
     index: int = -1  # the chat-completions tool-call index of a function call
     open: bool = True
     status: str = "in_progress"
+    server_label: str = ""  # an mcp_call's server
+    output: str | None = None  # an mcp_call's output
+    error: str | None = None  # an mcp_call's error text
 
 
 @dataclass
@@ -326,6 +329,35 @@ class ResponseStream:
         item = self._open_call(index)
         return self._close_call(index, item, "completed")
 
+    def mcp_call_begin(self, server_label: str, name: str, arguments: str) -> tuple[str, list[Event]]:
+        """A call of an MCP tool that kame runs itself (the client does nothing with it): its item id and events."""
+        self._check_streaming()
+        events = self._close_message("completed")
+        item = self._new_item("mcp_call", self._ids("mcp"), name=name)
+        item.server_label = server_label
+        item.text = arguments
+        where = {"item_id": item.item_id, "output_index": item.output_index}
+        events.append(self._ev("response.output_item.added", output_index=item.output_index, item=self._item(item)))
+        events.append(self._ev("response.mcp_call_arguments.done", **where, arguments=arguments))
+        events.append(self._ev("response.mcp_call.in_progress", **where))
+        return item.item_id, events
+
+    def mcp_call_end(self, item_id: str, *, output: str | None = None, error: str | None = None) -> list[Event]:
+        """The MCP call returned ``output``, or failed with ``error`` (text safe for clients)."""
+        self._check_streaming()
+        item = next((i for i in self._items if i.item_id == item_id and i.kind == "mcp_call" and i.open), None)
+        if item is None:
+            raise ValueError(f"no open mcp_call {item_id}")
+        item.open = False
+        item.output, item.error = output, error
+        item.status = "completed" if error is None else "failed"
+        where = {"item_id": item.item_id, "output_index": item.output_index}
+        kind = "response.mcp_call.completed" if error is None else "response.mcp_call.failed"
+        return [
+            self._ev(kind, **where),
+            self._ev("response.output_item.done", output_index=item.output_index, item=self._item(item, item.status)),
+        ]
+
     def complete(self, usage: Usage | None = None) -> list[Event]:
         """The round ended normally: open items close as completed, then ``response.completed``."""
         return self._finish("completed", usage=usage)
@@ -358,7 +390,12 @@ class ResponseStream:
         return item
 
     def _new_item(
-        self, kind: Literal["message", "function_call"], item_id: str, *, call_id: str = "", name: str = ""
+        self,
+        kind: Literal["message", "function_call", "mcp_call"],
+        item_id: str,
+        *,
+        call_id: str = "",
+        name: str = "",
     ) -> _Item:
         item = _Item(item_id=item_id, output_index=len(self._items), kind=kind, call_id=call_id, name=name)
         self._items.append(item)
@@ -405,13 +442,21 @@ class ResponseStream:
         # Close in output order, so the done events read like the added ones.
         closing: list[tuple[int, _Item]] = sorted(
             [(item.output_index, item) for item in self._calls.values()]
-            + ([(self._message.output_index, self._message)] if self._message is not None else []),
+            + ([(self._message.output_index, self._message)] if self._message is not None else [])
+            + [(i.output_index, i) for i in self._items if i.kind == "mcp_call" and i.open],
             key=lambda pair: pair[0],
         )
         events: list[Event] = []
         for _, item in closing:
             if item.kind == "message":
                 events.extend(self._close_message(item_status))
+            elif item.kind == "mcp_call":
+                item.open, item.status = False, "incomplete"
+                events.append(
+                    self._ev(
+                        "response.output_item.done", output_index=item.output_index, item=self._item(item, "incomplete")
+                    )
+                )
             else:
                 events.extend(self._close_call(item.index, item, item_status))
         self._state = "done"
@@ -437,6 +482,20 @@ class ResponseStream:
                 "status": status,
                 "content": content,
             }
+        if item.kind == "mcp_call":
+            out: dict[str, Any] = {
+                "id": item.item_id,
+                "type": "mcp_call",
+                "server_label": item.server_label,
+                "name": item.name,
+                "arguments": item.text,
+                "status": status,
+                "output": item.output,
+                "error": None,
+            }
+            if item.error is not None:
+                out["error"] = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": item.error}]}
+            return out
         return {
             "id": item.item_id,
             "type": "function_call",
