@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -263,44 +264,63 @@ def test_switch_backend_mid_session(llm_server: LlmServer, sp: spm.SentencePiece
 ], ids=["hung", "stalled", "rate-limited", "slow"])
 def test_bad_llm_leaves_tick_cadence_unchanged(llm_server: LlmServer, sp: spm.SentencePieceProcessor,  # noqa: F811
                                                tiny_kame_ckpt: Path, reply: Reply) -> None:
-    """The engine ticks at the same cadence with a misbehaving LLM as without one."""
+    """The engine's frames reach the session on the same cadence with a misbehaving LLM as without one.
+
+    Each output frame is stamped when it reaches the event loop (a task blocked on the output queue),
+    and compared with when its input frame was due on the 80 ms real-time schedule. The busy run is
+    compared with a calm run on the same engine, in the same test: every frame must arrive, the typical
+    lateness must not move, and no frame may be late by a whole frame more than the calm run's worst.
+    """
     from kame.frontend.config import FrontendConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import AsyncSlot, EngineThread
     from kame.frontend.models import load_frontend
 
+    frames, frame_s = 25, 0.08  # 2 s of audio at real time
     cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=1)
     eng = EngineThread(EngineCore(load_frontend(cfg, torch.device("cpu")), cfg))
     eng.start()
     llm_server.set_default(reply)
 
-    async def session(with_llm: bool) -> list[float]:
+    async def session(with_llm: bool, n: int = frames) -> list[float]:
+        """Each frame's lateness: when its output reached the loop, minus when its input was due."""
         slot = AsyncSlot(eng)
         await slot.attach()
         events: list = []
         loop = make_loop(make_registry(llm_server, timeouts={"first_token_s": 1.0, "total_s": 2.0}, max_retries=0),
                          sp, events, slot)  # type: ignore[arg-type]
         arrivals: list[float] = []
+
+        async def receive() -> None:
+            while len(arrivals) < n:
+                item = await slot.outputs.get()
+                arrivals.append(time.monotonic())
+                assert not isinstance(item, Exception), item
+
+        receiver = asyncio.create_task(receive())
         t0 = time.monotonic()
-        for i in range(25):  # 2 s of audio at real time
+        for i in range(n):
             if with_llm and i % 3 == 0:
                 loop.on_user_partial(" ".join(f"word{j}" for j in range(2 * (i + 1))))
             slot.feed(np.zeros(1920, np.float32))
-            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.08 - time.monotonic()))
-            while not slot.outputs.empty():
-                slot.outputs.get_nowait()
-                arrivals.append(time.monotonic())
+            await asyncio.sleep(max(0.0, t0 + (i + 1) * frame_s - time.monotonic()))
+        with contextlib.suppress(asyncio.TimeoutError):  # a frame that never comes fails below, not here
+            await asyncio.wait_for(asyncio.shield(receiver), 2.0)
+        receiver.cancel()
         await loop.aclose()
         slot.detach()
         while eng.free_slots < 1:
             await asyncio.sleep(0.01)
-        return [b - a for a, b in zip(arrivals, arrivals[1:])]
+        return [a - (t0 + i * frame_s) for i, a in enumerate(arrivals)]
 
     try:
+        asyncio.run(session(False, 5))  # warm-up: the first frames of an engine pay one-off costs
         calm = asyncio.run(session(False))
         busy = asyncio.run(session(True))
     finally:
         eng.stop()
-    assert len(busy) >= 20
-    assert abs(statistics.median(busy) - statistics.median(calm)) < 0.02
-    assert max(busy) < max(calm) + 0.1
+    report = {"calm_ms": [round(x * 1000) for x in calm], "busy_ms": [round(x * 1000) for x in busy]}
+    print("frame lateness ms", report)
+    assert len(calm) == frames and len(busy) == frames, report  # no frame missed
+    assert abs(statistics.median(busy) - statistics.median(calm)) < 0.02, report
+    assert max(busy) < max(calm) + 0.06, report  # less than one 80 ms frame worse, ever
