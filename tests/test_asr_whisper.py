@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from speech import content_recall, noise, silence, speech_end, synthesize, words
 
 from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer, transcribe_offline
+from kame.asr.stream import ThreadedStream
+from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.asr.whisper import WhisperRecognizer
 
 FRAME = 1920
@@ -35,23 +39,69 @@ async def feed_realtime(stream, pcm: np.ndarray, speed: float = 1.0) -> None:  #
             await asyncio.sleep(delay)
 
 
-def test_live_stream_partials_come_before_the_speech_ends(recognizer: WhisperRecognizer) -> None:
-    """Fed at real time from asyncio: early partials that grow, a final, and a loop that never stalls."""
+@dataclass(frozen=True)
+class Decode:
+    """One decode on the recogniser's thread: which kind, the audio fed and the loop clock around it."""
+
+    kind: str
+    audio_start: float
+    t_start: float
+    t_end: float
+    wall_end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.t_end - self.t_start
+
+
+def test_live_stream_partials_come_before_the_speech_ends(
+    recognizer: WhisperRecognizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fed at real time from asyncio: early partials that grow, a final, and a loop that never stalls.
+
+    What a live stream adds to the transcriber's decisions is time: decodes take what they take on this
+    machine. So the decisions are checked where they do not depend on the machine (lockstep, in audio
+    time), and the live run is checked against its own decodes: each starts when its decision falls due
+    (not after more audio), and none of them stalls the event loop, which a 10 ms ticker watches.
+    """
     text = "Please tell me the weather forecast for tomorrow morning in London."
     speech = synthesize(text, "en-us", 170)
     lead = 0.5
     pcm = np.concatenate([silence(lead), speech, silence(1.0)])
     end_of_speech = lead + speech_end(speech)
+    end_silence = recognizer.cfg.turn.end_silence_s
 
-    async def main() -> tuple[list[AsrEvent], float]:
+    # ---- the decisions, in audio time (deterministic)
+    lockstep = list(transcribe_offline(recognizer.new_transcriber(), pcm))
+    ls_partials = by_type(lockstep, EventType.PARTIAL)
+    assert ls_partials and ls_partials[0].audio_s < end_of_speech - 1.0, "the first partial must come well before the speech ends"
+    assert max(np.diff([p.audio_s for p in ls_partials])) < 1.0  # checked every 200 ms of audio while speech goes on
+    ls_stopped = by_type(lockstep, EventType.SPEECH_STOPPED)[0]
+    assert ls_stopped.audio_s < end_of_speech + end_silence + 0.2
+
+    # ---- the live stream
+    decodes: list[Decode] = []
+
+    async def main() -> tuple[list[AsrEvent], list[tuple[float, float]]]:
         stream = recognizer.open_stream()
-        ticks: list[float] = []
+        assert isinstance(stream, ThreadedStream)
+        tr = stream.transcriber
+        assert isinstance(tr, SegmentingTranscriber)
+        for kind in ("partial_text", "final_text"):  # stamp each decode (on the recogniser's thread)
+            def timed(utt: Utterance, _decode: Callable[[Utterance], str] = getattr(tr, kind), _kind: str = kind) -> str:
+                audio, t0 = stream.audio_s, time.monotonic()
+                try:
+                    return _decode(utt)
+                finally:
+                    decodes.append(Decode(_kind, audio, t0, time.monotonic(), time.time()))
+            monkeypatch.setattr(tr, kind, timed)
+        ticks: list[tuple[float, float]] = []
 
-        async def ticker() -> None:  # measures how late the loop runs while decodes happen
+        async def ticker() -> None:  # how late the loop runs, 10 ms at a time
             while True:
                 t = time.monotonic()
                 await asyncio.sleep(0.01)
-                ticks.append(time.monotonic() - t - 0.01)
+                ticks.append((t, time.monotonic()))
 
         tick_task = asyncio.create_task(ticker())
         feeder = asyncio.create_task(feed_realtime(stream, pcm))
@@ -66,27 +116,47 @@ def test_live_stream_partials_come_before_the_speech_ends(recognizer: WhisperRec
         assert await stream.aclose(timeout=20)
         await asyncio.wait_for(consumer, 5)
         tick_task.cancel()
-        return events, max(ticks)
+        return events, ticks
 
-    events, worst_tick = asyncio.run(main())
+    events, ticks = asyncio.run(main())
     types = [e.type for e in events]
     assert types[0] is EventType.SPEECH_STARTED
     assert types[-2:] == [EventType.SPEECH_STOPPED, EventType.FINAL]
     partials = by_type(events, EventType.PARTIAL)
     assert partials, types
-    assert partials[0].audio_s < end_of_speech - 1.0, "the first partial must come well before the speech ends"
     # Partials grow: the committed prefix never shrinks and the last partial holds most of the sentence.
     stables = [len(p.stable.split()) for p in partials]
     assert stables == sorted(stables)
     assert len(words(partials[-1].text)) > len(words(partials[0].text))
     assert content_recall(text, partials[-1].text) >= 0.7
-    # While speech goes on, the partial is checked at least every 200 ms of audio, so gaps stay short.
-    assert max(np.diff([p.audio_s for p in partials])) < 1.0
     final = by_type(events, EventType.FINAL)[0]
     assert content_recall(text, final.text) >= 0.7, final.text
-    assert final.audio_s < end_of_speech + 1.0 + 0.1  # end_silence 0.6 s + one decode
-    assert worst_tick < 0.2, f"event loop stalled {worst_tick:.3f} s"
     assert all(b.wall_s >= a.wall_s for a, b in zip(events, events[1:]))
+
+    # Each decode starts as soon as it is due. The first partial comes from a decode that started at
+    # most one partial interval after the audio lockstep's first partial came from (or, on a slow
+    # machine, once the decode under way then was over); the final, once the turn ended or once the
+    # partial decode under way then was over.
+    partial_decodes = [d for d in decodes if d.kind == "partial_text"]
+    final_decode = next(d for d in decodes if d.kind == "final_text")
+    longest = max(d.seconds for d in partial_decodes)
+    first = [d for d in partial_decodes if d.wall_end <= partials[0].wall_s][-1]
+    interval = recognizer.cfg.partial_interval_s
+    report = {"first_partial_decoded_at_s": round(first.audio_start, 2),
+              "lockstep_first_partial_s": round(ls_partials[0].audio_s, 2), "speech_end_s": round(end_of_speech, 2),
+              "partial_decode_ms": [round(d.seconds * 1000) for d in partial_decodes],
+              "final_decoded_at_s": round(final_decode.audio_start, 2), "stopped_s": round(ls_stopped.audio_s, 2)}
+    print("whisper live:", report)
+    assert first.audio_start <= ls_partials[0].audio_s + interval + longest + 0.1, report
+    assert final_decode.audio_start <= ls_stopped.audio_s + longest + 0.2, report
+    # Decodes run on their own thread, outside the GIL: the loop is never held up by one. A decode
+    # "stalled" the loop if the ticker woke late by half of that decode or more; CPU contention can
+    # do that to one decode now and then, a decoder that blocks the loop does it to every one.
+    def stall(d: Decode) -> float:
+        return max((end - start - 0.01 for start, end in ticks if end > d.t_start and start < d.t_end), default=0.0)
+
+    stalled = [d for d in decodes if stall(d) >= max(0.05, 0.5 * d.seconds)]
+    assert len(stalled) <= len(decodes) // 4, ([(d.kind, round(d.seconds, 3), round(stall(d), 3)) for d in stalled], report)
 
 
 SENTENCES = [
