@@ -65,13 +65,24 @@ def b64(pcm: np.ndarray) -> str:
     return base64.b64encode((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()).decode()
 
 
-def jitter_p99_ms(arrivals: list[float], t_from: float, t_to: float) -> tuple[float, int]:
-    """p99 of each frame's delay against the best 80 ms grid through the window's frames (and the count)."""
-    idx = [k for k, t in enumerate(arrivals) if t_from <= t < t_to]
-    if len(idx) < 10:
-        return float("nan"), len(idx)
-    offsets = np.array([arrivals[k] - k * FRAME_S for k in idx])
-    return float(np.percentile(offsets - offsets.min(), 99) * 1000), len(idx)
+def lateness_ms(arrivals: list[float], window: int = 25) -> np.ndarray:
+    """Each frame's lateness in the steady state: how much later than the 80 ms grid through the
+    best-placed frame of the previous ``window`` (2 s) it arrived. A slow drift between the client's
+    and the server's clocks, or a frame that never came, does not add up over the run."""
+    offsets = np.array(arrivals) - FRAME_S * np.arange(len(arrivals))
+    best = np.array([offsets[max(0, k - window) : k + 1].min() for k in range(len(offsets))])
+    return (offsets - best) * 1000
+
+
+def jitter_p95_ms(arrivals: list[float], late: np.ndarray, windows: list[tuple[float, float]]) -> tuple[float, int]:
+    """p95 of the frames' lateness in the time windows (and how many frames they hold)."""
+    t = np.array(arrivals)
+    inside = np.zeros(len(t), bool)
+    for t_from, t_to in windows:
+        inside |= (t >= t_from) & (t < t_to)
+    if inside.sum() < 10:
+        return float("nan"), int(inside.sum())
+    return float(np.percentile(late[inside], 95)), int(inside.sum())
 
 
 async def raw_ws(url: str, *, never_read: bool = False) -> Any:
@@ -338,15 +349,19 @@ def test_abuse_matrix_on_both_websockets_keeps_other_sessions_on_cadence(server:
     # functional bound (a shared 2-core machine); the cadence comparison below is the real check
     assert rt_stats.rtf >= 0.8 and chat_stats.rtf >= 0.8, (rt_stats.rtf, chat_stats.rtf)
     t_good, t_a, t_b = timeline["good_start"] + 1.0, timeline["abuse_start"], timeline["abuse_end"]
+    # The baseline is the same run's frames before the abuse, from 2 s after the good clients started
+    # (the steady state: the first lateness window is full).
     report = {}
     for name, stats in (("realtime", rt_stats), ("chat", chat_stats)):
-        base, n_base = jitter_p99_ms(stats.frame_arrivals, t_good, t_a)
-        during, n_during = jitter_p99_ms(stats.frame_arrivals, t_a, t_b)
+        late = lateness_ms(stats.frame_arrivals)
+        base, n_base = jitter_p95_ms(stats.frame_arrivals, late, [(t_good + 1.0, t_a)])
+        during, n_during = jitter_p95_ms(stats.frame_arrivals, late, [(t_a, t_b)])
         report[name] = (round(base), round(during), n_base, n_during)
         expected = (t_b - t_a) / FRAME_S
         assert n_during >= 0.85 * expected, (name, n_during, expected)
-        assert during <= max(2.5 * base, base + 100.0), report
-    print("cadence p99 jitter ms (baseline, abuse, frames):", report, "rss MB:", timeline["rss_before"], rss_after)
+        # a frame's worth (80 ms) more than the baseline would be audible; a loaded machine adds some
+        assert during <= max(2 * base, base + 60.0), report
+    print("cadence p95 lateness ms (baseline, abuse, frames):", report, "rss MB:", timeline["rss_before"], rss_after)
 
     # ---- bounded memory, and the server keeps serving
     assert rss_after - timeline["rss_before"] < 150, (timeline["rss_before"], rss_after)
