@@ -50,6 +50,7 @@ const counters = {
   silentFramesSent: 0, // ... carrying exact zeros (push to talk released)
   nonZeroSamplesWhileReleased: 0, // non-zero samples actually sent while released: must stay 0
   outputFrames: 0,
+  outputSamples: 0, // handed to the playback worklet (its jitter buffer's `received` catches up)
   responseFrames: 0,
 };
 // Gaps over 150 ms (a frame late by more than the starting cushion) between output
@@ -646,6 +647,7 @@ function onAudio(event) {
   lastOutputAt = event.receivedAt;
   if (rtt !== null) latency.roundTripMs = clock.roundTrip();
   counters.outputFrames += 1;
+  counters.outputSamples += pcm.length;
   let mark = null;
   if (event.type === "response.output_audio.delta") {
     counters.responseFrames += 1;

@@ -53,6 +53,8 @@ export class JitterBuffer {
     this.lateUnderruns = 0; // those after the first `warmupS` of each playback
     this.playedTotal = 0;
     this.skipped = 0; // droppable samples skipped to bring the latency back
+    this.received = 0; // every sample pushed: played + queued + skipped + flushed, exactly
+    this.flushed = 0; // samples dropped by flush() while still queued
     this.recent = []; // when the last underruns happened (s of playback since the flush)
     this.flushes = -1; // flush() below is not one
     this.flush();
@@ -61,6 +63,7 @@ export class JitterBuffer {
   /** Drop everything queued (session reset, reconnect); the learnt cushion is kept. */
   flush() {
     this.flushes += 1;
+    this.flushed += this.depth ?? 0;
     this.chunks = []; // {data: Float32Array, offset, mark}
     this.depth = 0; // samples queued
     this.state = "idle"; // idle (nothing since flush) | buffering | playing
@@ -83,6 +86,7 @@ export class JitterBuffer {
   /** Queue a chunk; a `droppable` one is skipped while the buffer is too deep. */
   push(data, mark = null, droppable = false) {
     if (!data.length) return;
+    this.received += data.length;
     if (droppable && mark === null && this.state === "playing" && this.depth > this.cushion + this.excess) {
       this.skipped += data.length;
       return;
@@ -184,6 +188,11 @@ export class JitterBuffer {
       skippedMs: ms(this.skipped),
       recentUnderruns: this.recent.slice(),
       flushes: this.flushes,
+      // the accounting, in samples: received === played + queued + skippedSamples + flushed
+      received: this.received,
+      queued: this.depth,
+      skippedSamples: this.skipped,
+      flushed: this.flushed,
     };
   }
 }
