@@ -586,3 +586,10 @@ def test_consecutive_user_entries_merge_and_client_developer_items_stay_in_place
     assert messages[1:] == [
         {"role": "user", "content": "Hello there [note from the application] The user is on a train."}
     ]
+
+
+def test_log_keeps_at_most_max_entries() -> None:
+    log = ConversationLog(max_entries=5)
+    for i in range(12):
+        log.add(UserSpeech(f"q{i}"))
+    assert [e.text for e in log.entries] == ["q7", "q8", "q9", "q10", "q11"]  # type: ignore[union-attr]

@@ -90,11 +90,16 @@ class CallOutput:
 Entry = UserSpeech | ClientMessage | Note | BackendTurn | CallOutput
 
 
+#: Entries kept per session (the prompt is bounded by characters anyway; this bounds memory).
+MAX_ENTRIES = 2000
+
+
 @dataclass
 class ConversationLog:
-    """Everything the back-end has seen or said in this session, in order."""
+    """Everything the back-end has seen or said in this session, in order (the oldest go past ``max_entries``)."""
 
     entries: list[Entry] = field(default_factory=list)
+    max_entries: int = MAX_ENTRIES
 
     def add(self, entry: Entry) -> None:
         if isinstance(entry, (UserSpeech, ClientMessage, Note)) and not entry.text.strip():
@@ -102,6 +107,8 @@ class ConversationLog:
         if isinstance(entry, BackendTurn) and not entry.text.strip() and not entry.calls:
             return
         self.entries.append(entry)
+        if len(self.entries) > self.max_entries:
+            del self.entries[: len(self.entries) - self.max_entries]
 
     def add_initial_input(self, items: Sequence[Mapping[str, Any]]) -> None:
         """The session's ``input``: developer, user and assistant messages with one text part each."""
