@@ -228,23 +228,31 @@ def test_kame_mic_gives_up_after_its_retries(fleet: tuple[HAProxy, list[ServerPr
     assert out.count("reconnecting in") == 2 and "gave up after 2 retries" in err, (out, err)
 
 
-def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
-    """Four callers through HAProxy; SIGTERM to the replica holding two of them. Its sessions are told,
-    run on for the grace, get 1001 and reconnect to the others; no new session lands on it while it
-    drains; nobody gives up; the callers on the other replicas keep real-time cadence. (Last in the
-    module: the drained replica is gone afterwards.)"""
+def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, list[ServerProcess]], tmp_path: Path) -> None:
+    """Three callers and a ``kame mic`` through HAProxy; SIGTERM to the replica holding two of them
+    (the mic's). Its sessions are told, run on for the grace, get 1001 and reconnect to the others;
+    no new session lands on it while it drains; nobody gives up; the callers on the other replicas
+    keep real-time cadence. (Last in the module: the drained replica is gone afterwards.)"""
+    from kame.audio import write_wav
+
     lb, replicas = fleet
     wait_all_idle(replicas, lb)
     names = [f"kame{i + 1}" for i in range(REPLICAS)]
+    tone = tmp_path / "tone.wav"
+    write_wav(tone, (0.05 * np.sin(2 * np.pi * 220 * np.arange(10 * 24000) / 24000)).astype(np.float32))
 
     async def main() -> dict[str, object]:
         t_end = time.monotonic() + 11.0
-        callers = [StreamingClient(i, lb.ws_url) for i in range(4)]
+        callers = [StreamingClient(i, lb.ws_url) for i in range(3)]
         tasks = []
-        for c in callers:  # one at a time: leastconn puts 1, 1, 1, then a second on one replica
+        for c in callers:  # one at a time: leastconn puts one on each replica ...
             tasks.append(asyncio.create_task(c.run(t_end)))
             while not c.sessions or c.sessions[-1].ws.stats.handshake_t is None:
                 await asyncio.sleep(0.05)
+        the_mic = mic(lb.http_url, tone)  # ... and the mic's session makes one replica hold two
+        while sum(await asyncio.to_thread(active, replicas)) < 4:
+            assert the_mic.poll() is None, the_mic.communicate()
+            await asyncio.sleep(0.1)
         await asyncio.sleep(2.0)
         counts = await asyncio.to_thread(active, replicas)
         victim = counts.index(SLOTS)
@@ -260,12 +268,13 @@ def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, l
         stot_during = lb.stats()[names[victim]].total
         await close_all(newcomers)
         await asyncio.gather(*tasks)
+        mic_out, mic_err = await asyncio.to_thread(the_mic.communicate, timeout=60)
         code = await asyncio.to_thread(replicas[victim].proc.wait, 10)
         await asyncio.sleep(0.3)
         attribute_replicas(lb, callers)
         return {"callers": callers, "victim": victim, "counts": counts, "t_term": t_term, "down_after": down_after,
                 "started_before": before, "started_during": during, "stot": stot, "stot_during": stot_during,
-                "newcomers": newcomers, "exit": code}
+                "newcomers": newcomers, "exit": code, "mic": (the_mic.returncode, mic_out, mic_err)}
 
     r = asyncio.run(main())
     callers: list[StreamingClient] = r["callers"]  # type: ignore[assignment]
@@ -276,8 +285,13 @@ def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, l
     assert r["started_during"] == r["started_before"]  # no new session on the draining replica
     assert r["stot_during"] == r["stot"]  # HAProxy sent it no connection once it was DOWN
     assert all(c.gave_up is None for c in callers), [c.gave_up for c in callers]
+    rc, out, err = r["mic"]  # type: ignore[misc]
+    print("\nkame mic through the drain:\n" + out)
+    assert rc == 0, err[-2000:]
+    assert "1001 server shutting down" in out and "reconnecting in" in out and "a new conversation starts" in out, out
+    assert "connected (moshi): a new conversation" in out and "reconnected 1 time(s)" in out, out
     displaced = [c for c in callers if c.sessions[0].replica == victim]
-    assert len(displaced) == SLOTS, [[s.replica for s in c.sessions] for c in callers]
+    assert len(displaced) == SLOTS - 1, [[s.replica for s in c.sessions] for c in callers]  # + the mic
     for c in displaced:
         first, second = c.sessions[0], c.sessions[1]
         assert (first.close_code, first.close_reason) == (1001, "server shutting down")
