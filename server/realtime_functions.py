@@ -17,8 +17,8 @@
 * The client answers with ``conversation.item.create`` holding a
   ``function_call_output`` (``call_id``, ``output``) and may send
   ``response.create``: :func:`decode_function_output`,
-  :class:`ClientFunctions` (the tool loop's executor for these functions:
-  it sends the call, waits for the output, rejects an unknown ``call_id``).
+  :func:`output_accepted`. Waiting for the output is the session's
+  :class:`~kame.backend.client_functions.ClientFunctions` (wire-independent).
 
 Errors are :class:`FunctionProtocolError` (code, message, param); the wire
 turns them into ``error`` events.
@@ -26,13 +26,12 @@ turns them into ``error`` events.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kame.backend.tools import ToolCall, ToolDefinitionError, ToolResult, ToolSpec
+from kame.backend.tools import ToolDefinitionError, ToolSpec
 
 Event = dict[str, Any]
 
@@ -274,66 +273,3 @@ def output_accepted(item_id: str, previous_item_id: str | None, call_id: str, ou
         {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": item},
         {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(item)},
     ]
-
-
-@dataclass
-class _Pending:
-    call: ToolCall
-    future: asyncio.Future[str]
-
-
-class ClientFunctions:
-    """The tool loop's executor for functions the client runs.
-
-    ``send`` puts events on the session's send queue (it must not block);
-    ``new_id(kind)`` gives session-unique ids (``resp``, ``item``, ``call``).
-    Each call gets a call id of kame's own, so ids the LLM reuses across
-    requests never collide on the wire. The tool loop bounds the wait
-    (``call_timeout_s``); a call that was given up is forgotten, and a late
-    output for it is an ``unknown_call_id`` error.
-    """
-
-    def __init__(self, send: Callable[[list[Event]], None], new_id: Callable[[str], str]) -> None:
-        self._send = send
-        self._new_id = new_id
-        self._pending: dict[str, _Pending] = {}
-        self.last_item_id: str | None = None
-
-    @property
-    def pending_call_ids(self) -> list[str]:
-        return list(self._pending)
-
-    async def execute(self, call: ToolCall, spec: ToolSpec) -> ToolResult:
-        call_id = self._new_id("call")
-        response_id, item_id = self._new_id("resp"), self._new_id("item")
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = _Pending(call, future)
-        try:
-            self._send(function_call_response(response_id, item_id, call_id, call.name, call.arguments,
-                                              self.last_item_id))
-            self.last_item_id = item_id
-            output = await future
-        finally:
-            self._pending.pop(call_id, None)
-        return ToolResult(call.id, call.name, "ok", output)
-
-    def deliver(self, out: FunctionOutput) -> list[Event]:
-        """The client's output for a call: wakes the waiting loop; the events to confirm it."""
-        pending = self._pending.get(out.call_id)
-        if pending is None or pending.future.done():
-            raise FunctionProtocolError(
-                "unknown_call_id",
-                f"no function call is waiting for call_id {out.call_id[:64]!r} (unknown, answered, or timed out)",
-                "item.call_id",
-            )
-        pending.future.set_result(out.output)
-        item_id = out.item_id or self._new_id("item")
-        events = output_accepted(item_id, out.previous_item_id or self.last_item_id, out.call_id, out.output)
-        self.last_item_id = item_id
-        return events
-
-    def cancel_all(self) -> None:
-        for pending in self._pending.values():
-            if not pending.future.done():
-                pending.future.cancel()
-        self._pending.clear()

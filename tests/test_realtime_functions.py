@@ -10,11 +10,11 @@ from pydantic import TypeAdapter
 
 from kame.backend.tools import ToolCall, ToolSpec
 from kame.server.realtime_functions import (
-    ClientFunctions,
     FunctionOutput,
     FunctionProtocolError,
     decode_function_output,
     function_call_response,
+    output_accepted,
     parse_tool_choice,
     parse_tools,
     session_tool_choice,
@@ -124,35 +124,37 @@ def test_function_outputs_decode_and_refuse_what_they_must() -> None:
 
 
 def test_client_functions_send_the_call_and_wait_for_its_output() -> None:
+    from kame.backend.client_functions import ClientCall, ClientFunctions, UnknownCallId
+
     async def main() -> None:
-        sent: list[dict[str, Any]] = []
+        asked: list[ClientCall] = []
         n = iter(range(1, 100))
-        fns = ClientFunctions(lambda evs: sent.extend(evs), lambda kind: f"{kind}_{next(n)}")
+        fns = ClientFunctions(asked.append, lambda: f"call_k{next(n)}")
         task = asyncio.create_task(fns.execute(ToolCall("llm-call-7", "get_weather", '{"city": "Paris"}'),
                                                ToolSpec("get_weather", read_only=True)))
         await asyncio.sleep(0.01)
-        added = next(e for e in sent if e["type"] == "response.output_item.added")
-        call_id = added["item"]["call_id"]
-        assert call_id != "llm-call-7" and fns.pending_call_ids == [call_id]
-        with pytest.raises(FunctionProtocolError) as err:
-            fns.deliver(FunctionOutput("call_unknown", "x"))
-        assert err.value.code == "unknown_call_id"
-        confirm = fns.deliver(FunctionOutput(call_id, "sunny"))
-        assert [e["type"] for e in confirm] == ["conversation.item.added", "conversation.item.done"]
-        for e in confirm:
+        (call,) = asked
+        assert (call.call_id, call.name, call.read_only) == ("call_k1", "get_weather", True)
+        assert fns.pending_call_ids == ["call_k1"]
+        # the wire shows it as its own response
+        for e in function_call_response("resp_1", "item_1", call.call_id, call.name, call.arguments):
             sdk_event(e)
+        with pytest.raises(UnknownCallId):
+            fns.deliver("call_unknown", "x")
+        fns.deliver("call_k1", "sunny")
         result = await task
         assert (result.call_id, result.outcome, result.output) == ("llm-call-7", "ok", "sunny")
-        with pytest.raises(FunctionProtocolError):  # answered already
-            fns.deliver(FunctionOutput(call_id, "again"))
+        with pytest.raises(UnknownCallId):  # answered already
+            fns.deliver("call_k1", "again")
         # A call given up by the loop (timeout) is forgotten: a late output is unknown.
         slow = asyncio.create_task(fns.execute(ToolCall("x", "get_weather", "{}"), ToolSpec("get_weather")))
         await asyncio.sleep(0.01)
-        late_id = fns.pending_call_ids[0]
         slow.cancel()
         await asyncio.gather(slow, return_exceptions=True)
-        with pytest.raises(FunctionProtocolError):
-            fns.deliver(FunctionOutput(late_id, "late"))
+        with pytest.raises(UnknownCallId):
+            fns.deliver("call_k2", "late")
+        for e in output_accepted("item_9", "item_1", "call_k1", "sunny"):
+            sdk_event(e)
 
     asyncio.run(main())
 
