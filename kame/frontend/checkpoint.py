@@ -95,6 +95,32 @@ def _local_file(directory: Path, name: str, what: str) -> Path:
     return path
 
 
+def parse_hf_name(name: str) -> tuple[str, str] | None:
+    """``hf://owner/repo/path/in/repo`` (moshi's ``hf_get`` names) -> (``owner/repo``, path); else None."""
+    if not name.startswith("hf://"):
+        return None
+    parts = name.removeprefix("hf://").split("/")
+    if len(parts) < 3 or not all(parts):
+        raise CheckpointError(f"file name {name}: expected hf://OWNER/REPO/FILE")
+    return "/".join(parts[:2]), "/".join(parts[2:])
+
+
+def _local_or_hf(directory: Path, name: str, what: str) -> Path:
+    """A file named in a local copy's config.json: a path inside the directory, or an ``hf://``
+    name -- found in the copy (``FILE``, ``OWNER/REPO/FILE`` or its base name), else in the
+    Hugging Face cache or the Hub, at that repo's default revision."""
+    hf = parse_hf_name(name)
+    if hf is None:
+        return _local_file(directory, name, what)
+    repo, inner = hf
+    for candidate in (directory / inner, directory / repo / inner, directory / Path(inner).name):
+        if candidate.is_file():
+            return candidate
+    got = _hub_file(repo, inner, None)
+    assert got is not None
+    return got
+
+
 def resolve_local(directory: Path) -> CheckpointFiles:
     """Read a checkpoint directory; every missing file is one sentence naming it."""
     config_path = directory / "config.json"
@@ -103,10 +129,10 @@ def resolve_local(directory: Path) -> CheckpointFiles:
     mimi_cfg = names["mimi_config_name"]
     return CheckpointFiles(
         source=str(directory),
-        lm_weights=_local_file(directory, str(names["moshi_name"]), "LM weights"),
-        mimi_weights=_local_file(directory, str(names["mimi_name"]), "Mimi weights"),
-        tokenizer=_local_file(directory, str(names["tokenizer_name"]), "SentencePiece tokenizer"),
-        mimi_config_path=_local_file(directory, mimi_cfg, "Mimi config") if mimi_cfg else None,
+        lm_weights=_local_or_hf(directory, str(names["moshi_name"]), "LM weights"),
+        mimi_weights=_local_or_hf(directory, str(names["mimi_name"]), "Mimi weights"),
+        tokenizer=_local_or_hf(directory, str(names["tokenizer_name"]), "SentencePiece tokenizer"),
+        mimi_config_path=_local_or_hf(directory, mimi_cfg, "Mimi config") if mimi_cfg else None,
         raw_config=raw,
         lm_kwargs=lm_kwargs,
         lm_gen_config=dict(extra.get("lm_gen_config") or {}),
@@ -143,6 +169,38 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
+def access_denied_message(repo: str, status: int | None, gated: bool) -> str:
+    """The one sentence for a repo the Hub refuses (401/403: gated, private, or no such repo)."""
+    why = "is gated" if gated else "is private, gated or does not exist"
+    code = f" (HTTP {status})" if status else ""
+    return (
+        f"model {repo} {why}{code}: accept its terms on https://huggingface.co/{repo} with an account that "
+        f"has access, and set HF_TOKEN to a token of that account (or `huggingface-cli login`)"
+    )
+
+
+def _access_denied(repo: str, exc: BaseException) -> str | None:
+    """The sentence for a 401/403 from the Hub, None for any other error."""
+    from huggingface_hub.utils import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    # huggingface_hub wraps some HTTP errors of its HEAD call (a 403 without an error code) in
+    # LocalEntryNotFoundError: look down the chain of causes.
+    seen: BaseException | None = exc
+    while seen is not None and not (
+        isinstance(seen, HfHubHTTPError) and getattr(getattr(seen, "response", None), "status_code", None)
+    ):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    exc = seen
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, GatedRepoError):
+        return access_denied_message(repo, status, gated=True)
+    if isinstance(exc, RepositoryNotFoundError) or status in (401, 403):
+        return access_denied_message(repo, status, gated=False)
+    return None
+
+
 def _hub_file(repo: str, filename: str, revision: str | None, *, required: bool = True) -> Path | None:
     """One file of a Hub repo: from the local cache, else downloaded (unless offline)."""
     from huggingface_hub import hf_hub_download
@@ -164,13 +222,14 @@ def _hub_file(repo: str, filename: str, revision: str | None, *, required: bool 
         )
     try:
         return Path(hf_hub_download(repo, filename, revision=revision))
-    except EntryNotFoundError:
-        if not required:
-            return None
-        raise CheckpointError(f"checkpoint {repo}: the repo has no file {filename}") from None
     except Exception as exc:  # network errors, unknown repo, gated repo...
-        if not required and exc.__class__.__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
-            return None
+        denied = _access_denied(repo, exc)
+        if denied is not None:
+            raise CheckpointError(denied) from None
+        if exc.__class__.__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+            if not required:
+                return None
+            raise CheckpointError(f"checkpoint {repo}: the repo has no file {filename}") from None
         raise CheckpointError(
             f"model {repo} ({filename}) could not be downloaded ({exc.__class__.__name__}): {_missing_hint(repo)}"
         ) from None
@@ -183,11 +242,12 @@ def resolve_hub(repo: str, revision: str | None = None) -> CheckpointFiles:
 
     def get(name: str | None) -> Path:
         assert name is not None
-        if name.startswith("hf://"):
-            parts = name.removeprefix("hf://").split("/")
-            got = _hub_file("/".join(parts[:2]), "/".join(parts[2:]), revision)
-        else:
+        hf = parse_hf_name(name)
+        if hf is None:
             got = _hub_file(repo, name, revision)
+        else:  # another repo's file (moshi's hf:// names): the pinned revision is this checkpoint's only
+            other, inner = hf
+            got = _hub_file(other, inner, revision if other == repo else None)
         assert got is not None
         return got
 
