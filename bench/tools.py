@@ -35,10 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from llm_server import RecordedRequest, Reply, ToolCallScript, running_llm_server  # noqa: E402
-from speech import RATE, synthesize, word_end_times, words  # noqa: E402
+from speech import RATE, synthesize, word_end_times  # noqa: E402
 
 from kame.backend.registry import BackendRegistry  # noqa: E402
-from kame.backend.speculation import ToolCallEvent  # noqa: E402
 from kame.backend.tool_loop import ToolLoopLimits  # noqa: E402
 from kame.backend.tools import ToolCall, ToolResult, ToolSpec  # noqa: E402
 from kame.config import KameConfig  # noqa: E402

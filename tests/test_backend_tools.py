@@ -11,7 +11,7 @@ import pytest
 from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.config import BackendConfig, ScriptedConfig, ScriptedToolRule
-from kame.backend.errors import BackendToolsNotAllowed
+from kame.backend.errors import BackendServerError, BackendToolsNotAllowed
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
 from kame.backend.tool_loop import CallFinished, CallsRequested, LoopDone, TextDelta, ToolLoop, ToolLoopLimits
@@ -160,7 +160,7 @@ def test_a_fallback_that_may_not_take_tools_is_skipped(llm_server: LlmServer) ->
     fallback = BackendConfig.model_validate({"base_url": llm_server.base_url, "model": "fb", "api_key_env": ""})
     assert not fallback.tools_allowed()  # no preset, no allow_tools: off
     reg = BackendRegistry(ResolvedBackends({"p": primary, "fb": fallback}, "p"), environ={})
-    with pytest.raises(Exception):
+    with pytest.raises(BackendServerError):
         asyncio.run(_drain(reg.stream_turn(None, USER, tools=[WEATHER])))
     assert [r.model for r in llm_server.chat_requests()] == ["primary"]
 

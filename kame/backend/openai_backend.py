@@ -16,7 +16,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, TypeVar
 
@@ -266,7 +266,7 @@ class OpenAIBackend:
         temperature: float | None,
         model_override: str | None,
         report: TurnReport | None,
-    ) -> AsyncIterator[str | ToolCallDelta]:
+    ) -> AsyncGenerator[str | ToolCallDelta, None]:
         loop = asyncio.get_running_loop()
         t = self.cfg.timeouts
         start = loop.time()

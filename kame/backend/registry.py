@@ -291,7 +291,8 @@ class BackendRegistry:
             opts["model"] = model
         if report is not None:
             opts["report"] = report
-        return reply._attach(self._run(reply, resolved, msgs, opts, turn=True))
+        reply._attach(self._run(reply, resolved, msgs, opts, turn=True))
+        return reply
 
     async def _run(
         self,
@@ -385,7 +386,7 @@ class BackendRegistry:
                     chunks += 1
                     yield chunk
             finally:
-                await gen.aclose()  # type: ignore[attr-defined]  # close the HTTP stream now, not at GC
+                await _aclose(gen)  # close the HTTP stream now, not at GC
             outcome = "done"
         except BackendError as exc:
             outcome = "error"
@@ -459,6 +460,13 @@ class BackendRegistry:
                 await e.backend.aclose()
             except Exception:
                 log.exception("back-end %s: error while closing", e.name)
+
+
+async def _aclose(it: AsyncIterator[Any]) -> None:
+    """Close an async generator (the protocol types streams as plain iterators)."""
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        await close()
 
 
 class _TryNext(Exception):

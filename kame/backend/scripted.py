@@ -17,10 +17,9 @@ filled in (``answer_on_error`` when the call failed).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator, Sequence
-
-import json
 from typing import Any
 
 from kame.backend.base import (

@@ -32,9 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kame.backend.tools import (
     ToolCall,
@@ -100,7 +100,7 @@ class LoopDone:
     messages: tuple[Mapping[str, Any], ...] = field(default=())  #: the whole history, tool rounds included
 
 
-LoopEvent = Union[TextDelta, CallsRequested, CallFinished, LoopDone]
+LoopEvent = TextDelta | CallsRequested | CallFinished | LoopDone
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class ToolLoop:
         temperature: float | None = None,
         prior: Sequence[PriorCall] = (),
         limits: ToolLoopLimits | None = None,
-    ) -> AsyncIterator[LoopEvent]:
+    ) -> AsyncGenerator[LoopEvent, None]:
         """Stream the events of one request (see the module doc).
 
         ``tools`` may be empty (then nothing is offered and no call is

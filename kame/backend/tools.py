@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 ToolOutcome = Literal["ok", "error", "refused", "timeout"]
 TOOL_OUTCOMES: tuple[ToolOutcome, ...] = ("ok", "error", "refused", "timeout")
@@ -240,7 +240,7 @@ class ToolMessage:
         return {"role": "tool", "tool_call_id": self.result.call_id, "content": self.result.content_for_llm()}
 
 
-RoundMessage = Union[AssistantToolCalls, ToolMessage]
+RoundMessage = AssistantToolCalls | ToolMessage
 
 
 def round_messages(calls: Sequence[ToolCall], results: Sequence[ToolResult], text: str = "") -> list[dict[str, Any]]:
