@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,7 @@ from haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start
 from moshi_client import FRAME_S, MoshiClient, ServerProcess, percentile  # noqa: E402
 
 from kame.client.reconnect import Backoff  # noqa: E402
+
 
 def window_stats(ws: MoshiClient, t0: float, t1: float) -> tuple[float, list[float]] | None:
     """RTF and per-frame lateness of the frames that arrived in [t0, t1]."""

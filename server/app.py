@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+
 from kame.server.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
 from kame.server.metrics import ServerMetrics
@@ -28,9 +29,9 @@ from kame.server.sessions import SessionManager
 
 if TYPE_CHECKING:
     import torch
-    from kame.server.http_routes import BackendHealthCache
 
     from kame.config import KameConfig
+    from kame.server.http_routes import BackendHealthCache
 
 
 @dataclass
@@ -71,7 +72,6 @@ def create_app(
     from kame.server.http_routes import router as http_router
     from kame.server.realtime import install as install_realtime
     from kame.server.static_routes import router as static_router
-
     from kame.versions import runtime_versions
 
     metrics = ServerMetrics()

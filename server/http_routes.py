@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
+
 from kame.server.auth import http_token, token_ok
 from kame.server.metrics import CONTENT_TYPE
 from kame.server.readiness import flag, readiness

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from types import FrameType
 
 import uvicorn
-from kame.server.app import AppState, create_app
 
 from kame.config import KameConfig
+from kame.server.app import AppState, create_app
 
 log = logging.getLogger("kame.server")
 

@@ -81,9 +81,8 @@ def test_pods_have_a_gpu_and_no_service_links(docs: list[dict[str, Any]]) -> Non
 
 
 def _app_paths() -> set[str]:
-    from kame.server.app import create_app
-
     from kame.config import KameConfig
+    from kame.server.app import create_app
 
     paths: set[str] = set()
     for route in create_app(KameConfig(), device="cpu", environ={}).routes:

@@ -153,9 +153,8 @@ def test_default_config_without_gpu_says_how_to_run_the_cpu_demo(kame_cache_dir:
 
 
 def test_tiny_checkpoint_spec_resolves_in_the_cache(kame_cache_dir: Path) -> None:
-    from kame.server.host import resolve_checkpoint_spec
-
     from kame.errors import UserError
+    from kame.server.host import resolve_checkpoint_spec
 
     path = Path(resolve_checkpoint_spec("tiny:0", kame_cache_dir))
     assert path.is_dir() and (path / "config.json").is_file()
