@@ -57,8 +57,8 @@ class JudgeServer(LlmServer):
         self._garbled_once: set[str] = set()
         self._mu = threading.Lock()
 
-    def _pick_reply(self, body: Any) -> Reply:
-        content = body["messages"][-1]["content"]
+    def _pick_reply(self, rec: Any) -> Reply:  # a RecordedRequest
+        content = rec.body["messages"][-1]["content"]
         if Q151_2 in content:
             return Reply("The assistant rambles; I would give it a low mark.")
         with self._mu:
