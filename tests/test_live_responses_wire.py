@@ -253,3 +253,77 @@ def test_update_changes_the_backend_prompt_and_keeps_the_type(
     assert out.errors[0].code == "unsupported_delegation"
     assert isinstance(DelegationCreated("d", 0, target="responses", response_id="r").body()["delegation"], dict)
     asyncio.run(c.registry.aclose())
+
+
+def test_speculative_requests_stay_inside_kame(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+    from kame.oracle.prompt import PENDING_MARK
+
+    llm_server.push(
+        Reply(text="The weather in Paris is mild today."),
+        Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})]),
+        Reply(text="It is sunny in Paris."),
+    )
+
+    async def main() -> Client:
+        c = Client(llm_server, encode, function_timeout_s=5.0)
+        start(c)
+        c.sends(c.wire.speech_started(1, 0.0))
+        c.sends(c.wire.partial(1, 0.8, "what is the weather", 1.0))
+        await c.until(lambda: bool(c.of_type("kame.oracle.reset")))
+        assert not c.of_type("session.delegation.created")  # a guess is no delegation
+        c.sends(c.wire.final(1, 1.5, "What is the weather in Paris?", 2.0))
+        await c.until(lambda: c.wire.responses is not None and c.wire.responses.delegator._waiting is not None)
+        call = next(e["item"] for e in c.nested("response.output_item.done") if e["item"]["type"] == "function_call")
+        c.message(
+            {
+                "type": "response.item.create",
+                "item": {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"},
+            }
+        )
+        c.message({"type": "response.create"})
+        await c.until(lambda: len(c.answers) == 3)
+        await c.registry.aclose()
+        return c
+
+    c = asyncio.run(main())
+    guess, first, second = llm_server.chat_requests()
+    assert "tools" not in guess.body  # never the client's functions
+    assert guess.body["messages"][-1]["content"].endswith(f"{PENDING_MARK} what is the weather")
+    assert first.tool_names == ["get_weather"]
+    reset = c.of_type("kame.oracle.reset")[0]
+    assert reset["source"] == "speculation" and reset["delegation_id"] is None
+    kinds = [e["type"] for e in c.sent if e["type"].startswith("kame.backend.")]
+    assert kinds[:3] == ["kame.backend.request_started", "kame.backend.first_token", "kame.backend.done"]
+    assert [a.text for a in c.answers] == [
+        "The weather in Paris is mild today.",
+        "Let me check.",
+        "It is sunny in Paris.",
+    ]
+    # the delegation's response stream belongs to the delegation only
+    assert all(
+        e["delegation_id"] == c.of_type("session.delegation.created")[0]["delegation"]["id"]
+        for e in c.of_type("response.event")
+    )
+
+
+def test_the_final_transcript_cancels_the_guess(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+    llm_server.push(Reply(text="A slow guess.", first_token_delay_s=30.0), Reply(text="Here is the answer."))
+
+    async def main() -> Client:
+        c = Client(llm_server, encode)
+        start(c)
+        c.sends(c.wire.speech_started(1, 0.0))
+        c.sends(c.wire.partial(1, 0.8, "tell me a joke", 1.0))
+        await c.until(lambda: len(llm_server.chat_requests()) == 1)
+        c.sends(c.wire.final(1, 1.5, "Tell me a joke please.", 2.0))
+        await c.until(lambda: len(c.answers) == 1)
+        await c.registry.aclose()
+        return c
+
+    c = asyncio.run(main())
+    guess = llm_server.chat_requests()[0]
+    assert guess.wait_ended(5) and guess.disconnected  # the HTTP stream was closed at once
+    cancelled = c.of_type("kame.backend.cancelled")
+    assert len(cancelled) == 1 and "turn ended" in cancelled[0]["reason"]
+    assert [a.text for a in c.answers] == ["Here is the answer."]
+    assert not [e for e in c.sent if e["type"] == "kame.oracle.reset"]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kame.oracle.config import OracleConfig
+from kame.oracle.debounce import Debouncer
 from kame.server.wires.live.commentary import OracleAnswer, commentary_answer
 from kame.server.wires.live.delegation import DelegationBook
 from kame.server.wires.live.events import Info, KameEvent, LiveError, LiveEvent, ResponseEventOut
@@ -48,6 +49,7 @@ from kame.server.wires.live.responses_run import (
     RoundText,
     ServerTools,
 )
+from kame.server.wires.live.responses_speculation import Speculator
 from kame.server.wires.live.responses_stream import Event, new_id
 
 Encode = Callable[[str], Sequence[int]]
@@ -67,6 +69,8 @@ class ResponsesHooks:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     #: Operator-configured MCP tools kame runs itself (:class:`.responses_backend.McpServerTools`).
     server_tools: ServerTools | None = None
+    #: Ask the back-end on the growing transcript too (:mod:`.responses_speculation`), as KAME does.
+    speculate: bool = True
 
 
 class ResponsesMode:
@@ -93,27 +97,50 @@ class ResponsesMode:
             elif role in _SPEAKERS:
                 self.conversation.add(ClientMessage(_SPEAKERS[role], text))
         self._heard: list[str] = []
+        prompt = PromptOptions(
+            max_words=oracle_config.max_answer_words,
+            language=oracle_config.language,
+            max_chars=oracle_config.history_max_chars * 2,
+        )
         self.delegator = ResponsesDelegator(
             settings=settings,
             source=hooks.source,
             send=self._send,
             on_round_text=self._round_text,
             conversation=self.conversation,
-            prompt=PromptOptions(
-                max_words=oracle_config.max_answer_words,
-                language=oracle_config.language,
-                max_chars=oracle_config.history_max_chars * 2,
-            ),
+            prompt=prompt,
             function_timeout_s=hooks.function_timeout_s,
             max_rounds=hooks.max_rounds,
             spawn=hooks.spawn,
             server_tools=hooks.server_tools,
         )
+        self.speculator: Speculator | None = None
+        if hooks.speculate:
+            self.speculator = Speculator(
+                settings=settings,
+                source=hooks.source,
+                conversation=self.conversation,
+                answer=self._speculative_answer,
+                notify=lambda name, fields: hooks.send(KameEvent(name, fields)),
+                debouncer=Debouncer.from_config(oracle_config),
+                prompt=prompt,
+            )
 
     # ------------------------------------------------------------------ the wire's calls
 
+    def partial(self, now: float, utterance: int, stable: str) -> None:
+        """The user's stable words grew: maybe a speculative request (never the client's functions)."""
+        if self.speculator is not None:
+            self.speculator.stable(now, utterance, stable)
+
+    def tick(self, now: float) -> None:
+        if self.speculator is not None:
+            self.speculator.poll(now)
+
     def heard(self, text: str) -> None:
         """A user turn's final transcript (it goes to the back-end with the next delegation)."""
+        if self.speculator is not None:
+            self.speculator.final()
         if text.strip():
             self._heard.append(" ".join(text.split()))
 
@@ -142,7 +169,21 @@ class ResponsesMode:
             raise LiveError(exc.code, exc.message, param=exc.param, client_event_id=event_id) from None
 
     async def aclose(self) -> None:
+        if self.speculator is not None:
+            await self.speculator.aclose()
         await self.delegator.aclose()
+
+    def _speculative_answer(self, text: str) -> None:
+        answer = commentary_answer(text, self.encode, self.oracle_config, None)
+        if answer is None:
+            return
+        self.hooks.answer(answer)
+        self.hooks.send(
+            KameEvent(
+                "kame.oracle.reset",
+                {"delegation_id": None, "source": "speculation", "text": answer.text, "tokens": answer.steps},
+            )
+        )
 
     # ------------------------------------------------------------------ the driver's output
 

@@ -307,6 +307,8 @@ class LiveWire:
         if delta is not None:
             out.append(delta)
             self.book.heard(utterance, len(stable.split()))
+            if self.responses is not None:
+                self.responses.partial(now, utterance, stable)
             self._delegate(self.policy.stable(now, utterance, stable), out)
         return out
 
@@ -357,6 +359,8 @@ class LiveWire:
         if not self.started:
             return out
         self._delegate(self.policy.poll(now), out)
+        if self.responses is not None:
+            self.responses.tick(now)
         if self.usage is not None:
             usage = self.usage.due(now)
             if usage is not None:
