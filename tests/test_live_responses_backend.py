@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
+from openai.types.live import ServerEvent
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
@@ -17,9 +21,6 @@ from kame.server.wires.live.responses_config import DelegationConfigError, parse
 from kame.server.wires.live.responses_conversation import ConversationLog, UserSpeech
 from kame.server.wires.live.responses_run import DelegationDone, ResponsesDelegator
 from kame.server.wires.live.responses_stream import Usage
-from openai.types.live import ServerEvent
-from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
 
 LIVE_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -195,8 +196,8 @@ def test_catalog_from_the_registry(llm_server: LlmServer) -> None:  # noqa: F811
 
 
 def test_usage_is_none_when_the_server_sends_none(llm_server: LlmServer) -> None:  # noqa: F811
-    from kame.server.wires.live.responses_backend import usage_of
     from kame.backend.tools import TurnReport
+    from kame.server.wires.live.responses_backend import usage_of
 
     assert usage_of(TurnReport()) is None
     assert usage_of(TurnReport(prompt_tokens=3, completion_tokens=2, cached_tokens=1)) == Usage(3, 2, 1, 0)

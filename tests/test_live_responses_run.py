@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from openai.types.live import ServerEvent
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
 from kame.backend.errors import BackendTimeout
 from kame.server.wires.live.responses_config import BackendCatalog, ResponsesError, parse_responses_config
 from kame.server.wires.live.responses_conversation import ConversationLog, UserSpeech
@@ -28,9 +32,6 @@ from kame.server.wires.live.responses_run import (
     TextOut,
 )
 from kame.server.wires.live.responses_stream import Usage
-from openai.types.live import ServerEvent
-from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
 
 LIVE_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)

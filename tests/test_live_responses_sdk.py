@@ -24,6 +24,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
+
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
@@ -46,6 +47,7 @@ WEATHER = {
 @pytest.fixture(scope="module")
 def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int]]:
     import sentencepiece as spm
+
     from kame.frontend.tiny import train_tokenizer
 
     path: Path = tmp_path_factory.mktemp("sp") / "tok.model"

@@ -8,6 +8,12 @@ import json
 from typing import Any
 
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
+from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
+from openai.types.live import ResponsesDelegationConfig, ServerEvent
+from openai.types.responses import ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter
+
 from kame.oracle.prompt import PENDING_MARK, SILENCE_MARK
 from kame.server.wires.live.responses_config import (
     BackendCatalog,
@@ -34,11 +40,6 @@ from kame.server.wires.live.responses_stream import (
     incomplete_reason,
     response_event,
 )
-from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
-from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
-from openai.types.live import ResponsesDelegationConfig, ServerEvent
-from openai.types.responses import ResponseStreamEvent
-from pydantic import BaseModel, TypeAdapter
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 LIVE_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)

@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
+from openai.types.live import ServerEvent
+from pydantic import TypeAdapter
+
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
@@ -23,8 +26,6 @@ from kame.server.wires.live.events import DelegationCreated, LiveEncoder, LiveEv
 from kame.server.wires.live.responses_backend import registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
-from openai.types.live import ServerEvent
-from pydantic import TypeAdapter
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
 WEATHER = {
@@ -39,6 +40,7 @@ WEATHER = {
 def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int]]:
     """A real SentencePiece model (the tiny checkpoints' tokenizer recipe)."""
     import sentencepiece as spm
+
     from kame.frontend.tiny import train_tokenizer
 
     path: Path = tmp_path_factory.mktemp("sp") / "tok.model"
