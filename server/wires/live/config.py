@@ -58,6 +58,8 @@ class LiveServerInfo:
     usage_interval_s: float = 5.0
     #: The back-ends a Responses delegation may use (None: Responses delegation is not offered).
     responses: BackendCatalog | None = None
+    #: Unix time the session was admitted: ``expires_at`` is this plus ``max_duration_s``.
+    admitted_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -305,8 +307,7 @@ _START_KNOWN = {"model", "audio", "client", "delegation", "input", "instructions
                 "triggers", "kame"}
 
 
-def parse_start(session: Mapping[str, Any], info: LiveServerInfo, *, now_s: float,
-                event_id: str | None = None) -> Parsed:
+def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str | None = None) -> Parsed:
     """``session.start``'s ``session`` -> the resolved configuration, or :class:`LiveError`."""
     from openai.types.live.session_config import SessionConfig
 
@@ -365,7 +366,7 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, *, now_s: floa
         infos.append(_speculative_ignored(event_id))
     config = LiveConfig(
         model=model.strip()[:128],
-        expires_at=int(now_s + info.max_duration_s),
+        expires_at=int(info.admitted_at + info.max_duration_s),
         audio=fmt,
         instructions=instructions if instructions and instructions.strip() else None,
         history=history,

@@ -21,9 +21,10 @@ transcript fragments it received, and answers with
 :class:`DelegationBook` judges appends. An append naming no delegation is
 general context. One naming the latest delegation is current. One naming
 an older delegation is *late*: like an answer built on tools
-(docs/oracle.md), it is still admitted when every user turn since its own
-was a backchannel (fewer than ``backchannel_words`` words) and *superseded*
-otherwise (a commentary is then not spoken). An id kame never issued is an
+(docs/oracle.md, :func:`~kame.oracle.switch.only_backchannels`), it is
+still admitted when every user turn since its own was a backchannel (fewer
+than ``backchannel_words`` words, ``oracle.tool_backchannel_words`` by
+default) and *superseded* otherwise (a commentary is then not spoken). An id kame never issued is an
 error.
 """
 
@@ -37,6 +38,7 @@ from kame.server.wires.live.config import DelegationMode
 from kame.server.wires.live.events import LiveError
 
 from kame.oracle.debounce import Debouncer
+from kame.oracle.switch import only_backchannels
 
 Standing = Literal["general", "current", "late", "superseded"]
 #: Delegations remembered for appends (older ids are answered as superseded, not unknown).
@@ -112,7 +114,8 @@ class DelegationBook:
         latest = self.latest
         if latest is not None and latest.utterance == d.utterance:
             return False  # superseded within its own turn: a speculative delegation the transcript outgrew
-        return all(words < self.backchannel_words for utt, words in self._turn_words.items() if utt > d.utterance)
+        later = [words for utt, words in self._turn_words.items() if utt > d.utterance]
+        return only_backchannels(later, self.backchannel_words)
 
 
 @dataclass(frozen=True)

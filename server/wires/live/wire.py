@@ -108,6 +108,7 @@ class WireOut:
     answers: list[OracleAnswer] = field(default_factory=list)
     settings: KameLiveSettings | None = None  #: the kame settings after a change
     errors: list[LiveError] = field(default_factory=list)
+    audio: bool = False  #: the message was audio (activity, even when it completed no frame)
     started: bool = False  #: this message started the session
     close: Close | None = None  #: the client asked to close
 
@@ -176,6 +177,7 @@ class LiveWire:
                                 param="type", client_event_id=getattr(command, "event_id", None))
             elif isinstance(command, AppendAudio):
                 assert self.audio_in is not None
+                out.audio = True
                 out.frames = self.audio_in.push(command.audio, muted=self.muted)
             elif isinstance(command, AppendContext):
                 self._append(command, out)
@@ -197,7 +199,7 @@ class LiveWire:
         if self.started:
             raise LiveError("session_already_started", "session.start was already accepted; use session.update",
                             param="type", client_event_id=command.event_id)
-        parsed = parse_start(command.session, self.info, now_s=now, event_id=command.event_id)
+        parsed = parse_start(command.session, self.info, event_id=command.event_id)
         self.config = parsed.config
         self._apply_kame(parsed.config)
         self.audio_in = LiveAudioIn(parsed.config.audio, self.frame_size)
@@ -301,8 +303,14 @@ class LiveWire:
         self._last_utterance = max(self._last_utterance, utterance)
         return []
 
-    def partial(self, utterance: int, audio_s: float, stable: str, now: float) -> list[LiveEvent]:
+    def partial(self, utterance: int, audio_s: float, stable: str, now: float, *, text: str | None = None,
+                latency_s: float | None = None) -> list[LiveEvent]:
+        """A partial hypothesis: its stable words as fragments (then maybe a delegation); with ``text``
+        also ``kame.input_transcript.partial`` (the whole, still unstable, hypothesis)."""
         out: list[LiveEvent] = []
+        if text is not None:
+            out.append(KameEvent("kame.input_transcript.partial", {
+                "text": text, "stable": stable, "latency_s": None if latency_s is None else round(latency_s, 3)}))
         delta = self.user.stable(utterance, stable, audio_s)
         if delta is not None:
             out.append(delta)
@@ -348,10 +356,6 @@ class LiveWire:
             if delta is not None:
                 out.append(delta)
         return out
-
-    def silence_frames(self, n: int) -> list[np.ndarray]:
-        """``n`` frames of silence (input muted and the client sends nothing: the timeline goes on)."""
-        return [np.zeros(self.frame_size, np.float32) for _ in range(max(0, n))]
 
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> list[LiveEvent]:

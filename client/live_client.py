@@ -1,0 +1,250 @@
+"""A small async client for kame's Live API (``/v1/live/sessions``) built on the official openai SDK.
+
+The connection is ``AsyncOpenAI(base_url=".../v1").live.connect()``, exactly
+what a GPT-Live application opens, so every message goes through the SDK's
+own serialisation and parsing. On top of it: audio in any Live format
+(PCM16 at 24 or 16 kHz, G.711 mu-law / A-law at 8 kHz) converted from and
+to 24 kHz float32 here with soxr and audioop (the client's own conversion,
+independent of the server's), paced at real time on an absolute schedule,
+every event kept with its arrival time, and the same stream measures as the
+other protocol clients (real-time factor, time to first audio, lateness of
+each 80 ms of output).
+
+    client = await LiveClient.connect("http://127.0.0.1:8998", token="...")
+    await client.start({"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}})
+    await client.send_pcm(pcm)                  # float32 24 kHz
+    d = await client.wait_for_type("session.delegation.created", 20)
+    await client.conn.session.commentary.append(content="Paris.", delegation_id=d["delegation"]["id"])
+    closed = await client.close_session()       # session.close -> session.closed (with usage)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import soxr
+from kame.client.stats import FRAME, RATE, AudioSessionBase, StreamStats
+
+with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
+
+Event = dict[str, Any]
+AUDIO_EVENT = "session.output_audio.delta"
+
+
+@dataclass
+class LiveStats(StreamStats):
+    """:class:`StreamStats` plus when ``session.started`` came and counts of each event type."""
+
+    started_t: float | None = None
+    event_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def handshake_t(self) -> float | None:
+        """When the session became usable (``session.started``), as the Moshi-protocol client names it."""
+        return self.started_t
+
+
+class _Codec:
+    """24 kHz float32 <-> one Live audio format, with streaming resamplers each way."""
+
+    def __init__(self, fmt: Mapping[str, Any]) -> None:
+        self.type = str(fmt.get("type", "audio/pcm"))
+        self.rate = int(fmt.get("rate") or (24000 if self.type == "audio/pcm" else 8000))
+        self._up = soxr.ResampleStream(self.rate, RATE, 1, dtype="float32") if self.rate != RATE else None
+        self._down = soxr.ResampleStream(RATE, self.rate, 1, dtype="float32") if self.rate != RATE else None
+        self._odd = b""
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        x = np.asarray(pcm, np.float32).reshape(-1)
+        if self._down is not None:
+            x = self._down.resample_chunk(x)
+        linear = (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+        if self.type == "audio/pcmu":
+            return audioop.lin2ulaw(linear, 2)
+        if self.type == "audio/pcma":
+            return audioop.lin2alaw(linear, 2)
+        return linear
+
+    def decode(self, data: bytes) -> np.ndarray:
+        if self.type == "audio/pcmu":
+            data = audioop.ulaw2lin(data, 2)
+        elif self.type == "audio/pcma":
+            data = audioop.alaw2lin(data, 2)
+        else:
+            data = self._odd + data
+            self._odd = data[len(data) - len(data) % 2:]
+            data = data[: len(data) - len(data) % 2]
+        x = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+        if self._up is not None:
+            x = self._up.resample_chunk(x)
+        return x
+
+    def samples_at_24k(self, data: bytes) -> float:
+        per_sample = 2 if self.type == "audio/pcm" else 1
+        return len(data) / per_sample * RATE / self.rate
+
+
+def _as_dict(event: Any) -> Event:
+    if isinstance(event, dict):
+        return event
+    to_dict = getattr(event, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    return dict(getattr(event, "__dict__", {}))
+
+
+class LiveClient(AudioSessionBase):
+    """One ``/v1/live/sessions`` session seen from an application using the official SDK."""
+
+    DEFAULT_CHUNK = 480  # 20 ms appends, like telephony and browsers
+
+    def __init__(self, conn: Any, *, keep_audio: bool = True) -> None:
+        self.conn = conn
+        self.ws = conn
+        self.keep_audio = keep_audio
+        self.stats = LiveStats(connected_t=time.monotonic())
+        self.events: list[tuple[float, Event]] = []  # every event but audio, in order
+        self.pcm_chunks: list[np.ndarray] = []
+        self.session: dict[str, Any] | None = None
+        self.closed = asyncio.Event()
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.codec = _Codec({"type": "audio/pcm", "rate": 24000})
+        self.audio_bytes = 0
+        self._received_24k = 0.0
+        self._changed = asyncio.Event()
+        self._recv_task = asyncio.create_task(self._receive())
+
+    @classmethod
+    async def connect(cls, base_url: str, *, token: str | None = None, keep_audio: bool = True,
+                      timeout: float = 10.0) -> LiveClient:
+        """``base_url``: the server's http(s):// address; the SDK opens ws(s)://.../v1/live/sessions."""
+        from openai import AsyncOpenAI
+
+        api = AsyncOpenAI(api_key=token or "no-key", base_url=base_url.rstrip("/") + "/v1", max_retries=0)
+        conn = await asyncio.wait_for(api.live.connect().enter(), timeout)
+        return cls(conn, keep_audio=keep_audio)
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        ws = self.conn._connection
+        try:
+            async for parsed in self.conn:
+                now = time.monotonic()
+                event = _as_dict(parsed)
+                etype = str(event.get("type"))
+                counts = self.stats.event_counts
+                counts[etype] = counts.get(etype, 0) + 1
+                if etype == AUDIO_EVENT:
+                    self._on_audio(str(event.get("delta", "")), now)
+                    continue
+                if etype in ("session.started", "session.updated", "session.closed"):
+                    self.session = event.get("session")
+                    if etype == "session.started":
+                        self.stats.started_t = now
+                self.events.append((now, event))
+                self._changed.set()
+        except (ConnectionClosed, OSError):
+            pass
+        finally:
+            self.close_code = ws.close_code
+            self.close_reason = ws.close_reason or ""
+            self.closed.set()
+            self._changed.set()
+
+    def _on_audio(self, delta: str, now: float) -> None:
+        data = base64.b64decode(delta)
+        if not data:
+            return
+        self.audio_bytes += len(data)
+        if self.keep_audio:
+            self.pcm_chunks.append(self.codec.decode(data))
+        before = int(self._received_24k)
+        self._received_24k += self.codec.samples_at_24k(data)
+        self.stats.samples_received = int(self._received_24k)
+        for _ in range(int(self._received_24k) // FRAME - before // FRAME):
+            self.stats.frame_arrivals.append(now)
+
+    # ------------------------------------------------------------------ queries
+    def of_type(self, *types: str) -> list[Event]:
+        return [e for _, e in self.events if e.get("type") in types]
+
+    @property
+    def errors(self) -> list[Event]:
+        return self.of_type("error")
+
+    def transcript(self, role: str = "user") -> str:
+        kind = "session.input_transcript.delta" if role == "user" else "session.output_transcript.delta"
+        return "".join(str(e.get("delta", "")) for e in self.of_type(kind))
+
+    def received_pcm(self) -> np.ndarray:
+        """The assistant's audio, back at 24 kHz."""
+        return np.concatenate(self.pcm_chunks) if self.pcm_chunks else np.zeros(0, np.float32)
+
+    async def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 10.0, *, start: int = 0) -> Event | None:
+        deadline = time.monotonic() + timeout
+        i = start
+        while True:
+            while i < len(self.events):
+                event = self.events[i][1]
+                i += 1
+                if predicate(event):
+                    return event
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed.is_set():
+                return None
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    async def wait_for_type(self, etype: str, timeout: float = 10.0, *, start: int = 0) -> Event | None:
+        return await self.wait_for(lambda e: e.get("type") == etype, timeout, start=start)
+
+    # ------------------------------------------------------------------ sending
+    async def start(self, session: Mapping[str, Any], *, timeout: float = 30.0, event_id: str | None = None) -> Event | None:
+        """``session.start``; the ``session.started`` event (None: refused or timed out)."""
+        fmt = (session.get("audio") or {}).get("format") or {"type": "audio/pcm", "rate": 24000}
+        self.codec = _Codec(fmt)
+        start = len(self.events)
+        if event_id is None:
+            await self.conn.session.start(session=dict(session))
+        else:
+            await self.conn.session.start(session=dict(session), event_id=event_id)
+        mine = {"session.started", "error"}
+        got = await self.wait_for(
+            lambda e: e.get("type") in mine and (event_id is None or e.get("client_event_id") == event_id), timeout,
+            start=start)
+        return got if got is not None and got.get("type") == "session.started" else None
+
+    async def _send_piece(self, piece: np.ndarray, chunk: int) -> int | None:
+        data = self.codec.encode(piece)
+        if data:
+            try:
+                await self.conn.session.input_audio.append(audio=base64.b64encode(data).decode("ascii"))
+            except Exception:  # noqa: BLE001 - the connection closed under us
+                return None
+        return int(piece.size)
+
+    async def close_session(self, timeout: float = 10.0) -> Event | None:
+        """``session.close``; the ``session.closed`` event (None when the server sent none)."""
+        with contextlib.suppress(Exception):
+            await self.conn.session.close(event_id="close-1")
+        return await self.wait_for_type("session.closed", timeout)
+
+    async def close(self, code: int = 1000) -> None:
+        with contextlib.suppress(Exception):
+            await self.conn.close(code=code)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._recv_task, 5)
