@@ -70,4 +70,9 @@ CONS="$VENV/kame-constraints.txt"
 extras=""
 [ "$WITH_TEST" = "1" ] && extras="[test]"
 "${PIP[@]}" -c "$CONS" -e ".$extras"
+if [ "$WITH_TEST" = "1" ]; then
+  # Pipecat's Live API event models for tests/test_live_pipecat.py: only its wire module is used, which
+  # needs nothing but pydantic, so its heavy dependencies (numba, onnxruntime, ...) are not installed.
+  "${PIP[@]}" -c "$CONS" --no-deps "pipecat-ai==1.14.0"
+fi
 echo "install.sh: ready: $VENV/bin/kame (torch $TORCH_VERSION)"
