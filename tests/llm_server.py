@@ -83,6 +83,7 @@ class Reply:
     tool_calls: list[ToolCallScript] = field(default_factory=list)  # streamed after the text
     tool_call_delay_s: float = 0.0  # pause between the text and the first call
     interleave_calls: bool = False  # send the calls' argument pieces round-robin (index order varies)
+    calls_whole_without_index: bool = False  # each call in one delta with no "index" (as some servers do)
     #: Token usage sent in a last chunk when the request asks for it (``stream_options.include_usage``),
     #: as OpenAI does; None: counted (prompt: words of all messages; completion: chunks sent).
     usage: dict[str, Any] | None = None
@@ -461,6 +462,10 @@ class LlmServer:
     def _tool_deltas(reply: Reply, request_no: str) -> list[dict[str, Any]]:
         """The ``tool_calls`` delta entries of a reply's calls, in sending order."""
         per_call: list[list[dict[str, Any]]] = []
+        if reply.calls_whole_without_index:
+            return [{"id": call.id or f"call_{request_no}_{i}", "type": "function",
+                     "function": {"name": call.name, "arguments": call.arguments_text()}}
+                    for i, call in enumerate(reply.tool_calls)]
         for index, call in enumerate(reply.tool_calls):
             text = call.arguments_text()
             n = max(1, call.argument_chunks)

@@ -94,6 +94,14 @@ def test_assembler_joins_pieces_of_several_calls_by_index() -> None:
     assert calls[0].key == ("get_weather", '{"city":"Paris"}')
 
 
+def test_assembler_without_indices() -> None:
+    asm = ToolCallAssembler()
+    for delta in [ToolCallDelta(None, "a", "f", '{"x":'), ToolCallDelta(None, None, None, " 1}"),
+                  ToolCallDelta(None, "b", "g", "{}")]:
+        asm.add(delta)
+    assert [(c.id, c.name, c.arguments) for c in asm.calls()] == [("a", "f", '{"x": 1}'), ("b", "g", "{}")]
+
+
 def test_assembler_names_calls_without_id() -> None:
     asm = ToolCallAssembler("call_r0")
     asm.add(ToolCallDelta(0, None, "x", ""))
@@ -139,6 +147,17 @@ def test_openai_backend_streams_tool_call_deltas_and_sends_tools(llm_server: Llm
     assert req.tool_names == ["get_weather", "book_table"]
     assert req.body["tool_choice"] == "auto"
     assert req.body["tools"][0]["function"]["parameters"]["required"] == ["city"]
+
+
+def test_calls_streamed_whole_without_an_index_stay_apart(llm_server: LlmServer) -> None:
+    llm_server.push(Reply(text="", calls_whole_without_index=True, tool_calls=[
+        ToolCallScript("get_weather", {"city": "Paris"}), ToolCallScript("get_weather", {"city": "Rome"})]),
+        Reply(text="Both sunny."))
+    reg = registry_for(llm_server)
+    tools = Recorder({"get_weather": "sunny"})
+    asyncio.run(collect(ToolLoop(reg).run(None, USER, [WEATHER], tools)))
+    assert [c.parsed_arguments()["city"] for c in tools.calls] == ["Paris", "Rome"]
+    assert len(llm_server.chat_requests()[1].tool_messages) == 2
 
 
 def test_requests_with_tools_never_go_to_a_backend_that_may_not(llm_server: LlmServer) -> None:

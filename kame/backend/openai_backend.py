@@ -198,13 +198,13 @@ class OpenAIBackend:
             items: list[str | ToolCallDelta] = []
             if isinstance(content, str) and content:
                 items.append(content)
-            for n, tc in enumerate(raw_calls or ()):
+            for tc in raw_calls or ():
                 function = getattr(tc, "function", None)
                 index = getattr(tc, "index", None)
                 args = getattr(function, "arguments", None) if function is not None else None
                 items.append(
                     ToolCallDelta(
-                        index=index if isinstance(index, int) else n,
+                        index=index if isinstance(index, int) else None,
                         id=getattr(tc, "id", None) or None,
                         name=(getattr(function, "name", None) or None) if function is not None else None,
                         arguments=args if isinstance(args, str) else "",

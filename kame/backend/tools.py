@@ -101,9 +101,14 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """A piece of a streamed call: the first piece of index ``i`` usually has id and name."""
+    """A piece of a streamed call: the first piece of index ``i`` usually has id and name.
 
-    index: int
+    ``index`` None: the server did not say (some OpenAI-compatible servers
+    send each call whole, without an index); a new id then starts a new
+    call, a piece without an id continues the last one.
+    """
+
+    index: int | None
     id: str | None = None
     name: str | None = None
     arguments: str = ""
@@ -189,7 +194,7 @@ class ToolCallAssembler:
         self._prefix = id_prefix
 
     def add(self, delta: ToolCallDelta) -> None:
-        i = delta.index
+        i = delta.index if delta.index is not None else self._implicit_index(delta.id)
         self._args.setdefault(i, [])
         if delta.id:
             self._ids.setdefault(i, delta.id)
@@ -200,6 +205,14 @@ class ToolCallAssembler:
                 self._names[i] = previous + delta.name
         if delta.arguments:
             self._args[i].append(delta.arguments)
+
+    def _implicit_index(self, call_id: str | None) -> int:
+        if call_id:
+            for i, known in self._ids.items():
+                if known == call_id:
+                    return i
+            return max(self._args, default=-1) + 1
+        return max(self._args, default=0)
 
     def __bool__(self) -> bool:
         return bool(self._args)
