@@ -401,3 +401,78 @@ async def test_a_failing_hook_does_not_end_the_delegation() -> None:
     done = await asyncio.wait_for(h.d.start(*h.d.new_ids()), 5)
     assert (done.status, done.text) == ("completed", "Fine.")
     assert h.nested("response.completed")
+
+
+class SlowTools:
+    """Server-side tools for the driver (the ServerTools protocol): one slow lookup and one broken tool."""
+
+    def __init__(self, delay_s: float) -> None:
+        from kame.server.wires.live.responses_config import FunctionSpec
+        from kame.server.wires.live.responses_run import ServerTool
+
+        self.delay_s = delay_s
+        self.tools = [
+            ServerTool("lookup", "kb", "lookup", FunctionSpec("lookup", "Look it up.", {"type": "object"})),
+            ServerTool("broken", "kb", "broken", FunctionSpec("broken", None, {"type": "object"})),
+        ]
+
+    async def offered(self, settings: Any) -> list[Any]:
+        return self.tools
+
+    async def call(self, tool: Any, call_id: str, arguments: str) -> tuple[bool, str]:
+        if tool.name == "broken":
+            raise RuntimeError("boom")
+        await asyncio.sleep(self.delay_s)
+        return True, "found it"
+
+
+@aio
+async def test_an_output_during_kame_run_tool_calls_is_kept_and_calls_are_counted() -> None:
+    mcp_catalog = BackendCatalog(
+        backends=("fast",), default="fast", tools_allowed=frozenset({"fast"}), mcp_servers={"kb": ("lookup", "broken")}
+    )
+    events: list[tuple[str, str, str | None]] = []
+
+    def script(request: RoundRequest) -> list[Any]:
+        if any(m["role"] == "tool" for m in request.messages):
+            return ["Done.", RoundEnd("stop")]
+        return [
+            Piece(0, "a", "get_weather", '{"city": "Rome"}'),
+            Piece(1, "b", "lookup", "{}"),
+            Piece(2, "c", "broken", "{}"),
+            RoundEnd("tool_calls"),
+        ]
+
+    h = Harness(script, function_timeout_s=5.0)
+    h.settings = parse_responses_config(
+        {"model": "fast", "tools": [WEATHER, {"type": "mcp", "server_label": "kb"}]}, mcp_catalog
+    )
+    h.d._server_tools = SlowTools(0.3)
+    h.d._on_tool_call = lambda ev, label: events.append((ev.kind, label, ev.outcome))
+    task = h.d.start(*h.d.new_ids())
+    await h.until(lambda: any(e["item"]["type"] == "function_call" for e in h.nested("response.output_item.done")))
+    call_id = next(
+        e["item"]["call_id"] for e in h.nested("response.output_item.done") if e["item"]["type"] == "function_call"
+    )
+    assert not h.nested("response.completed")  # kame's own calls still run
+    h.d.item_create({"type": "function_call_output", "call_id": call_id, "output": "warm"})  # early: no error
+    await h.until(h.waiting)
+    assert h.d.response_create() == "resumed"  # every output is in
+    done = await asyncio.wait_for(task, 5)
+    assert done.text == "Done."
+    tools = {m["tool_call_id"]: m["content"] for m in h.requests[1].messages if m["role"] == "tool"}
+    assert tools[call_id] == "warm" and "found it" in tools.values()
+    assert any(v.startswith("Error:") for v in tools.values())
+    mcp_items = [e["item"] for e in h.nested("response.output_item.done") if e["item"]["type"] == "mcp_call"]
+    assert [(i["name"], i["status"]) for i in mcp_items] == [("lookup", "completed"), ("broken", "failed")]
+    finished = sorted((label, outcome) for kind, label, outcome in events if kind == "finished")
+    assert finished == [("broken", "error"), ("client_function", "ok"), ("lookup", "ok")]
+
+
+@aio
+async def test_a_timed_out_client_call_is_counted_as_a_timeout() -> None:
+    events: list[tuple[str, str, str | None]] = []
+    h = Harness(weather_script, function_timeout_s=0.1)
+    h.d._on_tool_call = lambda ev, label: events.append((ev.kind, label, ev.outcome))
+    await asyncio.wait_for(h.d.start(*h.d.new_ids()), 5)
+    assert events == [("started", "client_function", None), ("finished", "client_function", "timeout")]

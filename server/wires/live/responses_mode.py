@@ -32,6 +32,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kame.backend.speculation import ToolCallEvent
 from kame.oracle.config import OracleConfig
 from kame.oracle.debounce import Debouncer
 from kame.server.wires.live.commentary import OracleAnswer, commentary_answer
@@ -71,6 +72,9 @@ class ResponsesHooks:
     server_tools: ServerTools | None = None
     #: Ask the back-end on the growing transcript too (:mod:`.responses_speculation`), as KAME does.
     speculate: bool = True
+    #: Tool-call metrics: (event, label) with label ``client_function`` or the MCP tool's name
+    #: (``Metrics.on_tool_call(event, tool=label)``).
+    on_tool_call: Callable[[ToolCallEvent, str], None] | None = None
 
 
 class ResponsesMode:
@@ -113,6 +117,7 @@ class ResponsesMode:
             max_rounds=hooks.max_rounds,
             spawn=hooks.spawn,
             server_tools=hooks.server_tools,
+            on_tool_call=hooks.on_tool_call,
         )
         self.speculator: Speculator | None = None
         if hooks.speculate:

@@ -39,6 +39,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from kame.backend.speculation import ToolCallEvent
+from kame.backend.tools import ToolOutcome
 from kame.server.wires.live.responses_config import FunctionSpec, ResponsesDelegationSettings, ResponsesError
 from kame.server.wires.live.responses_conversation import (
     BackendTurn,
@@ -209,6 +211,7 @@ class ResponsesDelegator:
         clock: Callable[[], float] = time.time,
         spawn: Callable[[Coroutine[Any, Any, DelegationDone]], asyncio.Task[DelegationDone]] | None = None,
         server_tools: ServerTools | None = None,
+        on_tool_call: Callable[[ToolCallEvent, str], None] | None = None,
     ) -> None:
         """``spawn`` runs a delegation's coroutine (the runtime's task factory; default: a loop task)."""
         if max_rounds < 1:
@@ -228,6 +231,9 @@ class ResponsesDelegator:
         self._clock = clock
         self._spawn = spawn
         self._server_tools = server_tools
+        self._on_tool_call = on_tool_call  # (event, metrics label): client_function or the MCP tool's name
+        self._issued: dict[str, float] = {}  # client calls shown in the streaming round -> when (monotonic)
+        self._early: dict[str, str] = {}  # their outputs that came before the round ended
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[DelegationDone]] = set()
         self._waiting: _Waiting | None = None
@@ -318,6 +324,15 @@ class ResponsesDelegator:
                 f"item.output: {len(output)} characters; at most {self.max_output_chars}",
                 param="item.output",
             )
+        if call_id in self._issued and not self.conversation.has_call(call_id):
+            # The client answered before the round ended (kame was still running MCP calls): kept for it.
+            if call_id in self._early:
+                raise ResponsesError(
+                    "duplicate_call_output", f"function call {call_id} already has an output", param="item.call_id"
+                )
+            self._early[call_id] = output
+            self._tool_finished(call_id, "ok")
+            return
         if call_id in self._expired:
             raise ResponsesError(
                 "call_expired",
@@ -336,6 +351,25 @@ class ResponsesDelegator:
         if waiting is not None and call_id in waiting.calls:
             waiting.answered.add(call_id)
             waiting.wake.set()
+            self._tool_finished(call_id, "ok")
+
+    def _tool_started(self, call_id: str, name: str, label: str) -> None:
+        self._issued[call_id] = time.monotonic()
+        self._tool_event(ToolCallEvent("started", name, call_id, False, ""), label)
+
+    def _tool_finished(
+        self, call_id: str, outcome: ToolOutcome, name: str = "", label: str = "client_function"
+    ) -> None:
+        started = self._issued.get(call_id)
+        duration = None if started is None else time.monotonic() - started
+        self._tool_event(ToolCallEvent("finished", name, call_id, False, "", outcome, duration), label)
+
+    def _tool_event(self, event: ToolCallEvent, label: str) -> None:
+        if self._on_tool_call is not None:
+            try:
+                self._on_tool_call(event, label)
+            except Exception:
+                log.exception("responses delegation: the tool observer failed")
 
     # ------------------------------------------------------------------ running
 
@@ -383,10 +417,16 @@ class ResponsesDelegator:
             self.conversation.add(BackendTurn(stream.text, tuple(records)))
             for record, output in internal:
                 self.conversation.add(CallOutput(record.call_id, output))
+            early = {c.call_id: self._early.pop(c.call_id) for c in calls if c.call_id in self._early}
+            for call_id, output in early.items():
+                self.conversation.add(CallOutput(call_id, output))
             if status != "completed" or not records:
+                self._issued.clear()
                 return DelegationDone(delegation_id, status, stream.text, round_no + 1, total)
             if calls:
-                await self._await_client(delegation_id, {c.call_id: c.name for c in calls})
+                await self._await_client(delegation_id, {c.call_id: c.name for c in calls}, set(early))
+            self._issued.clear()
+            self._early.clear()
             after_tools = after_tools or bool(calls) or any(not o.startswith("Refused:") for _, o in internal)
         raise AssertionError("unreachable: the last round offers no tools")  # pragma: no cover
 
@@ -489,6 +529,7 @@ class ResponsesDelegator:
             self._emit(delegation_id, stream.call_arguments(index, "".join(args.get(index, [])) or "{}"))
             if reason is None:
                 self._emit(delegation_id, stream.call_end(index))
+                self._tool_started(stream.call_id_of(index), name, "client_function")
         if reason is not None:
             self._emit(delegation_id, stream.incomplete(reason, end.usage))
             return "incomplete", end.usage
@@ -514,12 +555,28 @@ class ResponsesDelegator:
             items.append(item_id)
 
         async def one(tool: ServerTool, record: CallRecord) -> tuple[bool, str]:
+            started = time.monotonic()
+            self._tool_event(ToolCallEvent("started", tool.tool, record.call_id, False, ""), tool.tool)
             try:
-                return await tools.call(tool, record.call_id, record.arguments)
+                ok, text = await tools.call(tool, record.call_id, record.arguments)
+                outcome: ToolOutcome = "ok" if ok else "error"
+                self._tool_event(
+                    ToolCallEvent(
+                        "finished", tool.tool, record.call_id, False, "", outcome, time.monotonic() - started
+                    ),
+                    tool.tool,
+                )
+                return ok, text
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken tool fails its call, never the delegation
                 log.warning("responses delegation %s: MCP call %s failed: %r", delegation_id, tool.name, exc)
+                self._tool_event(
+                    ToolCallEvent(
+                        "finished", tool.tool, record.call_id, False, "", "error", time.monotonic() - started
+                    ),
+                    tool.tool,
+                )
                 return False, f"the tool failed ({type(exc).__name__})"
 
         results = await asyncio.gather(*(one(tool, record) for tool, record in calls))
@@ -548,9 +605,9 @@ class ResponsesDelegator:
         if piece.arguments:
             args[index].append(piece.arguments)
 
-    async def _await_client(self, delegation_id: str, calls: dict[str, str]) -> None:
+    async def _await_client(self, delegation_id: str, calls: dict[str, str], answered: set[str]) -> None:
         """Wait for every output and ``response.create``; past the timeout, go on without them."""
-        waiting = _Waiting(delegation_id, calls)
+        waiting = _Waiting(delegation_id, calls, set(answered))
         self._waiting = waiting
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.function_timeout_s
@@ -568,6 +625,7 @@ class ResponsesDelegator:
         if missing:
             for call_id in missing:
                 self._expired.add(call_id)
+                self._tool_finished(call_id, "timeout", calls[call_id])
                 self.conversation.add(
                     CallOutput(call_id, f"No result: the function did not answer within {self.function_timeout_s:g} s.")
                 )
