@@ -268,7 +268,7 @@ class LiveWire:
                             f"session.{command.kind}.append: delegation_id must be null with Responses delegation",
                             param="delegation_id", client_event_id=command.event_id)
         if self.responses is not None and command.kind in ("instructions", "thinking"):
-            self.responses.note(command.kind, command.content)  # type: ignore[arg-type]
+            self.responses.note(command.kind, command.content)
         verdict = self.book.judge(command.delegation_id, kind=command.kind, event_id=command.event_id)
         now_ms = self.timeline_ms
         end_ms = now_ms
