@@ -345,3 +345,43 @@ def test_catalog_gives_a_session_its_mcp_tools_and_the_oracle_speaks_their_answe
     assert sink.texts == ["Let me check.", "Here it is, sunny and 21 degrees in Paris."]
     assert ("get_weather", "mcp", "ok") in seen
     assert "tool.call_finished" in events
+
+
+def test_session_tool_state_follows_settings(server_script: Path) -> None:
+    from kame.backend.client_functions import ClientCall, UnknownCallId
+    from kame.backend.tools import ToolSpec
+    from kame.oracle.session_tools import SessionToolState, ToolCatalog
+
+    async def main() -> None:
+        catalog = ToolCatalog(ToolsConfig(mcp_servers={"weather": stdio_cfg(server_script)}),
+                              {"KAME_WEATHER_KEY": SECRET})
+        asked: list[ClientCall] = []
+        ids = iter(range(100))
+        state = SessionToolState(catalog, emit=asked.append, new_call_id=lambda: f"call_{next(ids)}")
+        mine = ToolSpec("my_calendar", "The user's calendar.", read_only=True)
+        state.apply(functions=[mine], tool_choice="auto", mcp_servers=["weather"])
+        await asyncio.wait_for(state.mcp_ready.wait(), 15)
+        names = [s.name for s in state.tools.specs]
+        assert "my_calendar" in names and "get_weather" in names
+        # a call of the client's function goes to the client and waits for its output
+        ex = state.tools.calls.executor(turn_id=1, turn_ended=True)
+        task = asyncio.create_task(ex.execute(call("my_calendar"), mine))
+        await asyncio.sleep(0.05)
+        assert [a.name for a in asked] == ["my_calendar"]
+        with pytest.raises(UnknownCallId):
+            state.deliver("call_99", "x")
+        state.deliver(asked[0].call_id, "free all day")
+        assert (await task).output == "free all day"
+        # the MCP tool goes to the server
+        spec = next(s for s in state.tools.specs if s.name == "get_weather")
+        res = await ex.execute(call("get_weather", '{"city": "Nice"}'), spec)
+        assert res.ok and "Nice" in res.output
+        with pytest.raises(UnknownMcpServer):
+            state.apply(mcp_servers=["nope"])
+        state.apply(functions=[], mcp_servers=[])  # all off
+        await asyncio.wait_for(state.mcp_ready.wait(), 5)
+        assert state.tools.specs == []
+        await state.aclose()
+        await catalog.aclose()
+
+    asyncio.run(main())

@@ -318,7 +318,10 @@ class OracleLoop:
             req.tool_bound = True
         seg = _Segment(after_tools=bool(prior))
         runner = ToolLoop(self.registry, tools.limits, clock=self.clock)
-        events = runner.run(req.backend, messages, offered, executor, prior=prior,
+        choice = tools.tool_choice
+        if choice not in (None, "auto", "none", "required") and not any(t.name == choice for t in offered):
+            choice = None  # the forced tool is not offered to this request (e.g. a side effect on a partial)
+        events = runner.run(req.backend, messages, offered, executor, prior=prior, tool_choice=choice,
                             max_tokens=max(64, 4 * self.config.max_answer_words))
         try:
             async with contextlib.aclosing(events):

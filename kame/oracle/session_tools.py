@@ -14,15 +14,21 @@ the session records; arguments may hold personal data).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kame.backend.client_functions import ClientCall, ClientFunctions
 from kame.backend.config import BackendConfig, ToolsConfig
 from kame.backend.mcp_tools import McpToolbox, UnknownMcpServer
 from kame.backend.speculation import SpeculativeCalls, ToolCallEvent, ToolObserver
 from kame.backend.tool_loop import ToolExecutor, ToolLoopLimits
 from kame.backend.tools import ToolCall, ToolResult, ToolSpec, refused
+
+log = logging.getLogger(__name__)
 
 
 class RoutedTools:
@@ -71,6 +77,8 @@ class SessionTools:
     routes: RoutedTools
     limits: ToolLoopLimits = field(default_factory=ToolLoopLimits)
     include_arguments: bool = False
+    #: auto, none, required or a tool name (a name not offered to a request counts as auto for it)
+    tool_choice: str | None = None
 
     @classmethod
     def create(
@@ -158,9 +166,84 @@ class ToolCatalog:
         tools.routes.set("mcp", [t.spec for t in found], self.mcp.executor(found))
         return [t.spec for t in found]
 
+    async def warm(self, backends: Mapping[str, BackendConfig]) -> None:
+        """Connect the servers sessions will use (server-wide ones and the back-ends'), so the first session waits less."""
+        if self.mcp is None:
+            return
+        names: list[str] = [n for n, c in self.cfg.mcp_servers.items() if c.enabled]
+        for backend in backends.values():
+            names += [n for n in backend.mcp_servers if n not in names]
+        await self.mcp.tools(names)
+
     async def aclose(self) -> None:
         if self.mcp is not None:
             await self.mcp.aclose()
+
+
+class SessionToolState:
+    """One session's tools kept in line with its settings: the client's functions, its MCP servers, tool_choice.
+
+    Owned by the session's pipeline. ``emit`` hands a call of a
+    client-defined function to the wire (as a pipeline event);
+    :meth:`deliver` brings the client's output back. MCP servers are listed
+    in a task of their own (the first listing of a server starts it), so
+    applying settings never waits; requests made before the listing ends
+    simply do not see those tools yet.
+    """
+
+    def __init__(
+        self,
+        catalog: ToolCatalog,
+        *,
+        emit: Callable[[ClientCall], None],
+        new_call_id: Callable[[], str],
+        include_arguments: bool = False,
+    ) -> None:
+        self.catalog = catalog
+        self.tools = catalog.new_session(include_arguments=include_arguments)
+        self.client = ClientFunctions(emit, new_call_id)
+        self._servers: list[str] | None = None
+        self._listing: asyncio.Task[None] | None = None
+        self.mcp_ready = asyncio.Event()
+
+    def apply(
+        self,
+        *,
+        functions: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        mcp_servers: Sequence[str] | None = None,
+        backend: BackendConfig | None = None,
+    ) -> None:
+        """New settings (raises UnknownMcpServer for a server name that is not configured)."""
+        servers = self.catalog.mcp_servers_for(backend, mcp_servers)
+        self.tools.routes.set("client", list(functions), self.client)
+        self.tools.tool_choice = tool_choice
+        if servers != self._servers:
+            self._servers = servers
+            if self._listing is not None and not self._listing.done():
+                self._listing.cancel()
+            self.mcp_ready.clear()
+            self._listing = asyncio.get_running_loop().create_task(self._list(servers), name="kame-mcp-list")
+
+    async def _list(self, servers: list[str]) -> None:
+        try:
+            await self.catalog.enable_mcp(self.tools, servers)
+        except Exception:  # noqa: BLE001 - a server that cannot be listed offers nothing
+            log.exception("listing MCP tools failed")
+        finally:
+            self.mcp_ready.set()
+
+    def deliver(self, call_id: str, output: str) -> None:
+        """The client's output for one of its functions (raises UnknownCallId)."""
+        self.client.deliver(call_id, output)
+
+    async def aclose(self) -> None:
+        if self._listing is not None and not self._listing.done():
+            self._listing.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listing
+        self.client.cancel_all()
+        await self.tools.aclose()
 
 
 class _NoTools:
