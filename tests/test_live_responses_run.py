@@ -153,7 +153,7 @@ async def test_full_exchange_rounds_outputs_and_oracle_text() -> None:
     assert all(e["delegation_id"] == dlg for e in h.sent if e["type"] == "response.event")
     with pytest.raises(ResponsesError) as info:
         h.d.response_create()
-    assert info.value.code == "missing_function_call_output" and call["call_id"] in info.value.message
+    assert info.value.code == "function_call_outputs_required" and call["call_id"] in info.value.message
     h.d.item_create({"type": "function_call_output", "call_id": call["call_id"], "output": '{"sky": "sunny"}'})
     assert h.d.response_create() == "resumed"
     done = await asyncio.wait_for(task, 5)

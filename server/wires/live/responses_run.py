@@ -300,7 +300,7 @@ class ResponsesDelegator:
         if waiting is not None:
             if waiting.missing:
                 raise ResponsesError(
-                    "missing_function_call_output",
+                    "function_call_outputs_required",
                     f"response.create: waiting for function_call_output of {', '.join(waiting.missing)}",
                 )
             waiting.resume = True
