@@ -291,3 +291,29 @@ def test_operator_mcp_server_runs_inside_kame(llm_server: LlmServer, tmp_path: A
     assert set(first.tool_names) == {"get_weather", "forecast", "broken"}
     outputs = [m["content"] for m in second.tool_messages]
     assert outputs[0] == "rain tomorrow in Oslo" and outputs[1].startswith("Error:")
+
+
+def test_a_backend_that_refuses_stream_options_is_asked_without(llm_server: LlmServer) -> None:  # noqa: F811
+    llm_server.push(
+        Reply(status=400, error_message="Unrecognized request argument supplied: stream_options"),
+        Reply(text="", tool_calls=[ToolCallScript("get_weather", {"city": "Nice"})]),
+        Reply(text="Nice is warm."),
+    )
+
+    async def main() -> tuple[DelegationDone, Session]:
+        registry = registry_for(llm_server)
+        s = Session(registry, {"model": "llm", "tools": [WEATHER]})
+        task = s.d.start(*s.d.new_ids())
+        call = (await s.calls(1))[0]
+        s.d.item_create({"type": "function_call_output", "call_id": call["call_id"], "output": "warm"})
+        s.d.response_create()
+        done = await asyncio.wait_for(task, 10)
+        await registry.aclose()
+        return done, s
+
+    done, s = asyncio.run(main())
+    assert done.text == "Nice is warm." and not s.nested("response.failed")
+    reqs = llm_server.chat_requests()
+    assert len(reqs) == 3 and "stream_options" in reqs[0].body
+    assert "stream_options" not in reqs[1].body and "stream_options" not in reqs[2].body  # remembered
+    assert all(e["response"]["usage"] is None for e in s.nested("response.completed"))

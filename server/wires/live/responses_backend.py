@@ -13,9 +13,11 @@ back-end, and the finish reason and token usage come back through a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from kame.backend.errors import BackendRequestError
 from kame.backend.mcp_tools import McpTool, McpToolbox
 from kame.backend.registry import BackendRegistry
 from kame.backend.tools import ToolCall, ToolSpec, TurnReport
@@ -23,6 +25,7 @@ from kame.server.wires.live.responses_config import BackendCatalog, FunctionSpec
 from kame.server.wires.live.responses_run import RoundEnd, RoundRequest, RoundSource, ServerTool
 from kame.server.wires.live.responses_stream import Usage
 
+log = logging.getLogger(__name__)
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -37,24 +40,41 @@ def tool_spec(function: FunctionSpec) -> ToolSpec:
 
 
 def registry_source(registry: BackendRegistry) -> RoundSource:
-    """A round source that streams each round from the registry's tool-capable back-ends."""
+    """A round source that streams each round from the registry's tool-capable back-ends.
+
+    Usage is asked for with ``stream_options.include_usage``; a back-end that
+    rejects the request with it (HTTP 400 before any output) is asked again
+    without, and not asked for usage again (its responses then carry none).
+    """
+    no_usage: set[str] = set()
 
     async def source(request: RoundRequest) -> AsyncIterator[Any]:
         specs = [tool_spec(f) for f in request.functions]
-        report = TurnReport()
-        stream = registry.stream_turn(
-            request.backend,
-            request.messages,
-            tools=specs or None,
-            tool_choice=request.tool_choice if specs else None,
-            max_tokens=request.max_tokens,
-            model=request.model,
-            report=report,
-        )
-        async with stream:
-            async for item in stream:
-                yield item
-        yield RoundEnd(report.finish_reason, usage_of(report))
+        for attempt in range(2):
+            report = TurnReport() if request.backend not in no_usage else None
+            stream = registry.stream_turn(
+                request.backend,
+                request.messages,
+                tools=specs or None,
+                tool_choice=request.tool_choice if specs else None,
+                max_tokens=request.max_tokens,
+                model=request.model,
+                report=report,
+            )
+            produced = False
+            try:
+                async with stream:
+                    async for item in stream:
+                        produced = True
+                        yield item
+            except BackendRequestError:
+                if produced or report is None or attempt > 0:
+                    raise
+                log.info("back-end %s refused stream_options.include_usage: asking without it", request.backend)
+                no_usage.add(request.backend)
+                continue
+            yield RoundEnd(report.finish_reason if report else None, usage_of(report) if report else None)
+            return
 
     return source
 
