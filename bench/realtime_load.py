@@ -40,7 +40,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kame.client.realtime_client import RealtimeClient
 from moshi_client import percentile
 from server_load import (
     _gap_at,
@@ -51,6 +50,8 @@ from server_load import (
     noise_audio,
     speech_audio,
 )
+
+from kame.client.realtime_client import RealtimeClient
 
 
 def realtime_url(url: str) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import soxr
+
 from kame.client.stats import FRAME, RATE, AudioSessionBase, StreamStats
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)

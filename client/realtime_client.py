@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
+
 from kame.client.stats import FRAME, FRAME_S, RATE, AudioSessionBase, StreamStats, percentile  # noqa: F401  (re-exported)
 
 AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, WebSocket
+
 from kame.server import protocol
 from kame.server.admission import admit
 from kame.server.session import ChatSession
@@ -38,7 +39,8 @@ async def chat(ws: WebSocket) -> None:
             cfg.record_dir,
             session_id,
             host.sample_rate,
-            {"backend": params.backend, "oracle_policy": params.oracle_policy, "text_temperature": params.temp_text, "text_topk": params.top_k_text},
+            {"backend": params.backend, "oracle_policy": params.oracle_policy,
+             "text_temperature": params.temp_text, "text_topk": params.top_k_text},
         )
     log.info("session accepted", extra={"peer": peer, "ignored_params": ",".join(params.ignored) or "-"})
     session = ChatSession(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, WebSocket
+
 from kame.server.admission import admit
 from kame.server.realtime_events import EventEncoder, Ids, error_event
 from kame.server.realtime_metrics import ProtocolMetrics

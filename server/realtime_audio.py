@@ -10,6 +10,7 @@ samples into the engine's frames.
 from __future__ import annotations
 
 import numpy as np
+
 from kame.server.codec import FRAME_SIZE, FrameChunker
 
 

@@ -15,6 +15,7 @@ import secrets
 from typing import Any
 
 import numpy as np
+
 from kame.server.auth import redact
 
 Event = dict[str, Any]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from kame.server import realtime_events as ev
 from kame.server.realtime_events import Event, Ids
 

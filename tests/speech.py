@@ -86,7 +86,8 @@ def word_end_times(text: str, voice: str = "en-us", speed: int = 160) -> list[fl
     return [speech_end(synthesize(" ".join(words[: k + 1]), voice, speed)) for k in range(len(words))]
 
 
-_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+         "seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kame.client.realtime_client import RealtimeClient, RealtimeStats
 from moshi_client import FRAME, MoshiClient, ServerProcess
+
+from kame.client.realtime_client import RealtimeClient, RealtimeStats
 
 FRAME_S = 0.08
 BASELINE_S = 6.0
@@ -311,7 +312,8 @@ def test_abuse_matrix_on_both_websockets_keeps_other_sessions_on_cadence(server:
         out = await abuse()
         return await good, out
 
-    ended_before = {r: server.metric("kame_sessions_ended_total", f'reason="{r}"') for r in ("slow_client", "audio_flood", "protocol", "bad_audio", "client_closed", "idle")}
+    reasons = ("slow_client", "audio_flood", "protocol", "bad_audio", "client_closed", "idle")
+    ended_before = {r: server.metric("kame_sessions_ended_total", f'reason="{r}"') for r in reasons}
     (rt_stats, chat_stats, rt, chat), out = asyncio.run(main())
     rss_after = rss_mb(pid)
 

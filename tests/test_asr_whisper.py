@@ -87,14 +87,17 @@ def test_live_stream_partials_come_before_the_speech_ends(
         assert isinstance(stream, ThreadedStream)
         tr = stream.transcriber
         assert isinstance(tr, SegmentingTranscriber)
-        for kind in ("partial_text", "final_text"):  # stamp each decode (on the recogniser's thread)
-            def timed(utt: Utterance, _decode: Callable[[Utterance], str] = getattr(tr, kind), _kind: str = kind) -> str:
+        def timed(kind: str, decode: Callable[[Utterance], str]) -> Callable[[Utterance], str]:
+            def run(utt: Utterance) -> str:
                 audio, t0 = stream.audio_s, time.monotonic()
                 try:
-                    return _decode(utt)
+                    return decode(utt)
                 finally:
-                    decodes.append(Decode(_kind, audio, t0, time.monotonic(), time.time()))
-            monkeypatch.setattr(tr, kind, timed)
+                    decodes.append(Decode(kind, audio, t0, time.monotonic(), time.time()))
+            return run
+
+        for kind in ("partial_text", "final_text"):  # stamp each decode (on the recogniser's thread)
+            monkeypatch.setattr(tr, kind, timed(kind, getattr(tr, kind)))
         ticks: list[tuple[float, float]] = []
 
         async def ticker() -> None:  # how late the loop runs, 10 ms at a time

@@ -119,7 +119,7 @@ def test_each_preset_talks_to_the_local_server_when_base_url_is_overridden(llm_s
     assert asyncio.run(main()) == "Hello there, how can I help you today?"
     req = llm_server.chat_requests()[0]
     assert req.model == (spec.model or "test-model")  # no suggestion: first of GET /models
-    for key, value in spec.extra_body.items():
+    for key in spec.extra_body:
         assert key in req.body
     if preset == "gemini":
         assert req.body["reasoning_effort"] == "none"

@@ -15,6 +15,7 @@ from kame.backend.breaker import CircuitBreaker
 from kame.backend.errors import (
     BackendBusy,
     BackendCircuitOpen,
+    BackendError,
     BackendServerError,
     BackendTimeout,
     BackendUnavailable,
@@ -369,7 +370,7 @@ def test_observer_sees_request_lifecycle_and_bad_observer_is_harmless(llm_server
 
     async def main() -> None:
         assert await reg.stream("a", USER).text() == "a b c"
-        with pytest.raises(Exception):
+        with pytest.raises(BackendError):
             await reg.stream("a", USER).text()
 
     asyncio.run(main())

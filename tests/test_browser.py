@@ -388,7 +388,9 @@ def test_voice_conversation_in_chromium(
 ) -> None:
     console = Console()
     page = open_page(console, "desktop", DESKTOP)
-    dump = lambda: summary(page)
+    def dump() -> Any:
+        return summary(page)
+
     assert kame(page, "k.phase") == "idle"
     assert page.input_value("#backend") == "alpha"
     assert "unreachable" in page.inner_text("#backend option[value=offline]")
@@ -472,7 +474,8 @@ def test_voice_conversation_in_chromium(
     pressed_ms = kame(page, "k.counters.framesSent") * 80
     page.keyboard.down("Space")
     assert page.get_attribute("#talk", "aria-pressed") == "true" and page.inner_text("#mic-state") == "Talking"
-    wait_until(page, "() => !document.getElementById('notice').hidden && /offline/.test(document.getElementById('notice-text').textContent)",
+    wait_until(page, "() => !document.getElementById('notice').hidden"
+               " && /offline/.test(document.getElementById('notice-text').textContent)",
                20, "the back-end-down message", dump)
     page.keyboard.up("Space")
     held = kame(page, "k.counters")

@@ -369,7 +369,8 @@ def test_plan_load_is_pure() -> None:
     assert fused["a.in_proj_weight"] == ("a.in_projs.0.weight", "a.in_projs.1.weight")
     plans = plan_load(Path("f"), {"a.in_proj_weight": (12, 2), "b.weight": (2,)}, expected, fused)
     assert [p.targets for p in plans] == [("a.in_projs.0.weight", "a.in_projs.1.weight"), ("b.weight",)]
-    with pytest.raises(CheckpointError, match=r"^checkpoint file f: key a.in_proj_weight has shape \(10, 2\), the config expects \(12, 2\)$"):
+    with pytest.raises(CheckpointError,
+                       match=r"^checkpoint file f: key a.in_proj_weight has shape \(10, 2\), the config expects \(12, 2\)$"):
         plan_load(Path("f"), {"a.in_proj_weight": (10, 2), "b.weight": (2,)}, expected, fused)
     with pytest.raises(CheckpointError, match=r"^checkpoint file f: unknown keys a.bias$"):
         plan_load(Path("f"), {"a.in_proj_weight": (12, 2), "b.weight": (2,), "a.bias": (1,)}, expected, fused)

@@ -15,6 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import TypeAdapter
+
+from kame.oracle.config import OracleConfig
+from kame.oracle.sanitize import spoken_words
 from kame.server.wires.live import audio as live_audio
 from kame.server.wires.live.audio import LiveAudioFormat, LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.config import LiveServerInfo, parse_start, parse_update
@@ -51,10 +55,6 @@ from kame.server.wires.live.events import (
 from kame.server.wires.live.transcript import AssistantTranscript, UserTranscript
 from kame.server.wires.live.usage import UsageClock, close_reason
 from kame.server.wires.live.wire import LiveWire
-from pydantic import TypeAdapter
-
-from kame.oracle.config import OracleConfig
-from kame.oracle.sanitize import spoken_words
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

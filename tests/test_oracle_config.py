@@ -40,7 +40,9 @@ def test_every_field_is_described_and_extra_is_forbidden() -> None:
 
 def test_sanitizer_options_flow_into_the_tokenizer() -> None:
     cfg = OracleConfig(sanitize=SanitizerConfig(case="lower", keep_question=True), max_fed_words=2)
-    encode = lambda text: [ord(c) for c in text]
+    def encode(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
     tok = WordStreamTokenizer.from_config(encode, cfg)
     ids = tok.feed("Is it? Yes it is.") + tok.flush()
     assert ids == encode(sanitize("Is it?", SanitizeOptions(case="lower", keep_question=True)))

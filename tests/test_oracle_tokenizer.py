@@ -238,7 +238,7 @@ def test_first_yield_is_exactly_the_first_word(sp: spm.SentencePieceProcessor) -
     for chunks in GPT_STYLE:
         tok = WordStreamTokenizer(encode)
         first: list[int] = []
-        for i, chunk in enumerate(chunks):
+        for i, chunk in enumerate(chunks):  # noqa: B007 - i is read after the loop
             first = tok.feed(chunk)
             if first:
                 break

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kame.client.realtime_client import RealtimeClient
 from moshi_client import MoshiClient, ServerProcess
+
+from kame.client.realtime_client import RealtimeClient
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kame.client.realtime_client import RealtimeClient
 from moshi_client import ServerProcess
 from speech import silence, synthesize
+
+from kame.client.realtime_client import RealtimeClient
 
 TOKEN = "rt-secret-6b1d0e"
 GOOD_ORIGIN = "http://good.example"
@@ -242,7 +243,8 @@ def test_session_update_errors_and_reset_keep_the_session(server: ServerProcess)
         sender = asyncio.create_task(c.send_silence(3.0))
         await c.send_event({"type": "session.update", "event_id": "u1", "session": {"kame": {"backend": "gamma"}}})
         await c.send_event({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}})
-        await c.send_event({"type": "session.update", "session": {"input_audio_format": "pcm16", "kame": {"oracle_policy": "freeze_when_speaking"}}})
+        await c.send_event({"type": "session.update",
+                            "session": {"input_audio_format": "pcm16", "kame": {"oracle_policy": "freeze_when_speaking"}}})
         await asyncio.sleep(1.0)
         n = len(c.events)
         await c.send_event({"type": "kame.session.reset"})

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from starlette.websockets import WebSocketDisconnect
+from test_server_session import FakeHost, FakeWebSocket, _output
 
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
@@ -19,8 +20,6 @@ from kame.server.realtime_metrics import ProtocolMetrics
 from kame.server.realtime_session import RealtimeSession
 from kame.server.realtime_settings import RealtimeSettings, ServerInfo
 from kame.server.recording import SessionRecorder
-from test_server_session import FakeHost, FakeWebSocket, _output
-
 from kame.tandem import TandemEvent
 
 

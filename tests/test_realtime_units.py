@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import TypeAdapter
+
 from kame.server import realtime_events as ev
 from kame.server.pacing import InputPacer
 from kame.server.realtime_audio import Pcm16In
@@ -27,7 +29,6 @@ from kame.server.realtime_settings import (
     session_object,
 )
 from kame.server.realtime_turns import AssistantTurns, Conversation, UserTurns
-from pydantic import TypeAdapter
 
 INFO = ServerInfo(session_id="abc", backends=("fast", "slow"), default_backend="fast", asr_kind="whisper")
 
@@ -297,7 +298,8 @@ def test_session_update_applies_kame_settings_and_instructions() -> None:
         ("x", "invalid_value", "session"),
         ({"type": "transcription"}, "invalid_value", "session.type"),
         ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "unsupported_audio_format", "session.audio.input.format"),
-        ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "unsupported_audio_format", "session.audio.output.format"),
+        ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "unsupported_audio_format",
+         "session.audio.output.format"),
         ({"input_audio_format": "g711_ulaw"}, "unsupported_audio_format", "session.input_audio_format"),
         ({"output_modalities": ["text"]}, "invalid_value", "session.output_modalities"),
         ({"tools": [{"type": "function", "name": "f"}]}, "invalid_value", "session.tools"),

@@ -7,13 +7,14 @@ import logging
 
 import numpy as np
 import pytest
+from pydantic import SecretStr
+
 from kame.server import protocol
 from kame.server.auth import origin_ok, redact, token_ok, websocket_credentials
 from kame.server.codec import AudioDecodeError, FrameChunker, OpusIn, OpusOut
 from kame.server.logs import KeyValueFormatter, RedactFilter
 from kame.server.metrics import ServerMetrics
 from kame.server.params import ParamError, parse_session_params
-from pydantic import SecretStr
 
 # --------------------------------------------------------------------------- protocol
 

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kame.frontend.engine import SlotOutput
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics
 from kame.server.params import SessionParams
 from kame.server.recording import SessionRecorder
 from kame.server.session import ChatSession
-
-from kame.frontend.engine import SlotOutput
 from kame.tandem import Tandem
 
 

@@ -34,7 +34,11 @@ _EXPORTS = {
     "AsrStream": "kame.asr.stream",
     "StreamStats": "kame.asr.stream",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AsrConfig", "AsrEvent", "AsrStream", "AsrUnavailableError", "Emission", "EventType", "Recognizer",
+    "StreamStats", "TurnConfig", "WhisperConfig", "create_recognizer", "transcribe_offline",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from kame.asr.config import AsrConfig, TurnConfig, WhisperConfig

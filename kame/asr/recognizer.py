@@ -47,7 +47,7 @@ class Recognizer(ABC):
     def _stream_name(self) -> str:
         return f"asr-{self.kind}-{next(self._ids)}"
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to free by default
         """Free the model; open streams must be closed first."""
 
     def __enter__(self) -> Recognizer:

@@ -54,7 +54,7 @@ class Transcriber(ABC):
     def finish(self) -> list[Emission]:
         """End of input: close the open turn and emit every final still owed."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources (idempotent)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Union, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Role = Literal["system", "user", "assistant"]
 HealthStatus = Literal["ok", "unreachable", "auth_error", "error"]
@@ -30,7 +30,7 @@ class ChatMessage:
 
 
 #: What ``stream`` accepts: ChatMessage objects or ``{"role": ..., "content": ...}`` dicts.
-MessageLike = Union[ChatMessage, Mapping[str, str]]
+MessageLike = ChatMessage | Mapping[str, str]
 
 _ROLES = ("system", "user", "assistant")
 

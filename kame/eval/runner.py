@@ -364,7 +364,7 @@ async def run_set(
                 _finish_question(q, rec, directory, cfg, settings, services, results)))
 
     await asyncio.gather(*[worker() for _ in range(max(1, min(cfg.concurrency, len(todo))))])
-    for task, exc in zip(finishing, await asyncio.gather(*finishing, return_exceptions=True)):
+    for exc in await asyncio.gather(*finishing, return_exceptions=True):
         if isinstance(exc, BaseException):
             log.error("finishing a question failed", exc_info=exc)
             outcome.failures.append(f"finishing a question failed: {type(exc).__name__}: {exc}")

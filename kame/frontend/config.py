@@ -36,7 +36,8 @@ class FrontendConfig(BaseModel):
     batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model.")
     cuda_graphs: bool = Field(
         True,
-        description="Use moshi's CUDA graphs on GPU for every step of the front-end engine (and a Kyutai STT sharing it); false turns them off.",
+        description="Use moshi's CUDA graphs on GPU for every step of the front-end engine "
+        "(and a Kyutai STT sharing it); false turns them off.",
     )
     oracle_idle: Literal["auto", "pad", "zero"] = Field(
         "auto",

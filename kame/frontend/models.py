@@ -11,10 +11,10 @@ import torch
 from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
 from kame.frontend.config import FrontendConfig
 from kame.frontend.loading import (
+    lm_num_codebooks,
     load_lm,
     load_mimi,
     load_tokenizer,
-    lm_num_codebooks,
     resolve_dtype,
 )
 

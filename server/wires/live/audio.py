@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 import soxr
+
 from kame.server.codec import FRAME_SIZE, FrameChunker
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (removed in 3.13: audioop-lts)

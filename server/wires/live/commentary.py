@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kame.server.wires.live.events import LiveError
-
 from kame.oracle.config import OracleConfig
 from kame.oracle.word_tokenizer import WordStreamTokenizer
+from kame.server.wires.live.events import LiveError
 
 Encode = Callable[[str], Sequence[int]]
 #: The contract's limit on one append's content.

@@ -21,8 +21,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kame.server.wires.live.events import AppendKind, LiveError
 from pydantic import BaseModel, ValidationError
+
+from kame.server.wires.live.events import AppendKind, LiveError
 
 #: Client events of the protocol kame refuses, and why.
 REFUSED: dict[str, str] = {

@@ -34,11 +34,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from kame.server.wires.live.config import DelegationMode
-from kame.server.wires.live.events import LiveError
-
 from kame.oracle.debounce import Debouncer
 from kame.oracle.switch import only_backchannels
+from kame.server.wires.live.config import DelegationMode
+from kame.server.wires.live.events import LiveError
 
 Standing = Literal["general", "current", "late", "superseded"]
 #: Delegations remembered for appends (older ids are answered as superseded, not unknown).
