@@ -107,6 +107,8 @@ def _as_dict(event: Any) -> Event:
 class LiveClient(AudioSessionBase):
     """One ``/v1/live/sessions`` session seen from an application using the official SDK."""
 
+    stats: LiveStats
+
     DEFAULT_CHUNK = 480  # 20 ms appends, like telephony and browsers
 
     def __init__(self, conn: Any, *, keep_audio: bool = True) -> None:

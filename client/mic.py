@@ -327,7 +327,11 @@ async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> M
 
     def on_mic(indata: np.ndarray, _frames: int, _t: Any, _status: Any) -> None:
         block = indata[:, 0].copy()
-        loop.call_soon_threadsafe(lambda: mic_q.full() or mic_q.put_nowait(block))
+        def put() -> None:
+            if not mic_q.full():
+                mic_q.put_nowait(block)
+
+        loop.call_soon_threadsafe(put)
 
     try:
         mic = sd.InputStream(samplerate=RATE, channels=1, dtype="float32", blocksize=480, callback=on_mic)

@@ -42,6 +42,8 @@ class ClientStats(StreamStats):
 class MoshiClient(AudioSessionBase):
     """One ``/api/chat`` session seen from the client side."""
 
+    stats: ClientStats
+
     def __init__(self, ws: Any) -> None:
         import sphn
 

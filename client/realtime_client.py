@@ -68,6 +68,7 @@ class RealtimeClient(AudioSessionBase):
     """One ``/v1/realtime`` session seen from the client side."""
 
     DEFAULT_CHUNK = 480  # 20 ms appends, like a browser
+    stats: RealtimeStats
 
     def __init__(self, ws: Any, *, keep_audio: bool = True) -> None:
         self.ws = ws
@@ -128,7 +129,7 @@ class RealtimeClient(AudioSessionBase):
 
     @property
     def subprotocol(self) -> str | None:
-        return self.ws.subprotocol  # type: ignore[no-any-return]
+        return self.ws.subprotocol
 
     # ------------------------------------------------------------------ receiving
     async def _receive(self) -> None:

@@ -13,7 +13,6 @@ endpoint's business (``send_error``).
 from __future__ import annotations
 
 import contextlib
-import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from fastapi import WebSocket
 
 from kame.server import protocol
 from kame.server.auth import origin_ok, token_ok, websocket_credentials
-from kame.server.logs import session_logger
+from kame.server.logs import SessionLogger, session_logger
 from kame.server.params import ParamError, parse_session_params
 from kame.server.sessions import DRAIN_REASON
 
@@ -38,7 +37,7 @@ class Admitted:
     """A websocket that passed every check."""
 
     session_id: str
-    log: logging.LoggerAdapter[Any]
+    log: SessionLogger
     peer: str
     params: Any  # kame.server.params.SessionParams
 

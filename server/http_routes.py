@@ -31,7 +31,8 @@ _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 
 
 def _state(request: Request) -> AppState:
-    return request.app.state.kame  # type: ignore[no-any-return]
+    state: AppState = request.app.state.kame
+    return state
 
 
 def require_token(request: Request) -> None:

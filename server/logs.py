@@ -102,7 +102,7 @@ def configure_logging(level: str = "info", json_format: bool = False, secrets: I
         lg.propagate = True
 
 
-class SessionLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class SessionLogger(logging.LoggerAdapter[logging.Logger]):
     """Adds ``session=<id>`` (and any fields given) to every line."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:

@@ -38,7 +38,8 @@ def install(app: FastAPI) -> None:
 
 
 def protocol_metrics(app: Any) -> ProtocolMetrics:
-    return app.state.kame_protocols  # type: ignore[no-any-return]
+    metrics: ProtocolMetrics = app.state.kame_protocols
+    return metrics
 
 
 def server_info(state: AppState, session_id: str, model: str) -> ServerInfo:
@@ -107,8 +108,8 @@ async def realtime(ws: WebSocket) -> None:
         log=log,
         new_recorder=new_recorder,
     )
-    state.sessions.add(session)  # type: ignore[arg-type]  # duck-typed: id, end(), done
+    state.sessions.add(session)
     try:
         await session.run()
     finally:
-        state.sessions.remove(session)  # type: ignore[arg-type]
+        state.sessions.remove(session)

@@ -74,7 +74,9 @@ def _resolve_in_subprocess(endpoint: str, spec: str, tmp_path: Path, revision: s
                           env=env, timeout=120)
 
 
-@pytest.mark.parametrize(("repo", "status", "what"), [("owner/gated", 401, "is gated"), ("owner/private", 403, "is private, gated or does not exist")])
+@pytest.mark.parametrize(("repo", "status", "what"), [
+    ("owner/gated", 401, "is gated"), ("owner/private", 403, "is private, gated or does not exist"),
+])
 def test_gated_or_private_repo_is_one_sentence_naming_hf_token(
     fake_hub: str, tmp_path: Path, repo: str, status: int, what: str
 ) -> None:
@@ -121,7 +123,8 @@ def test_hf_name_missing_from_a_local_copy_and_offline(tiny_kame_ckpt: Path, tmp
     cfg = json.loads((d / "config.json").read_text())
     cfg["mimi_name"] = "hf://kyutai/moshiko-pytorch-bf16/tokenizer-e351c8d8-checkpoint125.safetensors"
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"^model kyutai/moshiko-pytorch-bf16 \(tokenizer-e351c8d8-checkpoint125.safetensors\) is not in the local cache"):
+    with pytest.raises(CheckpointError, match=r"^model kyutai/moshiko-pytorch-bf16 "
+                       r"\(tokenizer-e351c8d8-checkpoint125.safetensors\) is not in the local cache"):
         resolve_checkpoint(str(d))
     with pytest.raises(CheckpointError, match="expected hf://OWNER/REPO/FILE"):
         parse_hf_name("hf://kyutai/file.safetensors")

@@ -66,7 +66,7 @@ class KyutaiTranscriber(Transcriber):
         self.core = core
         self.stats = TranscriberStats()
         self.turns = _turns(core, cfg)
-        self._buf = np.zeros(0, np.float32)
+        self._buf: np.ndarray = np.zeros(0, np.float32)
         core.attach(0)
         self._pending_silence = core.silence_prefix_frames
 

@@ -18,7 +18,7 @@ import multiprocessing as mp
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -74,11 +74,14 @@ class ProcessStream(AsrStream):
     """Runs ``factory()`` (a picklable callable building a Transcriber) in a child process."""
 
     def __init__(self, factory: Callable[[], Transcriber], name: str, *, max_queued_s: float, max_events: int,
-                 on_event: EventCallback | None = None, start_method: str = "spawn") -> None:
+                 on_event: EventCallback | None = None, start_method: Literal["spawn", "fork", "forkserver"] = "spawn") -> None:
         super().__init__(name, max_queued_s=max_queued_s, max_events=max_events, on_event=on_event)
         ctx = mp.get_context(start_method)
         self._conn, child_conn = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=_child_main, args=(child_conn, factory), name=name, daemon=True)
+        # typeshed's BaseContext has no Process; every context get_context returns does
+        self._proc = ctx.Process(  # type: ignore[attr-defined]
+            target=_child_main, args=(child_conn, factory), name=name, daemon=True
+        )
         self._proc.start()
         child_conn.close()  # so the child's death reads as EOF here
         self.ready = threading.Event()

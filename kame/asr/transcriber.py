@@ -131,12 +131,12 @@ class SegmentingTranscriber(Transcriber):
 
     def work(self) -> list[Emission]:
         if self._ended:
-            utt = self._ended.popleft()
+            ended = self._ended.popleft()
             t0 = time.perf_counter()
-            text = self.final_text(utt)
+            text = self.final_text(ended)
             self.stats.decode_s += time.perf_counter() - t0
             self.stats.final_decodes += 1
-            return [Emission(EventType.FINAL, text, text, utt.index)]
+            return [Emission(EventType.FINAL, text, text, ended.index)]
         utt = self._current
         if utt is None or not self._partial_due():
             return []

@@ -77,7 +77,7 @@ class TurnDetector:
         self._max_frames = max(1, int(cfg.max_utterance_s / FRAME_S))
         self._votes: deque[bool] = deque(maxlen=window)
         self._ring: deque[np.ndarray] = deque(maxlen=window + round(cfg.pre_roll_s / FRAME_S))
-        self._rest = np.zeros(0, np.float32)
+        self._rest: np.ndarray = np.zeros(0, np.float32)
         self.in_turn = False
         self._silence = 0
         self._frames = 0

@@ -10,7 +10,7 @@ underlying HTTP stream at once so the provider stops generating.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -129,7 +129,7 @@ class ToolCapableBackend(Protocol):
         temperature: float | None = None,
         model: str | None = None,
         report: Any = None,
-    ) -> AsyncIterator[Any]: ...
+    ) -> AsyncGenerator[Any, None]: ...
 
 
 @runtime_checkable
@@ -145,7 +145,7 @@ class LlmBackend(Protocol):
         *,
         max_tokens: int | None = None,
         temperature: float | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Stream the reply; raises :class:`kame.backend.errors.BackendError` subclasses."""
         ...
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, TypeVar
 
@@ -220,7 +220,7 @@ class OpenAIBackend:
         *,
         max_tokens: int | None = None,
         temperature: float | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Stream the reply's text; see the module doc for timeouts and cancellation."""
         gen = self._stream_items(normalize_messages(messages), None, None, max_tokens, temperature, None, None)
         try:
@@ -240,7 +240,7 @@ class OpenAIBackend:
         temperature: float | None = None,
         model: str | None = None,
         report: TurnReport | None = None,
-    ) -> AsyncIterator[str | ToolCallDelta]:
+    ) -> AsyncGenerator[str | ToolCallDelta, None]:
         """Stream one LLM turn with function tools: text chunks and tool-call deltas.
 
         ``messages`` may hold earlier tool rounds (assistant ``tool_calls``

@@ -20,9 +20,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kame.backend.base import (
     BackendHealth,
@@ -73,6 +73,9 @@ class _Entry:
     breaker: CircuitBreaker
 
 
+_Stream = TypeVar("_Stream", bound="ReplyStream")
+
+
 class ReplyStream:
     """The text chunks of one answer, plus who gave it.
 
@@ -86,9 +89,9 @@ class ReplyStream:
         self.backend: str | None = None  # the back-end whose answer this is (set with the first chunk)
         self.fell_back = False
         self.ttft_s: float | None = None
-        self._gen: AsyncIterator[str] | None = None
+        self._gen: AsyncGenerator[Any, None] | None = None
 
-    def _attach(self, gen: AsyncIterator[str]) -> ReplyStream:
+    def _attach(self: _Stream, gen: AsyncGenerator[Any, None]) -> _Stream:
         self._gen = gen
         return self
 
@@ -101,7 +104,7 @@ class ReplyStream:
 
     async def aclose(self) -> None:
         if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
+            await self._gen.aclose()
 
     async def __aenter__(self) -> ReplyStream:
         return self
@@ -301,7 +304,7 @@ class BackendRegistry:
         msgs: list[dict[str, Any]],
         opts: dict[str, Any],
         turn: bool = False,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         primary = self._entries[name]
         chain = [primary]
         if primary.cfg.fallback is not None:
@@ -347,7 +350,7 @@ class BackendRegistry:
                 except _TryNext as nxt:
                     last_error = nxt.error
                 finally:
-                    await attempt.aclose()  # type: ignore[attr-defined]
+                    await attempt.aclose()
                     entry.caps.release()
             assert last_error is not None
             raise last_error
@@ -364,13 +367,13 @@ class BackendRegistry:
         opts: dict[str, Any],
         last: bool,
         turn: bool = False,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """One request to one back-end, with its breaker and metrics bookkeeping."""
         started = self._clock()
         chunks = 0
         outcome = "cancelled"
         self._emit(BackendEvent("request", entry.name, requested=requested))
-        gen: AsyncIterator[Any]
+        gen: AsyncGenerator[Any, None]
         backend = entry.backend
         if turn and isinstance(backend, ToolCapableBackend):
             gen = backend.stream_turn(msgs, **opts)
@@ -386,7 +389,7 @@ class BackendRegistry:
                     chunks += 1
                     yield chunk
             finally:
-                await _aclose(gen)  # close the HTTP stream now, not at GC
+                await gen.aclose()  # close the HTTP stream now, not at GC
             outcome = "done"
         except BackendError as exc:
             outcome = "error"
@@ -460,13 +463,6 @@ class BackendRegistry:
                 await e.backend.aclose()
             except Exception:
                 log.exception("back-end %s: error while closing", e.name)
-
-
-async def _aclose(it: AsyncIterator[Any]) -> None:
-    """Close an async generator (the protocol types streams as plain iterators)."""
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        await close()
 
 
 class _TryNext(Exception):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from kame.backend.base import (
@@ -77,7 +77,7 @@ class ScriptedBackend:
         *,
         max_tokens: int | None = None,
         temperature: float | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Yield the reply word by word (``max_tokens`` caps the number of words)."""
         words = split_words(self.reply_for(messages))
         limit = max_tokens if max_tokens is not None else self._default_max_tokens
@@ -101,7 +101,7 @@ class ScriptedBackend:
         temperature: float | None = None,
         model: str | None = None,
         report: TurnReport | None = None,
-    ) -> AsyncIterator[str | ToolCallDelta]:
+    ) -> AsyncGenerator[str | ToolCallDelta, None]:
         """One LLM turn with tools: text words, then (per ``tool_rules``) one call.
 
         ``model`` is ignored (a script has none); ``report`` gets the finish

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_tandem(args, cfg, core, pcm, injections, encode_answer):  # type: ignore[no-untyped-def]
+def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     import torch
 
     from kame.asr.factory import create_recognizer
@@ -120,7 +120,7 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):  # type: ignor
     engine.start()
     settings = {"backend": args.backend} if args.backend else {}
 
-    async def main():  # type: ignore[no-untyped-def]
+    async def main():
         try:
             return await run_tandem_file(engine, factory, pcm, settings=settings, injections=injections,
                                          encode_answer=encode_answer, tail_s=args.tail, fast=args.fast)

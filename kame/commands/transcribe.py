@@ -15,8 +15,14 @@ import json
 import sys
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kame.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kame.asr import AsrEvent, Recognizer
 
 NAME = "transcribe"
 HELP = "Transcribe a WAV file with the streaming recogniser, printing partials and finals as they come."
@@ -36,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="One JSON object per event: t_s, type, text.")
 
 
-def _print_event(ev, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+def _print_event(ev: AsrEvent, as_json: bool) -> None:
     if as_json:
         print(json.dumps(ev.to_json_dict()), flush=True)
     else:
@@ -44,7 +50,7 @@ def _print_event(ev, as_json: bool) -> None:  # type: ignore[no-untyped-def]
         print(f"{ev.audio_s:8.2f}s  {ev.type.value:<14s}{text}", flush=True)
 
 
-def _print_all(events: Iterable, as_json: bool) -> int:  # type: ignore[type-arg]
+def _print_all(events: Iterable[AsrEvent], as_json: bool) -> int:
     from kame.asr import EventType
 
     rc = 0
@@ -55,7 +61,7 @@ def _print_all(events: Iterable, as_json: bool) -> int:  # type: ignore[type-arg
     return rc
 
 
-async def _realtime(recognizer, pcm, as_json: bool) -> int:  # type: ignore[no-untyped-def]
+async def _realtime(recognizer: Recognizer, pcm: np.ndarray, as_json: bool) -> int:
     from kame.asr import EventType
 
     stream = recognizer.open_stream()

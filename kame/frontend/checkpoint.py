@@ -84,7 +84,7 @@ def _split_config(raw: dict[str, Any] | None) -> tuple[dict[str, str | None], di
     for key in ("moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"):
         if raw.get(key):
             names[key] = raw[key]
-    extra = {k: raw[k] for k in ("model_type", "lm_gen_config", "stt_config") if k in raw}
+    extra: dict[str, Any] = {k: raw[k] for k in ("model_type", "lm_gen_config", "stt_config") if k in raw}
     return names, lm_kwargs, extra
 
 

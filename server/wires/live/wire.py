@@ -28,7 +28,7 @@ import base64
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -207,7 +207,7 @@ class LiveWire:
         self.usage = UsageClock(now, self.info.usage_interval_s)
         self.started_at = now
         for item in parsed.config.history:
-            role = "instructions" if item.role == "developer" else "thinking"
+            role: Literal["instructions", "thinking"] = "instructions" if item.role == "developer" else "thinking"
             self._keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
         if parsed.config.instructions:
             self._keep(ContextItem("instructions", parsed.config.instructions, None, 0))

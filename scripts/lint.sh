@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Style and type checks, run by scripts/test.sh before the tests (and so by CI):
+#   ruff check  (pycodestyle, pyflakes, import order, bugbear, pyupgrade: [tool.ruff] in pyproject.toml)
+#   mypy        (check_untyped_defs on kame/, server/, client/: [tool.mypy])
+# server/ and client/ ship as kame.server and kame.client (package-dir in pyproject.toml), which mypy
+# cannot read from setuptools: it checks them through a view of symlinks, .mypy_view/kame/, and the
+# paths it prints are mapped back to the repository's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${KAME_LINT_PYTHON:-.venv/bin/python}
+rc=0
+"$PY" -m ruff check --quiet --output-format concise . || rc=1
+
+view=.mypy_view
+rm -rf "$view" && mkdir -p "$view/kame"
+for entry in kame/*; do ln -s "../../$entry" "$view/kame/$(basename "$entry")"; done
+ln -s ../../server "$view/kame/server"
+ln -s ../../client "$view/kame/client"
+ln -s ../../configs "$view/kame/configs"
+out=$(cd "$view" && "../$PY" -m mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p kame 2>&1)
+mypy_rc=$?
+echo "$out" | sed -e 's#^kame/server/#server/#' -e 's#^kame/client/#client/#' -e 's#^kame/configs/#configs/#' | grep -v '^Success' || true
+[ $mypy_rc -eq 0 ] || rc=1
+[ $rc -eq 0 ] && echo "lint.sh: ruff and mypy clean" || echo "lint.sh: ruff or mypy failed" >&2
+exit $rc
