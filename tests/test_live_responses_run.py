@@ -476,3 +476,12 @@ async def test_a_timed_out_client_call_is_counted_as_a_timeout() -> None:
     h.d._on_tool_call = lambda ev, label: events.append((ev.kind, label, ev.outcome))
     await asyncio.wait_for(h.d.start(*h.d.new_ids()), 5)
     assert events == [("started", "client_function", None), ("finished", "client_function", "timeout")]
+
+
+@aio
+async def test_a_call_on_the_last_round_ends_the_delegation() -> None:
+    # Some servers call a tool even when none is offered: the last round still ends the delegation.
+    h = Harness(lambda r: ["Hm.", Piece(0, "x", "get_weather", "{}"), RoundEnd("tool_calls")], max_rounds=1)
+    done = await asyncio.wait_for(h.d.start(*h.d.new_ids()), 5)
+    assert (done.status, done.rounds, done.text) == ("completed", 1, "Hm.")
+    assert h.requests[0].functions == () and not h.d.busy

@@ -380,6 +380,9 @@ class ResponsesDelegator:
             except asyncio.CancelledError:
                 _guard(self._on_done, DelegationDone(delegation_id, "cancelled", "", 0, None))
                 raise
+            except Exception:  # a bug here ends this delegation only; the next one runs
+                log.exception("responses delegation %s failed", delegation_id)
+                done = DelegationDone(delegation_id, "failed", "", 0, None)
             finally:
                 self._running = None
                 self._waiting = None
@@ -420,7 +423,8 @@ class ResponsesDelegator:
             early = {c.call_id: self._early.pop(c.call_id) for c in calls if c.call_id in self._early}
             for call_id, output in early.items():
                 self.conversation.add(CallOutput(call_id, output))
-            if status != "completed" or not records:
+            if status != "completed" or not records or last:
+                # (On the last round nothing is offered: a call there is refused and no round follows.)
                 self._issued.clear()
                 return DelegationDone(delegation_id, status, stream.text, round_no + 1, total)
             if calls:
@@ -428,7 +432,7 @@ class ResponsesDelegator:
             self._issued.clear()
             self._early.clear()
             after_tools = after_tools or bool(calls) or any(not o.startswith("Refused:") for _, o in internal)
-        raise AssertionError("unreachable: the last round offers no tools")  # pragma: no cover
+        raise AssertionError("unreachable: the last round always returns")  # pragma: no cover
 
     async def _round(
         self,
