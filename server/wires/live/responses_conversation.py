@@ -33,7 +33,7 @@ from kame.oracle.prompt import PENDING_MARK, SILENCE_MARK, system_prompt
 Message = dict[str, Any]
 
 #: Said to the back-end in place of an output that never came.
-NO_OUTPUT = "No result: the function did not return an output."
+NO_OUTPUT = "No result yet: the function has not returned an output."
 TOOLS_HINT = (
     "You may call the functions you are given when they help answer. Before a call that takes a "
     "moment you may first write a very short spoken phrase, such as a few words saying you are "
