@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import soxr
-
 from kame.client.stats import FRAME, RATE, AudioSessionBase, StreamStats
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)
@@ -107,9 +106,8 @@ def _as_dict(event: Any) -> Event:
 class LiveClient(AudioSessionBase):
     """One ``/v1/live/sessions`` session seen from an application using the official SDK."""
 
-    stats: LiveStats
-
     DEFAULT_CHUNK = 480  # 20 ms appends, like telephony and browsers
+    stats: LiveStats
 
     def __init__(self, conn: Any, *, keep_audio: bool = True) -> None:
         self.conn = conn

@@ -28,11 +28,9 @@ import base64
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-
-from kame.oracle.config import OracleConfig
 from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.commentary import (
     OracleAnswer,
@@ -82,6 +80,8 @@ from kame.server.wires.live.transcript import (
     UserTranscript,
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
+
+from kame.oracle.config import OracleConfig
 
 Encode = Callable[[str], Sequence[int]]
 #: Characters of appended context kept for later delegations (oldest dropped first).
@@ -207,7 +207,7 @@ class LiveWire:
         self.usage = UsageClock(now, self.info.usage_interval_s)
         self.started_at = now
         for item in parsed.config.history:
-            role: Literal["instructions", "thinking"] = "instructions" if item.role == "developer" else "thinking"
+            role: AppendKind = "instructions" if item.role == "developer" else "thinking"
             self._keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
         if parsed.config.instructions:
             self._keep(ContextItem("instructions", parsed.config.instructions, None, 0))
