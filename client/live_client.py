@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import soxr
+
 from kame.client.stats import FRAME, RATE, AudioSessionBase, StreamStats
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)
@@ -106,8 +107,9 @@ def _as_dict(event: Any) -> Event:
 class LiveClient(AudioSessionBase):
     """One ``/v1/live/sessions`` session seen from an application using the official SDK."""
 
-    DEFAULT_CHUNK = 480  # 20 ms appends, like telephony and browsers
     stats: LiveStats
+
+    DEFAULT_CHUNK = 480  # 20 ms appends, like telephony and browsers
 
     def __init__(self, conn: Any, *, keep_audio: bool = True) -> None:
         self.conn = conn
