@@ -166,6 +166,7 @@ def main() -> int:
         "KAME_ASR__KIND": "none",
         "KAME_SERVER__MAX_SESSIONS": str(args.slots),
         "KAME_FRONTEND__BATCH_SIZE": str(args.slots),
+        "KAME_FRONTEND__CPU_THREADS": "1",  # three replicas share the machine: one torch thread each
         "KAME_SERVER__DRAIN_GRACE_S": str(args.drain_grace),
     }
     from kame.server.config import ServerConfig
