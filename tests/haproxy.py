@@ -22,6 +22,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_CONFIG = ROOT / "deploy" / "haproxy.cfg"
+#: The backend that websocket upgrades (sessions) go to; plain HTTP has its own (kame_http).
+SESSION_BACKEND = "kame"
 
 
 def haproxy_binary() -> str:
@@ -41,7 +43,7 @@ def local_config(shipped: str, *, port: int, servers: Sequence[Backend], stats_s
     """``shipped`` with this machine's bind port, server lines and stats socket; everything else kept."""
     out: list[str] = []
     section = ""
-    servers_written = False
+    written: set[str] = set()
     for line in shipped.splitlines():
         stripped = line.strip()
         if line and not line[0].isspace():
@@ -53,13 +55,15 @@ def local_config(shipped: str, *, port: int, servers: Sequence[Backend], stats_s
         elif section.startswith("frontend") and stripped.startswith("bind "):
             out.append(f"    bind 127.0.0.1:{port}")
         elif section.startswith("backend") and stripped.startswith("server "):
-            if not servers_written:
-                out += [f"    server {s.name} 127.0.0.1:{s.port} maxconn {s.maxconn}" for s in servers]
-                servers_written = True
+            if section not in written:  # the session backend caps each replica at its slots
+                cap = section == f"backend {SESSION_BACKEND}"
+                out += [f"    server {s.name} 127.0.0.1:{s.port}" + (f" maxconn {s.maxconn}" if cap else "") for s in servers]
+                written.add(section)
         else:
             out.append(line)
     text = "\n".join(out) + "\n"
-    assert servers_written and f"127.0.0.1:{port}" in text, "deploy/haproxy.cfg lost its bind or server lines"
+    assert f"backend {SESSION_BACKEND}" in written and f"127.0.0.1:{port}" in text, (
+        "deploy/haproxy.cfg lost its bind or server lines")
     return text
 
 
@@ -137,7 +141,7 @@ class HAProxy:
         raw = self.command("show stat").lstrip("# ")
         rows: dict[str, ServerStat] = {}
         for row in csv.DictReader(io.StringIO(raw)):
-            if row.get("pxname") == "kame" and row.get("svname") not in ("BACKEND", "FRONTEND"):
+            if row.get("pxname") == SESSION_BACKEND and row.get("svname") not in ("BACKEND", "FRONTEND"):
                 rows[row["svname"]] = ServerStat(
                     row["svname"], row["status"], int(row["scur"] or 0), int(row["smax"] or 0), int(row["stot"] or 0)
                 )

@@ -155,7 +155,8 @@ def test_full_replica_stays_ready_for_kubernetes(fleet: tuple[HAProxy, list[Serv
 def test_config_file_is_the_shipped_one(fleet: tuple[HAProxy, list[ServerProcess]]) -> None:
     lb, _ = fleet
     used = lb.config_path.read_text()
-    for needle in ("balance leastconn", "http-check send meth GET uri /ready", "timeout tunnel", "option redispatch"):
+    for needle in ("balance leastconn", "http-check send meth GET uri /ready", "timeout tunnel", "option redispatch",
+                   "use_backend kame if websocket", "http-check send meth GET uri /health"):
         assert needle in used
 
 
@@ -225,6 +226,73 @@ def test_kame_mic_gives_up_after_its_retries(fleet: tuple[HAProxy, list[ServerPr
     rc, out, err = asyncio.run(main())
     assert rc == 2 and "Traceback" not in err
     assert out.count("reconnecting in") == 2 and "gave up after 2 retries" in err, (out, err)
+
+
+def test_browser_page_retries_while_no_replica_has_room(fleet: tuple[HAProxy, list[ServerProcess]], question_wav: Path) -> None:
+    """The browser page through HAProxy with every slot taken: the handshake gets HAProxy's 503 (the
+    browser only sees a failed websocket), the page asks /ready (503 too), says so and retries with
+    back-off; once a slot frees it gets in by itself."""
+    import threading
+
+    from playwright.sync_api import sync_playwright
+
+    lb, replicas = fleet
+    wait_all_idle(replicas, lb)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_loop(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+    async def fill() -> list[MoshiClient | None]:
+        return [await open_session(r.ws_url) for r in replicas for _ in range(SLOTS)]
+
+    holders: list[MoshiClient | None] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path="/usr/bin/chromium",
+                args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                      "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+                      "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={question_wav}"],
+            )
+            try:
+                page = browser.new_context().new_page()
+                page.goto(lb.http_url + "/")  # served through HAProxy while there is room
+                page.wait_for_function("() => window.kame !== undefined", timeout=15000)
+                holders = on_loop(fill())
+                assert all(h is not None for h in holders)
+                for i in range(REPLICAS):
+                    lb.wait_status(f"kame{i + 1}", "DOWN", 5.0)
+                console: list[str] = []
+                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+                page.click("#connect")
+
+                def state() -> str:
+                    return (f"phase={page.evaluate('window.kame.phase')} notice={page.inner_text('#notice-text')!r} "
+                            f"console={console[-5:]}")
+
+                try:
+                    page.wait_for_function(
+                        "() => /No server has room/.test(document.getElementById('notice-text').innerText)", timeout=15000)
+                except Exception as exc:  # noqa: BLE001 - say what the page shows
+                    raise AssertionError(f"no retry notice: {state()}") from exc
+                text = page.inner_text("#notice-text")
+                assert "Reconnecting in" in text and "of 8)" in text, text
+                assert page.evaluate("window.kame.phase") in ("waiting", "connecting")
+                on_loop(close_all(holders[:1]))  # a slot frees on kame1
+                page.wait_for_function("() => window.kame.phase === 'live'", timeout=20000)
+                assert page.evaluate("window.kame.reconnects") == 0  # its first conversation
+                assert active(replicas)[0] == SLOTS  # it took the freed slot
+                page.click("#connect")
+                page.wait_for_function("() => window.kame.phase === 'idle'", timeout=5000)
+            finally:
+                browser.close()
+    finally:
+        on_loop(close_all(holders[1:]))
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, list[ServerProcess]], tmp_path: Path) -> None:
