@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from kame.oracle.config import OracleConfig
 from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.commentary import (
     OracleAnswer,
@@ -80,8 +82,6 @@ from kame.server.wires.live.transcript import (
     UserTranscript,
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
-
-from kame.oracle.config import OracleConfig
 
 Encode = Callable[[str], Sequence[int]]
 #: Characters of appended context kept for later delegations (oldest dropped first).
