@@ -8,6 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${KAME_LINT_PYTHON:-.venv/bin/python}
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"  # absolute (mypy runs in the view), links kept
 rc=0
 "$PY" -m ruff check --quiet --output-format concise . || rc=1
 
@@ -17,7 +18,7 @@ for entry in kame/*; do ln -s "../../$entry" "$view/kame/$(basename "$entry")"; 
 ln -s ../../server "$view/kame/server"
 ln -s ../../client "$view/kame/client"
 ln -s ../../configs "$view/kame/configs"
-out=$(cd "$view" && "../$PY" -m mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p kame 2>&1)
+out=$(cd "$view" && "$PY" -m mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p kame 2>&1)
 mypy_rc=$?
 echo "$out" | sed -e 's#^kame/server/#server/#' -e 's#^kame/client/#client/#' -e 's#^kame/configs/#configs/#' | grep -v '^Success' || true
 [ $mypy_rc -eq 0 ] || rc=1
