@@ -60,7 +60,7 @@ class _Codec:
 
     def __init__(self, fmt: Mapping[str, Any]) -> None:
         self.type = str(fmt.get("type", "audio/pcm"))
-        self.rate = int(fmt.get("rate") or (24000 if self.type == "audio/pcm" else 8000))
+        self.rate = int(fmt.get("rate") or (RATE if self.type == "audio/pcm" else 8000))
         self._up = soxr.ResampleStream(self.rate, RATE, 1, dtype="float32") if self.rate != RATE else None
         self._down = soxr.ResampleStream(RATE, self.rate, 1, dtype="float32") if self.rate != RATE else None
         self._odd = b""
@@ -122,7 +122,7 @@ class LiveClient(AudioSessionBase):
         self.closed = asyncio.Event()
         self.close_code: int | None = None
         self.close_reason = ""
-        self.codec = _Codec({"type": "audio/pcm", "rate": 24000})
+        self.codec = _Codec({"type": "audio/pcm", "rate": RATE})
         self.audio_bytes = 0
         self._received_24k = 0.0
         self._changed = asyncio.Event()
@@ -218,7 +218,7 @@ class LiveClient(AudioSessionBase):
     # ------------------------------------------------------------------ sending
     async def start(self, session: Mapping[str, Any], *, timeout: float = 30.0, event_id: str | None = None) -> Event | None:
         """``session.start``; the ``session.started`` event (None: refused or timed out)."""
-        fmt = (session.get("audio") or {}).get("format") or {"type": "audio/pcm", "rate": 24000}
+        fmt = (session.get("audio") or {}).get("format") or {"type": "audio/pcm", "rate": RATE}
         self.codec = _Codec(fmt)
         start = len(self.events)
         if event_id is None:

@@ -30,9 +30,10 @@ import numpy as np
 
 from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, describe, open_with_retry, retry_reason
 from kame.errors import UserError
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 
-RATE = 24000
-FRAME = 1920
+RATE = SAMPLE_RATE
+FRAME = FRAME_SIZE
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-RATE = 24000
-FRAME = 1920
-FRAME_S = FRAME / RATE
+from kame.media import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+
+RATE = SAMPLE_RATE
+FRAME = FRAME_SIZE
 
 
 def percentile(values: Sequence[float], q: float) -> float:

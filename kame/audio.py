@@ -7,9 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from kame.errors import UserError
-
-SAMPLE_RATE = 24000
-FRAME_SIZE = 1920  # 80 ms at 24 kHz: one Mimi frame
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SAMPLE_RATE = 24000
-FRAME_SIZE = 1920
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 
 class AudioDecodeError(ValueError):

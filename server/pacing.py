@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from kame.media import FRAME_S
+
 T = TypeVar("T")
 
 
@@ -32,7 +34,7 @@ class Pushed(Generic[T]):
 class InputPacer(Generic[T]):
     """Token bucket (one token per ``frame_s``, capacity ``burst_s``) plus a bounded queue."""
 
-    def __init__(self, *, frame_s: float = 0.08, burst_s: float = 0.5, buffer_s: float = 10.0, now: float = 0.0) -> None:
+    def __init__(self, *, frame_s: float = FRAME_S, burst_s: float = 0.5, buffer_s: float = 10.0, now: float = 0.0) -> None:
         self.frame_s = frame_s
         self.capacity = max(1.0, burst_s / frame_s)
         self.max_queued = max(0, round(buffer_s / frame_s))

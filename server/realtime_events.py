@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from kame.media import SAMPLE_RATE
 from kame.server.auth import redact
 
 Event = dict[str, Any]
 
-SAMPLE_RATE = 24000
 AUDIO_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": SAMPLE_RATE}
 VOICE = "moshi"
 

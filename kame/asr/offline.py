@@ -23,9 +23,10 @@ import numpy as np
 from kame.asr.events import AsrEvent, Emission
 from kame.asr.resample import INPUT_RATE, as_mono_float32
 from kame.asr.transcriber import Transcriber
+from kame.media import FRAME_SIZE
 
 Pace = Literal["lockstep", "simulated"]
-FRAME = 1920  #: 80 ms at 24 kHz, one Mimi frame
+FRAME = FRAME_SIZE  #: fed in Mimi frames, as sessions feed
 
 
 def _stamp(ems: Iterable[Emission], audio_s: float) -> Iterator[AsrEvent]:

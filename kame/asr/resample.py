@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
+from kame.media import SAMPLE_RATE
+
 #: Sample rate of the audio sessions feed (Mimi / Moshi frames).
-INPUT_RATE = 24000
+INPUT_RATE = SAMPLE_RATE
 #: Sample rate Whisper, pocketsphinx and WebRTC VAD work at.
 ASR_RATE = 16000
 

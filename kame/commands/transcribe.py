@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kame.errors import UserError
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 NAME = "transcribe"
 HELP = "Transcribe a WAV file with the streaming recogniser, printing partials and finals as they come."
 
-FRAME = 1920  # 80 ms at 24 kHz
+FRAME = FRAME_SIZE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,7 +72,7 @@ async def _realtime(recognizer: Recognizer, pcm: np.ndarray, as_json: bool) -> i
         for k, start in enumerate(range(0, len(pcm), FRAME)):
             if not stream.feed(pcm[start : start + FRAME]) and stream.done:
                 break
-            delay = t0 + (k + 1) * FRAME / 24000 - time.monotonic()
+            delay = t0 + (k + 1) * FRAME / SAMPLE_RATE - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
         stream.close()

@@ -30,9 +30,9 @@ import numpy as np
 
 from kame.eval.timeline import RATE, SessionTimeline
 from kame.eval.vad import EDGE_S, SpeechTracker, VadConfig
+from kame.media import FRAME_S, FRAME_SIZE
 
-FRAME = 1920
-FRAME_S = FRAME / RATE
+FRAME = FRAME_SIZE
 
 
 class SessionError(Exception):

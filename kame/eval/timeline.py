@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-RATE = 24000
+from kame.media import SAMPLE_RATE
+
+RATE = SAMPLE_RATE
 #: Lateness a player's jitter buffer hides (s).
 JITTER_S = 0.1
 

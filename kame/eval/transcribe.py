@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kame.errors import UserError
+from kame.media import SAMPLE_RATE
 
 _WHISPER_RATE = 16000
 
@@ -49,7 +50,7 @@ class ReplyTranscriber:
         x = np.asarray(pcm24k, np.float32).reshape(-1)
         if x.size < 2400 or float(np.max(np.abs(x))) < 1e-4:
             return ""
-        x16 = soxr.resample(x, 24000, _WHISPER_RATE, quality="HQ").astype(np.float32)
+        x16 = soxr.resample(x, SAMPLE_RATE, _WHISPER_RATE, quality="HQ").astype(np.float32)
         with self._lock:
             segments, _ = self._model.transcribe(x16, language="en", beam_size=5, vad_filter=False,
                                                  condition_on_previous_text=False)

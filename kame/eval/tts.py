@@ -25,8 +25,9 @@ from typing import Protocol
 import numpy as np
 
 from kame.errors import UserError
+from kame.media import SAMPLE_RATE
 
-RATE = 24000
+RATE = SAMPLE_RATE
 
 
 class Tts(Protocol):

@@ -31,7 +31,9 @@ from typing import Literal
 
 import numpy as np
 
-RATE = 24000
+from kame.media import SAMPLE_RATE
+
+RATE = SAMPLE_RATE
 FRAME_S = 0.03
 _VAD_RATE = 16000
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kame.media import FRAME_S
+
 
 class SamplingConfig(BaseModel):
     """Sampling defaults. ``None`` takes the checkpoint's ``lm_gen_config`` value,
@@ -47,7 +49,7 @@ class FrontendConfig(BaseModel):
     batch_wait_s: float = Field(
         0.03,
         ge=0,
-        le=0.08,
+        le=FRAME_S,
         description="Longest a session's frame waits for other sessions' frames to share an engine tick "
         "(more sharing = fewer ticks, less = lower latency for sessions whose audio arrives at other phases).",
     )

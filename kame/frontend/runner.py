@@ -19,8 +19,7 @@ import torch
 
 from kame.audio import frames_of
 from kame.frontend.engine import EngineCore, SlotOutput
-
-FRAME_RATE = 12.5
+from kame.media import FRAME_RATE
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,16 @@ from typing import Literal
 import numpy as np
 import soxr
 
+from kame.media import SAMPLE_RATE
 from kame.server.codec import FRAME_SIZE, FrameChunker
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (removed in 3.13: audioop-lts)
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
-ENGINE_RATE = 24000
+ENGINE_RATE = SAMPLE_RATE
 Encoding = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
-PCM_RATES = (24000, 16000)
+PCM_RATES = (SAMPLE_RATE, 16000)
 G711_RATE = 8000
 
 

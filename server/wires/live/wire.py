@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
 from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.commentary import (
@@ -123,7 +124,7 @@ class LiveWire:
         encode: Encode,
         oracle_config: OracleConfig,
         ids: LiveIds | None = None,
-        frame_size: int = 1920,
+        frame_size: int = FRAME_SIZE,
         responses: ResponsesHooks | None = None,
     ) -> None:
         """``responses``: the runtime's hooks for Responses delegation (needed when ``info.responses`` is set)."""
