@@ -28,10 +28,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-#: SentencePiece's word-start marker, shown to clients as a space.
-WORD_START = "\u2581"
-#: Text ids that are never sent: 0 (end of padding) and 3 (padding).
-SILENT_TEXT_IDS = frozenset({0, 3})
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
 # Close codes (RFC 6455 section 7.4.1) used by this server.
 CLOSE_NORMAL = 1000
@@ -162,20 +159,20 @@ def encode_audio(ogg: bytes) -> bytes:
     return bytes([Kind.AUDIO]) + ogg
 
 
-def piece_text(piece: str) -> str:
+def piece_text(piece: str, vocab: TextVocab = MOSHI_VOCAB) -> str:
     """A SentencePiece piece as clients show it (``▁`` -> space)."""
-    return piece.replace(WORD_START, " ")
+    return vocab.piece_text(piece)
 
 
 def encode_text(text: str) -> bytes:
     return bytes([Kind.TEXT]) + text.encode("utf-8")
 
 
-def text_message(text_id: int | None, piece: str) -> bytes | None:
-    """The 0x02 message for one sampled text token, None for ids that are not sent."""
-    if text_id is None or text_id in SILENT_TEXT_IDS or text_id < 0:
+def text_message(text_id: int | None, piece: str, vocab: TextVocab = MOSHI_VOCAB) -> bytes | None:
+    """The 0x02 message for one sampled text token, None for ids without text (pad, end of padding)."""
+    if not vocab.is_text(text_id):
         return None
-    text = piece_text(piece)
+    text = vocab.piece_text(piece)
     return encode_text(text) if text else None
 
 

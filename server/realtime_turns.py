@@ -16,8 +16,8 @@ import numpy as np
 
 from kame.server import realtime_events as ev
 from kame.server.realtime_events import Event, Ids
+from kame.vocab import MOSHI_VOCAB
 
-WORD_START = "\u2581"
 #: RMS above which an output frame counts as speech (-40 dBFS).
 SPEAKING_RMS = 0.01
 #: Non-speaking frames that end a response (0.8 s).
@@ -102,7 +102,7 @@ class AssistantTurns:
         if delta is not None:
             out.append(ev.audio_delta(r.id, r.item_id, delta))
         if text:
-            piece = text.replace(WORD_START, " ")
+            piece = MOSHI_VOCAB.piece_text(text)
             if not r.transcript:
                 piece = piece.lstrip()
             if piece:

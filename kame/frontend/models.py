@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,7 @@ from kame.frontend.loading import (
     load_tokenizer,
     resolve_dtype,
 )
-
-PAD_ID = 3
+from kame.vocab import TextVocab
 
 
 @dataclass
@@ -32,6 +32,11 @@ class FrontendModels:
     tokenizer: Any
     oracle_weight: torch.Tensor
     has_oracle: bool
+
+    @cached_property
+    def vocab(self) -> TextVocab:
+        """Pad and end-of-padding ids and the word-start symbol of this checkpoint's LM and tokenizer."""
+        return TextVocab.from_model(self.lm, self.tokenizer)
 
     @property
     def start_id(self) -> int:

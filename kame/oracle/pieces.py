@@ -10,9 +10,10 @@ piece (Moshi writes a word's pieces on consecutive steps, then pads).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
-WORD_START = "▁"
+from kame.vocab import MOSHI_VOCAB, TextVocab
+
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _CONTROL_PIECES = frozenset({"<unk>", "<s>", "</s>", "<pad>"})
 
@@ -24,19 +25,19 @@ class PieceWords:
         self,
         piece_of: Callable[[int], str] | None = None,
         *,
-        skip_ids: Collection[int] = (0, 3),
+        vocab: TextVocab = MOSHI_VOCAB,
         idle_steps_end_word: int | None = 3,
     ) -> None:
         """``piece_of`` maps an id to its piece (SentencePiece ``id_to_piece``).
 
-        ``skip_ids`` are "no text" ids (0 end-of-padding, 3 pad); negative ids
-        (-1 zero, -2 ungenerated) and ids ``piece_of`` rejects are skipped too.
+        Ids without text (``vocab``: pad, end of padding; negative ids, -1 zero and -2
+        ungenerated) and ids ``piece_of`` rejects are steps without a piece.
         ``idle_steps_end_word=None`` ends a word only when the next one starts.
         """
         if idle_steps_end_word is not None and idle_steps_end_word < 1:
             raise ValueError("idle_steps_end_word must be >= 1 or None")
         self._piece_of = piece_of
-        self._skip = frozenset(skip_ids)
+        self._vocab = vocab
         self._idle_end = idle_steps_end_word
         self._buffer = ""
         self._bytes = bytearray()
@@ -49,7 +50,7 @@ class PieceWords:
 
     def push(self, token_id: int) -> list[str]:
         """One step's text token; returns the words this step completed."""
-        if token_id < 0 or token_id in self._skip or self._piece_of is None:
+        if not self._vocab.is_text(token_id) or self._piece_of is None:
             return self.idle()
         try:
             piece = self._piece_of(int(token_id))
@@ -75,7 +76,7 @@ class PieceWords:
             return []
         self._buffer += self._decoded_bytes()
         self._bytes.clear()
-        parts = (self._buffer + piece.replace(WORD_START, " ")).split(" ")
+        parts = (self._buffer + self._vocab.piece_text(piece)).split(" ")
         self._buffer = parts[-1]
         return [p for p in parts[:-1] if p]
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from kame.oracle.pieces import PieceWords
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
 if TYPE_CHECKING:
     from kame.oracle.config import OracleConfig
@@ -66,7 +67,7 @@ class Transcript:
         max_turns: int | None = 40,
         max_chars: int | None = 8000,
         piece_of: Callable[[int], str] | None = None,
-        skip_ids: Iterable[int] = (0, 3),
+        vocab: TextVocab = MOSHI_VOCAB,
         word_end_idle_steps: int | None = 3,
     ) -> None:
         """``piece_of`` (SentencePiece ``id_to_piece``) enables :meth:`assistant_token`."""
@@ -76,7 +77,7 @@ class Transcript:
             raise ValueError("max_chars must be >= 1 or None")
         self._max_turns = max_turns
         self._max_chars = max_chars
-        self._pieces = PieceWords(piece_of, skip_ids=tuple(skip_ids), idle_steps_end_word=word_end_idle_steps)
+        self._pieces = PieceWords(piece_of, vocab=vocab, idle_steps_end_word=word_end_idle_steps)
         self._turns: list[Turn] = []
         self._pending = ""
         self._pending_count = 0
@@ -86,11 +87,13 @@ class Transcript:
         self.last_word_by: Role | None = None
 
     @classmethod
-    def from_config(cls, config: OracleConfig, piece_of: Callable[[int], str] | None = None) -> Transcript:
+    def from_config(cls, config: OracleConfig, piece_of: Callable[[int], str] | None = None,
+                    vocab: TextVocab = MOSHI_VOCAB) -> Transcript:
         return cls(
             max_turns=config.history_max_turns,
             max_chars=config.history_max_chars,
             piece_of=piece_of,
+            vocab=vocab,
             word_end_idle_steps=config.word_end_pad_steps,
         )
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kame.server.wires.live.events import InputTranscriptDelta, OutputTranscriptDelta
+from kame.vocab import MOSHI_VOCAB
 
-WORD_START = "\u2581"
 FRAME_MS = 80
 
 
@@ -101,7 +101,7 @@ class AssistantTranscript:
     text: str = ""
 
     def piece(self, piece: str, step: int) -> OutputTranscriptDelta | None:
-        delta = piece.replace(WORD_START, " ")
+        delta = MOSHI_VOCAB.piece_text(piece)
         if not self.text:
             delta = delta.lstrip()
         if not delta:
