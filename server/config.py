@@ -34,7 +34,10 @@ class ServerConfig(BaseModel):
     )
     max_duration_s: float = Field(600.0, gt=0, description="Longest session; it is closed after this.")
     duration_warning_s: float = Field(
-        30.0, ge=0, description="A metadata message warns the client this long before max_duration_s (at once if the session is shorter)."
+        30.0,
+        ge=0,
+        description="A notice (/api/chat: a 0x05 text message) warns the client this long before max_duration_s "
+        "(at once if the session is shorter).",
     )
     drain_grace_s: float = Field(
         2.0,

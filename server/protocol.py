@@ -276,6 +276,11 @@ def expiring_notice(seconds_left: float, max_duration_s: float) -> str:
     )
 
 
+def draining_notice(seconds_left: float) -> str:
+    """The 0x05 notice sent to every live session when the server starts draining."""
+    return f"the server is shutting down: this session ends in {max(0.0, seconds_left):.0f} s"
+
+
 def close_notice(reason: str, error: str | None = None) -> str:
     """The 0x05 text sent before a close frame: the error when there is one, else the close reason."""
     return error or reason

@@ -121,6 +121,10 @@ class ChatSession:
         self.ended = SessionEnd(label, code, protocol.close_reason(reason), error)
         self._end_event.set()
 
+    def notify_draining(self, seconds_left: float) -> None:
+        """The server drains: tell the client (a 0x05 notice) how long the session has left."""
+        self._send_q.put_nowait((protocol.encode_notice(protocol.draining_notice(seconds_left)), None))
+
     # ------------------------------------------------------------------ main
     async def run(self) -> None:
         try:

@@ -19,7 +19,8 @@ USED = {
         "_lm_kwargs", "_mimi_config",
     ],
     "moshi.models.lm": ["LMGen", "LMModel"],
-    "moshi.utils.compile": ["no_compile"],
+    "moshi.utils.compile": ["no_compile", "no_cuda_graph"],
+    "moshi.modules.transformer": ["StreamingMultiheadAttention"],
     "moshi.quantization.core_vq": ["EuclideanCodebook"],
 }
 LM_ATTRS = ["text_emb", "text_initial_token_id", "text_padding_token_id", "dtype", "state_dict", "load_state_dict"]
@@ -36,6 +37,14 @@ def test_symbols_exist() -> None:
 
     for name in LMGEN_METHODS:
         assert hasattr(LMGen, name), name
+    from moshi.modules.transformer import StreamingMultiheadAttention
+
+    # the release layout: kame maps fused weights by moshi's per-step count and its load hook's names
+    attn = StreamingMultiheadAttention(8, 2, weights_per_step=3)
+    assert attn.mult == 3 and [k for k in attn.state_dict()] == [
+        *(f"out_projs.{i}.weight" for i in range(3)),
+        *(f"in_projs.{i}.weight" for i in range(3)),
+    ]
 
 
 def test_every_moshi_import_is_listed() -> None:

@@ -133,6 +133,10 @@ def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> Non
     assert during["live_then"] == [False, False]  # still running 0.3 s into the drain
     for c in clients:
         assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+        # 0x05: the drain notice at once, then the close reason before the close frame
+        # (this module's 3 s maximum duration adds its own warning in between)
+        assert c.errors[0] == "the server is shutting down: this session ends in 2 s", c.errors
+        assert c.errors[-1] == "server shutting down", c.errors
         assert c.stats.audio_received_s > 0.8 + grace - 0.5  # audio flowed through the grace
     assert all(grace - 0.2 <= t < grace + 3.0 for t in closed_at), closed_at
     server.proc.wait(timeout=max(0.1, 8.0 - (time.monotonic() - t0)))

@@ -270,3 +270,4 @@ def test_end_notices_are_text() -> None:
     assert protocol.encode_notice(notice) == b"\x05" + notice.encode()
     assert protocol.close_notice("idle timeout: no audio for 30 s") == "idle timeout: no audio for 30 s"
     assert protocol.close_notice("corrupt audio", "Opus stream: bad page") == "Opus stream: bad page"
+    assert protocol.draining_notice(119.6) == "the server is shutting down: this session ends in 120 s"
