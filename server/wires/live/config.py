@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from kame.media import SAMPLE_RATE
+from openai.types.live.session_config import SessionConfig
+
 from kame.server.wires.live.audio import (
     DEFAULT_FORMAT,
     G711_RATE,
@@ -136,7 +137,7 @@ def _audio_format(value: Any, event_id: str | None) -> LiveAudioFormat:
     fmt = _object(value, param, event_id)
     ftype, rate = fmt.get("type"), fmt.get("rate")
     if ftype == "audio/pcm":
-        rate = SAMPLE_RATE if rate is None else rate
+        rate = 24000 if rate is None else rate
         if rate not in PCM_RATES or isinstance(rate, bool):
             raise LiveError("unsupported_audio_format", f"{param}.rate: audio/pcm supports 24000 or 16000 Hz",
                             param=f"{param}.rate", client_event_id=event_id)
@@ -289,8 +290,6 @@ def _kame(value: Any, current: KameLiveSettings, info: LiveServerInfo, event_id:
 
 
 def _history(session: Mapping[str, Any], event_id: str | None) -> tuple[HistoryItem, ...]:
-    from openai.types.live.session_config import SessionConfig
-
     items = sdk_validate(SessionConfig, {"model": "x", "input": session.get("input")}, event_id, "session").input or []
     if len(items) > 128:
         raise LiveError("invalid_value", "session.input: at most 128 messages", param="session.input",
@@ -310,8 +309,6 @@ _START_KNOWN = {"model", "audio", "client", "delegation", "input", "instructions
 
 def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str | None = None) -> Parsed:
     """``session.start``'s ``session`` -> the resolved configuration, or :class:`LiveError`."""
-    from openai.types.live.session_config import SessionConfig
-
     infos: list[Info] = []
     model = session.get("model")
     if not isinstance(model, str) or not model.strip():

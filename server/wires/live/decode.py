@@ -21,9 +21,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from openai.types.live import (
+    CommentaryAppendEvent,
+    InstructionsAppendEvent,
+    ResponseCreateEvent,
+    ResponseItemCreateEvent,
+    ThinkingAppendEvent,
+)
+from openai.types.live.session_config import SessionConfig
 from pydantic import BaseModel, ValidationError
 
 from kame.server.wires.live.events import AppendKind, LiveError
+
+# The SDK's models are imported here, when the server starts, not at a session's first message: importing
+# them takes a second or more, and the event loop that runs every session's audio would wait for it.
 
 #: Client events of the protocol kame refuses, and why.
 REFUSED: dict[str, str] = {
@@ -189,13 +200,9 @@ def decode_client_event(message: str | bytes | None) -> LiveCommand:
     if etype == "session.close":
         return Close(event_id)
     if etype == "response.item.create":
-        from openai.types.live import ResponseItemCreateEvent
-
         sdk_validate(ResponseItemCreateEvent, obj, event_id)
         return ItemCreate(dict(obj["item"]), event_id)
     if etype == "response.create":
-        from openai.types.live import ResponseCreateEvent
-
         sdk_validate(ResponseCreateEvent, obj, event_id)
         return ResponseCreate(event_id)
     if etype in REFUSED:
@@ -205,12 +212,6 @@ def decode_client_event(message: str | bytes | None) -> LiveCommand:
 
 
 def _append(obj: dict[str, Any], kind: AppendKind, event_id: str | None) -> AppendContext:
-    from openai.types.live import (
-        CommentaryAppendEvent,
-        InstructionsAppendEvent,
-        ThinkingAppendEvent,
-    )
-
     models: dict[str, type[BaseModel]] = {
         "instructions": InstructionsAppendEvent,
         "thinking": ThinkingAppendEvent,
@@ -227,3 +228,13 @@ def _append(obj: dict[str, Any], kind: AppendKind, event_id: str | None) -> Appe
         raise LiveError("invalid_value", f"session.{kind}.append: delegation_id is not an id kame issued",
                         param="delegation_id", client_event_id=event_id)
     return AppendContext(kind, event.content, delegation_id, event_id)
+
+
+def warm_up() -> None:
+    """Build the validators of the SDK models used per message (pydantic builds them at first use, some
+    tens of milliseconds each): called when the server starts, so no session's first message pays."""
+    SessionConfig.model_validate({"model": "warm-up", "input": [{"role": "user", "content": [{"text": "x"}]}]})
+    for model, kind in ((CommentaryAppendEvent, "commentary"), (ThinkingAppendEvent, "thinking"),
+                        (InstructionsAppendEvent, "instructions")):
+        model.model_validate({"type": f"session.{kind}.append", "content": "x", "delegation_id": None})
+    ResponseCreateEvent.model_validate({"type": "response.create"})
