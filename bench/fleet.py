@@ -148,7 +148,7 @@ async def main_async(args: argparse.Namespace, lb: HAProxy, replicas: list[Serve
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--slots", type=int, default=4, help="Sessions per replica (server.max_sessions).")
+    p.add_argument("--slots", type=int, default=4, help="Sessions per replica (frontend.batch_size).")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--warmup", type=float, default=5.0, help="Seconds for every client to connect.")
     p.add_argument("--steady", type=float, default=20.0, help="Seconds of the steady phase.")
@@ -164,7 +164,6 @@ def main() -> int:
     ensure_tiny_checkpoint(cache_dir, seed=0)  # once, before the replicas race for it
     env = {
         "KAME_ASR__KIND": "none",
-        "KAME_SERVER__MAX_SESSIONS": str(args.slots),
         "KAME_FRONTEND__BATCH_SIZE": str(args.slots),
         "KAME_FRONTEND__CPU_THREADS": "1",  # three replicas share the machine: one torch thread each
         "KAME_SERVER__DRAIN_GRACE_S": str(args.drain_grace),

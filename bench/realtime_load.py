@@ -264,7 +264,7 @@ def main() -> int:
         server = ServerProcess(
             cache_dir=Path.home() / ".cache" / "kame",
             log_path=tmp / "server.log",
-            env={"KAME_ASR__KIND": "none", "KAME_SERVER__MAX_SESSIONS": str(args.max_sessions or args.sessions + args.abusers),
+            env={"KAME_ASR__KIND": "none", "KAME_FRONTEND__BATCH_SIZE": str(args.max_sessions or args.sessions + args.abusers),
                  "KAME_SERVER__SLOW_CLIENT_TIMEOUT_S": "3"},
         ).start()
         args.url = server.http_url

@@ -95,6 +95,11 @@ class KameConfig(BaseModel):
     llm: LlmConfig = Field(default_factory=LlmConfig, description="Caps over all LLM back-ends together.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Function tools and MCP servers.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sessions_setting(cls, data: Any) -> Any:
+        return moved_max_sessions(data, "config") if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _mcp_names(self) -> KameConfig:
         for name, backend in self.backends.items():
@@ -113,6 +118,26 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------- assembling
+
+
+def moved_max_sessions(tree: dict[str, Any], where: str) -> dict[str, Any]:
+    """``server.max_sessions`` is deprecated: it set the same number as ``frontend.batch_size`` (the
+    engine's slots, which are the concurrent sessions). Moved there with a warning, within one layer
+    (so precedence holds); both in one layer with different values is an error."""
+    server = tree.get("server")
+    if not isinstance(server, dict) or server.get("max_sessions") is None:
+        return tree
+    server = {k: v for k, v in server.items() if k != "max_sessions"}
+    sessions = tree["server"]["max_sessions"]
+    frontend = tree.get("frontend")
+    frontend = dict(frontend) if isinstance(frontend, dict) else {}
+    if frontend.get("batch_size", sessions) != sessions:
+        raise ValueError(f"{where}: server.max_sessions ({sessions}) and frontend.batch_size "
+                         f"({frontend['batch_size']}) disagree; server.max_sessions is deprecated, set only frontend.batch_size")
+    log.warning("%s: server.max_sessions is deprecated, use frontend.batch_size (the same number: "
+                "concurrent sessions = engine slots)", where)
+    frontend["batch_size"] = sessions
+    return {**tree, "server": server, "frontend": frontend}
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -291,6 +316,11 @@ def load_config(
         if value is not None:
             _set_path(flag_tree, dotted, value)
     # Validate each layer on its own first so an error names where it came from.
+    try:
+        data, env_tree, flag_tree = (moved_max_sessions(data, source), moved_max_sessions(env_tree, "environment"),
+                                     moved_max_sessions(flag_tree, "command line"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     for layer, where in ((data, source), (env_tree, "environment"), (flag_tree, "command line")):
         if layer:
             try:

@@ -14,11 +14,12 @@ class ServerConfig(BaseModel):
 
     host: str = Field("127.0.0.1", description="Listen address.")
     port: int = Field(8998, ge=0, le=65535, description="Listen port.")
-    max_sessions: int | None = Field(
+    max_sessions: int | None = Field(  # always None once KameConfig is validated
         None,
         ge=1,
         le=256,
-        description="Concurrent sessions = engine slots of the server's model (None: frontend.batch_size).",
+        description="Deprecated: set frontend.batch_size (the same number: concurrent sessions = engine slots); "
+        "a value here is moved there with a warning.",
     )
     auth_token: SecretStr | None = Field(
         None,

@@ -57,6 +57,7 @@ CONFIG = """
 device: cpu
 frontend:
   checkpoint: "tiny:0"
+  batch_size: 1
 asr:
   kind: whisper
   device: cpu
@@ -83,8 +84,6 @@ backends:
     api_key_env: ""
     max_retries: 0
 default_backend: alpha
-server:
-  max_sessions: 1
 """
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 390, "height": 844}

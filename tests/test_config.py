@@ -136,3 +136,17 @@ def test_setting_paths_are_checked_below_the_top_level() -> None:
     assert setting_exists("server.port") and setting_exists("frontend.sampling.temp")
     assert setting_exists("backends.mine.base_url")  # below a mapping: validated by pydantic
     assert not setting_exists("server.port.x") and not setting_exists("server.prot") and not setting_exists("port")
+
+
+def test_max_sessions_is_a_deprecated_name_for_batch_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One setting for the number of sessions: ``frontend.batch_size``; the old ``server.max_sessions`` moves
+    there with a warning, keeping precedence, and a layer that sets both differently is an error."""
+    f = write(tmp_path, "frontend:\n  batch_size: 8\n")
+    with caplog.at_level("WARNING", logger="kame.config"):
+        cfg = load_config(f, environ={"KAME_SERVER__MAX_SESSIONS": "2"})
+    assert cfg.frontend.batch_size == 2 and cfg.server.max_sessions is None  # the environment wins over the file
+    assert "server.max_sessions is deprecated" in caplog.text and "environment" in caplog.text
+    assert load_config(f, environ={}, overrides={"frontend.batch_size": 6}).frontend.batch_size == 6  # kame serve --max-sessions
+    assert load_config(write(tmp_path, "server:\n  max_sessions: 5\n"), environ={}).frontend.batch_size == 5
+    with pytest.raises(ConfigError, match=r"server.max_sessions \(2\) and frontend.batch_size \(4\) disagree"):
+        load_config(write(tmp_path, "server:\n  max_sessions: 2\nfrontend:\n  batch_size: 4\n"), environ={})

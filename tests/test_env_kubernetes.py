@@ -13,7 +13,7 @@ def test_serve_starts_with_kubernetes_service_link_variables(kame_cache_dir: Pat
     srv = ServerProcess(
         cache_dir=kame_cache_dir,
         log_path=tmp_path / "server.log",
-        env={**K8S_SERVICE_LINKS, "KAME_ASR__KIND": "none", "KAME_SERVER__MAX_SESSIONS": "1"},
+        env={**K8S_SERVICE_LINKS, "KAME_ASR__KIND": "none", "KAME_FRONTEND__BATCH_SIZE": "1"},
     ).start()
     try:
         status, body = srv.get_json("/health")

@@ -33,7 +33,6 @@ def fleet(
     run = tmp_path_factory.mktemp("haproxy")
     env = {
         "KAME_ASR__KIND": "none",
-        "KAME_SERVER__MAX_SESSIONS": str(SLOTS),
         "KAME_FRONTEND__BATCH_SIZE": str(SLOTS),
         "KAME_SERVER__WARMUP_STEPS": "1",
         "KAME_FRONTEND__CPU_THREADS": "1",

@@ -13,7 +13,7 @@ from kame.oracle.word_tokenizer import WordStreamTokenizer
 def test_defaults() -> None:
     cfg = OracleConfig()
     assert cfg.policy == "reset" and cfg.barge_in == "keep"
-    assert (cfg.min_new_words, cfg.max_restarts, cfg.restart_window_s, cfg.poll_s) == (2, 5, 2.0, 0.5)
+    assert (cfg.min_new_words, cfg.max_restarts, cfg.restart_window_s) == (2, 5, 2.0)
     assert cfg.max_answer_words == 30 and cfg.oracle_delay_s == 0.0
     assert cfg.sanitize.options() == SanitizeOptions()
 

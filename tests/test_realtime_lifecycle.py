@@ -23,7 +23,7 @@ def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         log_path=log,
         env={
             "KAME_ASR__KIND": "none",
-            "KAME_SERVER__MAX_SESSIONS": "2",
+            "KAME_FRONTEND__BATCH_SIZE": "2",
             "KAME_SERVER__IDLE_TIMEOUT_S": "1.0",
             "KAME_SERVER__MAX_DURATION_S": "3.0",
             "KAME_SERVER__DURATION_WARNING_S": "1.0",

@@ -29,6 +29,7 @@ CONFIG = """
 device: cpu
 frontend:
   checkpoint: "tiny:0"
+  batch_size: 3
 asr:
   kind: whisper
   device: cpu
@@ -47,7 +48,6 @@ backends:
       first_token_delay_s: 0.1
 default_backend: alpha
 server:
-  max_sessions: 3
   idle_timeout_s: 10
 """
 

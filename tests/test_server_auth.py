@@ -24,7 +24,7 @@ def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             "KAME_ASR__KIND": "none",
             "KAME_AUTH_TOKEN": TOKEN,
             "KAME_SERVER__ALLOWED_ORIGINS": f"[{GOOD_ORIGIN}]",
-            "KAME_SERVER__MAX_SESSIONS": "2",
+            "KAME_FRONTEND__BATCH_SIZE": "2",
             "KAME_SERVER__WARMUP_STEPS": "1",
         },
     ).start()

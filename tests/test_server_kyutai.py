@@ -16,7 +16,7 @@ from kame.client.realtime_client import RealtimeClient
 def server(tmp_path_factory: pytest.TempPathFactory, kame_cache_dir: Path):  # type: ignore[no-untyped-def]
     log = tmp_path_factory.mktemp("kyutai") / "server.log"
     proc = ServerProcess(cache_dir=kame_cache_dir, log_path=log,
-                         env={"KAME_ASR__KIND": "kyutai", "KAME_ASR__MODEL": "tiny:0", "KAME_SERVER__MAX_SESSIONS": "2"})
+                         env={"KAME_ASR__KIND": "kyutai", "KAME_ASR__MODEL": "tiny:0", "KAME_FRONTEND__BATCH_SIZE": "2"})
     proc.start()
     yield proc
     proc.stop()

@@ -12,7 +12,7 @@ def create_recognizer(cfg: AsrConfig, *, sessions: int = 1, cache_dir: str | Pat
     """Load the configured recogniser; None for ``kind: none``.
 
     ``sessions``: how many streams may be open at once (Kyutai STT batches
-    that many slots; the server passes ``server.max_sessions``).
+    that many slots; the server passes ``frontend.batch_size``).
     ``cache_dir``: where ``tiny:SEED`` models are made.
 
     Raises :class:`~kame.errors.UserError` (one sentence) when it cannot run

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="Listen address (default 127.0.0.1).")
     p.add_argument("--port", type=int, default=None, help="Listen port (default 8998).")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: config).")
-    p.add_argument("--max-sessions", type=int, default=None, help="Concurrent sessions = engine slots.")
+    p.add_argument("--max-sessions", type=int, default=None, help="Concurrent sessions = engine slots (frontend.batch_size).")
     p.add_argument("--ssl-certfile", type=Path, default=None, help="TLS certificate (PEM), with --ssl-keyfile.")
     p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             "server.host": args.host,
             "server.port": args.port,
             "device": args.device,
-            "server.max_sessions": args.max_sessions,
+            "frontend.batch_size": args.max_sessions,
             "server.ssl_certfile": args.ssl_certfile,
             "server.ssl_keyfile": args.ssl_keyfile,
         },

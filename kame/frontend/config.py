@@ -35,7 +35,8 @@ class FrontendConfig(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )
-    batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model.")
+    batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model "
+                            "(kame serve --max-sessions; server.max_sessions is its deprecated old name).")
     cuda_graphs: bool = Field(
         True,
         description="Use moshi's CUDA graphs on GPU for every step of the front-end engine "

@@ -61,12 +61,6 @@ class OracleConfig(BaseModel):
         description="A final transcript restarts the LLM always (published), or only if its text differs from "
         "the text of the last start.",
     )
-    poll_s: float = Field(
-        0.5,
-        gt=0,
-        description="Period of the loop's fallback tick (events are handled at once; a rate-limited "
-        "start is retried at its retry time or on this tick).",
-    )
     max_answer_words: int = Field(30, ge=1, description="Reply length the prompt asks the LLM for (words).")
     max_fed_words: int | None = Field(
         45, ge=1, description="Hard cap on words fed per answer (null: no cap); the LLM stream is cancelled there."
