@@ -404,3 +404,22 @@ def test_tiny_mimi_codes_follow_the_audio(tiny_kame_ckpt: Path) -> None:
         fresh = mimi.encode(frames[3])[0, :, 0].tolist()
     assert len({tuple(c) for c in codes}) == len(codes)
     assert fresh != codes[3]
+
+
+def test_mimi_with_older_codebook_names_loads(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    """Older Mimi files name the codebook buffers inited / cluster_size / embed_avg (moshi still loads
+    them, renaming): so does kame, to the same model."""
+    d = _copy(tiny_kame_ckpt, tmp_path / "ck")
+    renames = {"._initialized": ".inited", ".cluster_usage": ".cluster_size", ".embedding_sum": ".embed_avg"}
+
+    def rename(state: dict[str, torch.Tensor]) -> None:
+        for key in list(state):
+            for new, old in renames.items():
+                if key.endswith("_codebook" + new):
+                    state[key[: -len(new)] + old] = state.pop(key)
+
+    _rewrite(d / "mimi.safetensors", rename)
+    assert any(k.endswith("._codebook.embed_avg") for k in _keys(d / "mimi.safetensors"))
+    old = load_mimi(resolve_checkpoint(str(d)), "cpu", 8).state_dict()
+    new = load_mimi(resolve_checkpoint(str(tiny_kame_ckpt)), "cpu", 8).state_dict()
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)

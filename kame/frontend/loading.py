@@ -21,7 +21,14 @@ import torch
 
 from kame.errors import CheckpointError
 from kame.frontend.checkpoint import CheckpointFiles
-from kame.frontend.release_layout import TensorPlan, attention_modules, fused_key_map, plan_load
+from kame.frontend.release_layout import (
+    TensorPlan,
+    attention_modules,
+    codebook_prefixes,
+    fused_key_map,
+    plan_load,
+    renamed_key_map,
+)
 
 ORACLE_KEY = "oracle_emb.weight"
 #: Bytes of tensors read through one mapping of the file before it is reopened.
@@ -88,7 +95,9 @@ def _read_planned(
 
 def _plan(path: Path, module: Any, expected: dict[str, tuple[int, ...]], skip: tuple[str, ...] = ()) -> list[TensorPlan]:
     shapes = {k: v for k, v in _file_shapes(path).items() if k not in skip}
-    return plan_load(path, shapes, expected, fused_key_map(attention_modules(module), expected))
+    mapped = fused_key_map(attention_modules(module), expected)
+    mapped.update(renamed_key_map(codebook_prefixes(module), expected))
+    return plan_load(path, shapes, expected, mapped)
 
 
 def _moved(value: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

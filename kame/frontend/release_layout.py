@@ -40,6 +40,15 @@ WRITTEN_NAMES: dict[str, str] = {
     "out_projs.{i}.weight": "out_proj.weight",
 }
 
+#: Older names of Mimi's codebook buffers that moshi's ``EuclideanCodebook`` still loads (its
+#: ``_load_from_state_dict`` renames them): old name -> current name, relative to the codebook.
+CODEBOOK_OLD_NAMES: dict[str, str] = {
+    "inited": "_initialized",
+    "cluster_size": "cluster_usage",
+    "embed_avg": "embedding_sum",
+    "embed_sum": "embedding_sum",
+}
+
 Shape = tuple[int, ...]
 
 
@@ -68,6 +77,23 @@ def attention_modules(module: Any) -> list[tuple[str, int]]:
     for name, sub in module.named_modules():
         if isinstance(sub, StreamingMultiheadAttention):
             out.append((f"{name}." if name else "", int(sub.mult)))
+    return out
+
+
+def codebook_prefixes(module: Any) -> list[str]:
+    """State-dict prefixes of every Mimi codebook inside ``module``."""
+    from moshi.quantization.core_vq import EuclideanCodebook
+
+    return [f"{name}." if name else "" for name, sub in module.named_modules() if isinstance(sub, EuclideanCodebook)]
+
+
+def renamed_key_map(prefixes: list[str], expected: Mapping[str, Shape]) -> dict[str, tuple[str, ...]]:
+    """Old codebook buffer names a file may use -> the module key each one fills."""
+    out: dict[str, tuple[str, ...]] = {}
+    for prefix in prefixes:
+        for old, new in CODEBOOK_OLD_NAMES.items():
+            if prefix + new in expected:
+                out[prefix + old] = (prefix + new,)
     return out
 
 
