@@ -423,3 +423,18 @@ def test_mimi_with_older_codebook_names_loads(tiny_kame_ckpt: Path, tmp_path: Pa
     old = load_mimi(resolve_checkpoint(str(d)), "cpu", 8).state_dict()
     new = load_mimi(resolve_checkpoint(str(tiny_kame_ckpt)), "cpu", 8).state_dict()
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
+
+
+def test_make_tiny_checkpoint_command_writes_the_release_layout(tmp_path: Path) -> None:
+    kame = [sys.executable, "-m", "kame.cli", "make-tiny-checkpoint"]
+    res = subprocess.run([*kame, str(tmp_path / "stt"), "--stt", "--silence-prefix", "1.0"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    keys = _keys(tmp_path / "stt" / "model.safetensors")
+    assert any(k.endswith("self_attn.in_proj_weight") for k in keys) and not any(".in_projs." in k for k in keys)
+    cfg = json.loads((tmp_path / "stt" / "config.json").read_text())
+    assert cfg["stt_config"]["audio_silence_prefix_seconds"] == 1.0
+    res = subprocess.run([*kame, str(tmp_path / "split"), "--layout", "split"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert any(".in_projs.0." in k for k in _keys(tmp_path / "split" / "model.safetensors"))
