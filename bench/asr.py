@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from speech import RATE, silence, synthesize, word_end_times, words  # noqa: E402
 
+from kame.stats import percentile
+
 #: (text, espeak voice, words a minute)
 SENTENCES: list[tuple[str, str, int]] = [
     ("David has three sisters. Each of them has one brother. How many brothers does David have?", "en-us", 160),
@@ -128,13 +130,6 @@ def run_sentence(recognizer, text: str, voice: str, speed: int) -> SentenceResul
     return res
 
 
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 def bench_kind(kind: str, cfg_asr, sentences: list[tuple[str, str, int]]) -> dict:
     import jiwer
 
@@ -156,7 +151,7 @@ def bench_kind(kind: str, cfg_asr, sentences: list[tuple[str, str, int]]) -> dic
         "sentences": len(results),
         "wer": round(jiwer.wer([r.reference for r in results], [r.hypothesis for r in results]), 4),
         "lag_median_s": round(statistics.median(lags), 3) if lags else None,
-        "lag_p90_s": round(percentile(lags, 0.9), 3) if lags else None,
+        "lag_p90_s": round(percentile(lags, 90), 3) if lags else None,
         "stable_lag_median_s": round(statistics.median(stable), 3) if (stable := [x for r in results for x in r.stable_lags_s]) else None,
         "words_never_seen": sum(r.missed_words for r in results),
         "words": sum(len(r.lags_s) + r.missed_words for r in results),

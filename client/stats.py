@@ -12,20 +12,16 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kame.media import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.stats import percentile  # noqa: F401  (re-exported to the clients and benches)
 
 RATE = SAMPLE_RATE
 FRAME = FRAME_SIZE
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
 
 
 @dataclass

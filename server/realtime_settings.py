@@ -27,8 +27,6 @@ KAME_KEYS = (
     "text_topk",
     "silence_audio",
 )
-#: Settings the Tandem takes (``Tandem.update``); the rest are the session's own.
-TANDEM_KEYS = ("backend", "oracle_policy", "oracle_delay_s", "barge_in", "instructions", "text_temperature", "text_topk")
 BETA_AUDIO_FORMATS = ("pcm16",)
 
 

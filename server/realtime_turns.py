@@ -14,21 +14,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kame.loudness import at_least
 from kame.server import realtime_events as ev
 from kame.server.realtime_events import Event, Ids
 from kame.vocab import MOSHI_VOCAB
 
-#: RMS above which an output frame counts as speech (-40 dBFS).
-SPEAKING_RMS = 0.01
+#: Level from which an output frame counts as speech.
+SPEAKING_DBFS = -40.0
 #: Non-speaking frames that end a response (0.8 s).
 END_SILENCE_FRAMES = 10
 #: Longest response (30 s): a monologue is cut so that transcripts stay bounded.
 MAX_RESPONSE_FRAMES = 375
-
-
-def frame_rms(pcm: np.ndarray) -> float:
-    data = np.asarray(pcm, np.float32)
-    return float(np.sqrt(np.mean(np.square(data)))) if data.size else 0.0
 
 
 @dataclass
@@ -70,19 +66,19 @@ class AssistantTurns:
         *,
         end_silence_frames: int = END_SILENCE_FRAMES,
         max_frames: int = MAX_RESPONSE_FRAMES,
-        speaking_rms: float = SPEAKING_RMS,
+        speaking_dbfs: float = SPEAKING_DBFS,
     ) -> None:
         self.ids = ids
         self.conversation = conversation
         self.end_silence_frames = end_silence_frames
         self.max_frames = max_frames
-        self.speaking_rms = speaking_rms
+        self.speaking_dbfs = speaking_dbfs
         self.silence_audio = True
         self.current: _Response | None = None
         self.responses = 0
 
     def speaking(self, pcm: np.ndarray, text: str | None) -> bool:
-        return bool(text) or frame_rms(pcm) > self.speaking_rms
+        return bool(text) or at_least(pcm, self.speaking_dbfs)
 
     def frame(self, delta: str | None, *, speaking: bool, text: str | None = None) -> list[Event]:
         """Events for one output frame.

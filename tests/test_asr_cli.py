@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from speech import content_recall, silence, synthesize
 
-from kame.asr.wav import write_wav
+from kame.audio import write_wav
 
 TEXT = "Remind me to call my mother after the meeting on Thursday."
 

@@ -20,7 +20,8 @@ from kame.asr.resample import StreamResampler
 from kame.asr.stream import AsrStream, Inbox, ThreadedStream
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.asr.vad import TurnAudio, TurnDetector, TurnEnd, TurnStart
-from kame.asr.wav import load_wav_24k_mono, read_wav, write_wav
+from kame.asr.wav import load_wav_24k_mono, read_wav
+from kame.audio import write_wav
 from kame.errors import UserError
 
 

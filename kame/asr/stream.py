@@ -93,8 +93,8 @@ class AsrStream:
     """One session's recogniser stream. Thread-safe; nothing here blocks except ``join``.
 
     Feed 24 kHz mono float32 (or int16) frames of any size with :meth:`feed`;
-    read events with ``async for ev in stream.events()`` (or :meth:`get_event`
-    / plain iteration from a thread, or an ``on_event`` callback). :meth:`close`
+    read events with ``async for ev in stream.events()`` (or plain iteration
+    from a thread, or an ``on_event`` callback). :meth:`close`
     ends the input: the open turn is flushed (its ``speech_stopped`` and
     ``final`` still come), then the event iterator ends. A recogniser that
     fails emits one ``error`` event and ends the same way; the session can
@@ -152,14 +152,6 @@ class AsrStream:
     def events(self) -> AsyncIterator[AsrEvent]:
         """Async iterator over events; ends after the last one (final or error)."""
         return self._events.__aiter__()
-
-    async def next_event(self) -> AsrEvent | None:
-        """The next event, None once the stream is over."""
-        return await self._events.aget()
-
-    def get_event(self, timeout: float | None = None) -> AsrEvent | None:
-        """Blocking read for threads; None on timeout or end (see :attr:`finished`)."""
-        return self._events.get(timeout)
 
     def __iter__(self) -> Iterator[AsrEvent]:
         return iter(self._events)

@@ -16,6 +16,7 @@ import webrtcvad
 
 from kame.asr.config import TurnConfig
 from kame.asr.resample import ASR_RATE
+from kame.loudness import at_least
 
 FRAME_S = 0.03  #: WebRTC VAD accepts 10, 20 or 30 ms frames; 30 ms is the most reliable.
 START_WINDOW_S = 0.3  #: window over which ``start_s`` of voiced audio must be found
@@ -27,10 +28,10 @@ class VoiceDetector:
     def __init__(self, aggressiveness: int, min_rms_dbfs: float, rate: int = ASR_RATE) -> None:
         self._vad = webrtcvad.Vad(aggressiveness)
         self._rate = rate
-        self._min_rms = 10.0 ** (min_rms_dbfs / 20.0)
+        self._floor_dbfs = min_rms_dbfs
 
     def is_voiced(self, frame: np.ndarray) -> bool:
-        if float(np.sqrt(np.mean(np.square(frame, dtype=np.float64)))) < self._min_rms:
+        if not at_least(frame, self._floor_dbfs):
             return False
         pcm = (np.clip(frame, -1.0, 1.0) * 32767.0).astype(np.int16)
         return bool(self._vad.is_speech(pcm.tobytes(), self._rate))

@@ -87,10 +87,3 @@ def load_wav_24k_mono(path: str | Path) -> np.ndarray:
     x, rate = read_wav(path)
     return to_mono_24k(x, rate)
 
-
-def write_wav(path: str | Path, pcm: np.ndarray, rate: int = INPUT_RATE) -> None:
-    """16-bit mono WAV (for artifacts and tests)."""
-    s = (np.clip(np.asarray(pcm, np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-    header = b"RIFF" + struct.pack("<I", 36 + len(s)) + b"WAVE"
-    header += b"fmt " + struct.pack("<IHHIIHH", 16, _PCM, 1, rate, rate * 2, 2, 16)
-    Path(path).write_bytes(header + b"data" + struct.pack("<I", len(s)) + s)

@@ -223,9 +223,6 @@ class BackendRegistry:
         """The raw back-end object (no caps, breaker or fallback)."""
         return self._entries[self.resolve_name(name)].backend
 
-    def add_observer(self, observer: Observer) -> None:
-        self._observers.append(observer)
-
     def _emit(self, event: BackendEvent) -> None:
         for observer in self._observers:
             try:

@@ -11,12 +11,13 @@ out of the means and counted.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kame.eval.published import CATEGORIES, CATEGORY_TITLES, PUBLISHED, SOURCE
-from kame.eval.vad import percentile
+from kame.stats import percentile
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -88,7 +89,7 @@ def latency_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
+    return None if x is None or math.isnan(x) else round(x, 3)
 
 
 def build_summary(

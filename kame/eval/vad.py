@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from kame.loudness import at_least
 from kame.media import SAMPLE_RATE
 
 RATE = SAMPLE_RATE
@@ -78,15 +79,14 @@ class SpeechTracker:
         self._frame = round(FRAME_S * (_VAD_RATE if self.cfg.kind == "webrtc" else rate))
         self._min_frames = max(1, math.ceil(self.cfg.min_speech_s / FRAME_S - 1e-9))
         self._hang_frames = max(1, math.ceil(self.cfg.hangover_s / FRAME_S - 1e-9))
-        self._gate = 10.0 ** (self.cfg.gate_dbfs / 20.0)
-        self._energy = 10.0 ** (self.cfg.energy_dbfs / 20.0)
-        self._vad = None
+        self._vad: VoiceDetector | None = None
         self._resampler = None
         if self.cfg.kind == "webrtc":
             import soxr
-            import webrtcvad
 
-            self._vad = webrtcvad.Vad(self.cfg.aggressiveness)
+            from kame.asr.vad import VoiceDetector  # the ASR's detector: WebRTC VAD behind a loudness gate
+
+            self._vad = VoiceDetector(self.cfg.aggressiveness, self.cfg.gate_dbfs, _VAD_RATE)
             self._resampler = soxr.ResampleStream(rate, _VAD_RATE, 1, dtype="float32", quality="HQ")
         self._rest: np.ndarray = np.zeros(0, np.float32)
         self._index = 0  # frames classified so far
@@ -138,13 +138,9 @@ class SpeechTracker:
         self._rest = buf[n * self._frame :].copy()
 
     def _voiced(self, f: np.ndarray) -> bool:
-        rms = float(np.sqrt(np.mean(np.square(f, dtype=np.float64))))
         if self._vad is None:
-            return rms >= self._energy
-        if rms < self._gate:
-            return False
-        ints = (np.clip(f, -1.0, 1.0) * 32767.0).astype("<i2")
-        return bool(self._vad.is_speech(ints.tobytes(), _VAD_RATE))
+            return at_least(f, self.cfg.energy_dbfs)
+        return self._vad.is_voiced(f)
 
     def _classify(self, f: np.ndarray) -> None:
         k = self._index
@@ -212,8 +208,3 @@ def turn_latency(
     return TurnLatency(u_start, u_end, a_start, round(a_start - u_end, 3), "", theirs)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), None for no values."""
-    if not values:
-        return None
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))

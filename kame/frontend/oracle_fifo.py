@@ -46,9 +46,6 @@ class OracleFifo:
         """The token for this step: the next queued one, else the idle id."""
         return self._queue.popleft() if self._queue else self.idle_id
 
-    def peek_all(self) -> list[int]:
-        return list(self._queue)
-
     def _extend(self, ids: Iterable[int]) -> None:
         for tok in ids:
             if len(self._queue) >= self.capacity:
