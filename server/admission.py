@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import WebSocket
+from starlette import status
 
 from kame.server import protocol
 from kame.server.auth import origin_ok, token_ok, websocket_credentials
@@ -72,17 +73,17 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
 
     if not origin_ok(ws.headers.get("origin"), cfg.allowed_origins):
         log.warning("refused: origin not allowed", extra={"peer": peer, "origin": ws.headers.get("origin", "")[:100]})
-        await no("origin", protocol.CLOSE_POLICY, "origin not allowed")
+        await no("origin", status.WS_1008_POLICY_VIOLATION, "origin not allowed")
         return None
     if not token_ok(cfg.auth_token, creds.token):
         log.warning("refused: missing or wrong token", extra={"peer": peer})
-        await no("unauthorized", protocol.CLOSE_POLICY, "unauthorized")
+        await no("unauthorized", status.WS_1008_POLICY_VIOLATION, "unauthorized")
         return None
     if state.sessions.draining:
-        await no("draining", protocol.CLOSE_GOING_AWAY, DRAIN_REASON)
+        await no("draining", status.WS_1001_GOING_AWAY, DRAIN_REASON)
         return None
     if not host.ready:
-        await no("starting", protocol.CLOSE_TRY_AGAIN_LATER, "server starting, retry later")
+        await no("starting", status.WS_1013_TRY_AGAIN_LATER, "server starting, retry later")
         return None
     try:
         params = parse_session_params(
@@ -92,10 +93,10 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         )
     except ParamError as exc:
         log.info("refused: %s", exc, extra={"peer": peer})
-        await no("bad_params", protocol.CLOSE_POLICY, "invalid query parameter", error=str(exc))
+        await no("bad_params", status.WS_1008_POLICY_VIOLATION, "invalid query parameter", error=str(exc))
         return None
     if host.free_slots <= 0:
         log.info("refused: server full", extra={"peer": peer})
-        await no("full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+        await no("full", status.WS_1013_TRY_AGAIN_LATER, "server full, retry later")
         return None
     return Admitted(session_id=session_id, log=log, peer=peer, params=params)

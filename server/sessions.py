@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from kame.server import protocol
+from starlette import status
 
 if TYPE_CHECKING:
     from kame.server.metrics import ServerMetrics
@@ -121,7 +121,7 @@ class SessionManager:
             await self._wait_for_sessions(left, cut)
         rest = [s for s in self.sessions.values() if not s.done.is_set()]
         for session in rest:
-            session.end("draining", protocol.CLOSE_GOING_AWAY, DRAIN_REASON)
+            session.end("draining", status.WS_1001_GOING_AWAY, DRAIN_REASON)
         if rest:
             log.info("draining: closing %d session(s) still open", len(rest))
             done = await self._wait_done(rest, close_timeout_s)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kame.server import protocol
+from starlette import status
+
 from kame.server.config import ServerConfig
 
 
@@ -29,12 +30,12 @@ def watch(cfg: ServerConfig, *, now: float, started: float, last_audio: float, l
           send_pending: bool, warned: bool) -> WatchVerdict:
     age = now - started
     if now - last_audio >= cfg.idle_timeout_s:
-        return WatchVerdict(end=("idle", protocol.CLOSE_NORMAL, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s"))
+        return WatchVerdict(end=("idle", status.WS_1000_NORMAL_CLOSURE, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s"))
     if age >= cfg.max_duration_s:
-        return WatchVerdict(end=("max_duration", protocol.CLOSE_NORMAL,
+        return WatchVerdict(end=("max_duration", status.WS_1000_NORMAL_CLOSURE,
                                  f"maximum session duration reached ({cfg.max_duration_s:g} s)"))
     if send_pending and now - last_send >= cfg.slow_client_timeout_s:
-        return WatchVerdict(end=("slow_client", protocol.CLOSE_POLICY, "client is not reading"))
+        return WatchVerdict(end=("slow_client", status.WS_1008_POLICY_VIOLATION, "client is not reading"))
     if not warned and cfg.duration_warning_s > 0 and age >= max(0.0, cfg.max_duration_s - cfg.duration_warning_s):
         return WatchVerdict(warn_s=max(0.0, cfg.max_duration_s - age))
     return WatchVerdict()
