@@ -342,6 +342,7 @@ function stopRetrying() {
 }
 
 async function disconnect() {
+  if (retry.timer !== null) clearNotice(); // "Reconnecting in ..." no longer holds
   stopRetrying();
   sessionReady = false;
   if (client) client.close();
