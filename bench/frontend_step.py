@@ -31,9 +31,10 @@ from kame.frontend.config import FrontendConfig  # noqa: E402
 from kame.frontend.engine import EngineCore  # noqa: E402
 from kame.frontend.models import load_frontend  # noqa: E402
 from kame.frontend.tiny import ensure_tiny_checkpoint  # noqa: E402
+from kame.media import FRAME_SIZE
 from kame.versions import versions_line  # noqa: E402
 
-FRAME = 1920
+FRAME = FRAME_SIZE
 
 
 def _frame(i: int) -> np.ndarray:

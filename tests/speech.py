@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-RATE = 24000
+from kame.media import SAMPLE_RATE
+
+RATE = SAMPLE_RATE
 
 #: Words that carry little content; accuracy checks count the others.
 STOPWORDS = frozenset(

@@ -25,8 +25,8 @@ import pytest
 from moshi_client import FRAME, MoshiClient, ServerProcess
 
 from kame.client.realtime_client import RealtimeClient, RealtimeStats
+from kame.media import FRAME_S
 
-FRAME_S = 0.08
 BASELINE_S = 6.0
 
 

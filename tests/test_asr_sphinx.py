@@ -14,8 +14,9 @@ from speech import content_words, silence, synthesize, words
 from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer
 from kame.asr.process import ProcessStream
 from kame.asr.sphinx import PocketsphinxRecognizer
+from kame.media import FRAME_SIZE
 
-FRAME = 1920
+FRAME = FRAME_SIZE
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer, transcri
 from kame.asr.stream import ThreadedStream
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.asr.whisper import WhisperRecognizer
+from kame.media import FRAME_SIZE
 
-FRAME = 1920
+FRAME = FRAME_SIZE
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,10 @@ from kame.eval.analysis import read_stereo_wav, turn_facts
 from kame.eval.runner import ServerTarget
 from kame.eval.session import DriveConfig, SessionError, drive_question
 from kame.eval.vad import VadConfig, speech_segments, turn_latency
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 
-RATE = 24000
-FRAME = 1920
+RATE = SAMPLE_RATE
+FRAME = FRAME_SIZE
 
 
 def burst(seconds: float, amp: float = 0.3) -> np.ndarray:

@@ -23,8 +23,9 @@ from kame.eval.vad import (
     speech_segments,
     turn_latency,
 )
+from kame.media import SAMPLE_RATE
 
-RATE = 24000
+RATE = SAMPLE_RATE
 REPO = Path(__file__).resolve().parent.parent
 
 
