@@ -173,12 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="print each sentence's final")
     args = p.parse_args(argv)
 
-    from kame.config import load_config
     from kame.errors import UserError
+    from kame.server.config import load_app_config
     from kame.versions import versions_line
 
     print(versions_line())
-    cfg = load_config(args.config)
+    cfg = load_app_config(args.config)
     sentences = SENTENCES[:2] if args.quick else SENTENCES
     out = []
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:

@@ -23,7 +23,7 @@ import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -32,7 +32,6 @@ from kame.asr.config import AsrConfig
 from kame.backend.config import BackendConfig, LlmConfig, ToolsConfig
 from kame.frontend.config import FrontendConfig
 from kame.oracle.config import OracleConfig
-from kame.server.config import ServerConfig
 
 ENV_PREFIX = "KAME_"
 #: Short environment names for settings that people set by hand.
@@ -64,17 +63,13 @@ def _default_cache_dir() -> Path:
     return Path(os.path.expanduser("~/.cache/kame"))
 
 
-class LogConfig(BaseModel):
-    """Logging. Transcript text is only logged at ``debug``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    level: str = Field("info", description="debug, info, warning or error.")
-    json_format: bool = Field(False, description="One JSON object per log line.")
-
-
 class KameConfig(BaseModel):
-    """Every setting of kame."""
+    """The core's settings: models, speech recognition, the oracle, LLM back-ends and tools.
+
+    Applications compose it: the server's config (:class:`kame.server.config.AppConfig`, what
+    every ``kame`` command loads) adds the ``server`` and ``log`` sections; this module never
+    imports the server.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -95,10 +90,11 @@ class KameConfig(BaseModel):
     llm: LlmConfig = Field(default_factory=LlmConfig, description="Caps over all LLM back-ends together.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Function tools and MCP servers.")
 
-    @model_validator(mode="before")
     @classmethod
-    def _sessions_setting(cls, data: Any) -> Any:
-        return moved_max_sessions(data, "config") if isinstance(data, dict) else data
+    def normalize_layer(cls, tree: dict[str, Any], where: str) -> dict[str, Any]:
+        """A hook for one layer (file, environment, flags) before the layers merge: renamed settings
+        are moved here by models that have some. ``where`` names the layer for messages."""
+        return tree
 
     @model_validator(mode="after")
     def _mcp_names(self) -> KameConfig:
@@ -109,8 +105,9 @@ class KameConfig(BaseModel):
                     f"backends.{name}.mcp_servers: {', '.join(unknown)} not in tools.mcp_servers"
                 )
         return self
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
+
+
+Config = TypeVar("Config", bound=KameConfig)
 
 
 class ConfigError(ValueError):
@@ -118,26 +115,6 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------- assembling
-
-
-def moved_max_sessions(tree: dict[str, Any], where: str) -> dict[str, Any]:
-    """``server.max_sessions`` is deprecated: it set the same number as ``frontend.batch_size`` (the
-    engine's slots, which are the concurrent sessions). Moved there with a warning, within one layer
-    (so precedence holds); both in one layer with different values is an error."""
-    server = tree.get("server")
-    if not isinstance(server, dict) or server.get("max_sessions") is None:
-        return tree
-    server = {k: v for k, v in server.items() if k != "max_sessions"}
-    sessions = tree["server"]["max_sessions"]
-    frontend = tree.get("frontend")
-    frontend = dict(frontend) if isinstance(frontend, dict) else {}
-    if frontend.get("batch_size", sessions) != sessions:
-        raise ValueError(f"{where}: server.max_sessions ({sessions}) and frontend.batch_size "
-                         f"({frontend['batch_size']}) disagree; server.max_sessions is deprecated, set only frontend.batch_size")
-    log.warning("%s: server.max_sessions is deprecated, use frontend.batch_size (the same number: "
-                "concurrent sessions = engine slots)", where)
-    frontend["batch_size"] = sessions
-    return {**tree, "server": server, "frontend": frontend}
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -184,7 +161,7 @@ def _is_mapping(annotation: Any) -> bool:
 
 
 def setting_exists(dotted: str, model: type[BaseModel] | None = None) -> bool:
-    """Whether ``dotted`` (``server.port``) names a setting of :class:`KameConfig`.
+    """Whether ``dotted`` (``frontend.batch_size``) names a setting of ``model`` (:class:`KameConfig`).
 
     Below a mapping field (``backends.NAME....``) any path is accepted here;
     pydantic validates it with the rest of the layer.
@@ -212,9 +189,9 @@ def is_env_alias(name: str) -> bool:
     return name in ENV_ALIASES or name in ENV_NOT_SETTINGS
 
 
-def ignored_env_names(environ: Mapping[str, str]) -> list[str]:
+def ignored_env_names(environ: Mapping[str, str], model: type[BaseModel] = KameConfig) -> list[str]:
     """``KAME_`` names without ``__`` that are no setting and no alias (ignored, with a warning)."""
-    top_fields = set(KameConfig.model_fields)
+    top_fields = set(model.model_fields)
     out = []
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or is_env_alias(name) or "__" in name:
@@ -235,15 +212,18 @@ def _warn_ignored(name: str) -> None:
     )
 
 
-def env_overrides(environ: Mapping[str, str], *, warn: bool = True) -> dict[str, Any]:
-    """Settings found in ``environ`` as a nested dict.
+def env_overrides(
+    environ: Mapping[str, str], *, warn: bool = True, model: type[BaseModel] = KameConfig
+) -> dict[str, Any]:
+    """Settings of ``model`` found in ``environ`` as a nested dict.
 
     A ``__`` name that names no setting raises :class:`ConfigError`; other
     unknown ``KAME_`` names are skipped (one warning line each, values never
-    logged).
+    logged), and so are aliases of settings ``model`` does not have
+    (``KAME_AUTH_TOKEN`` without the server's sections).
     """
     tree: dict[str, Any] = {}
-    ignored = set(ignored_env_names(environ))
+    ignored = set(ignored_env_names(environ, model))
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
@@ -253,9 +233,11 @@ def env_overrides(environ: Mapping[str, str], *, warn: bool = True) -> dict[str,
             continue
         if name in ENV_ALIASES:
             dotted = ENV_ALIASES[name]
+            if not setting_exists(dotted, model):
+                continue
         else:
             dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            if not setting_exists(dotted):
+            if not setting_exists(dotted, model):
                 raise ConfigError(f"environment variable {name}: no such setting '{dotted}'")
         _set_path(tree, dotted, _parse_scalar(raw))
     return tree
@@ -294,10 +276,11 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
-) -> KameConfig:
-    """Build the effective config: defaults < YAML file < environment < ``overrides``.
+    model: type[Config] = KameConfig,  # type: ignore[assignment]  # (the TypeVar's bound: the core)
+) -> Config:
+    """Build the effective ``model`` config: defaults < YAML file < environment < ``overrides``.
 
-    ``overrides`` maps dotted keys (``"server.port"``) to values from flags.
+    ``overrides`` maps dotted keys (``"frontend.batch_size"``) to values from flags.
     ``path`` None falls back to ``$KAME_CONFIG``. Names of built-in configs
     (``default``, ``cpu-demo``) are accepted as well as paths.
     """
@@ -310,26 +293,26 @@ def load_config(
         resolved = resolve_config_path(path)
         data = read_yaml(resolved)
         source = f"config {resolved}"
-    env_tree = env_overrides(environ)
+    env_tree = env_overrides(environ, model=model)
     flag_tree: dict[str, Any] = {}
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set_path(flag_tree, dotted, value)
     # Validate each layer on its own first so an error names where it came from.
     try:
-        data, env_tree, flag_tree = (moved_max_sessions(data, source), moved_max_sessions(env_tree, "environment"),
-                                     moved_max_sessions(flag_tree, "command line"))
+        data, env_tree, flag_tree = (model.normalize_layer(data, source), model.normalize_layer(env_tree, "environment"),
+                                     model.normalize_layer(flag_tree, "command line"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     for layer, where in ((data, source), (env_tree, "environment"), (flag_tree, "command line")):
         if layer:
             try:
-                KameConfig.model_validate(layer)
+                model.model_validate(layer)
             except ValidationError as exc:
                 raise ConfigError(_format_error(exc, where)) from None
     merged = _deep_merge(_deep_merge(data, env_tree), flag_tree)
     try:
-        return KameConfig.model_validate(merged)
+        return model.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, "config")) from None
 
@@ -381,5 +364,5 @@ def masked_dump(cfg: BaseModel) -> dict[str, Any]:
     return walk(cfg)
 
 
-def dump_yaml(cfg: KameConfig) -> str:
+def dump_yaml(cfg: BaseModel) -> str:
     return yaml.safe_dump(masked_dump(cfg), sort_keys=False, default_flow_style=False)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from kame.config import ENV_ALIASES, KameConfig
+from kame.config import ENV_ALIASES
 
 HEADER = """# Configuration
 
@@ -127,7 +127,8 @@ def _section(model: type[BaseModel], prefix: str, out: list[str], title: str) ->
         _section(sub, sub_prefix, out, sub_title)
 
 
-def render_markdown() -> str:
+def render_markdown(model: type[BaseModel]) -> str:
+    """The page for ``model`` (``kame config docs`` renders the whole config, kame.server.config.AppConfig)."""
     out: list[str] = [HEADER.rstrip("\n")]
-    _section(KameConfig, "", out, "(top level)")
+    _section(model, "", out, "(top level)")
     return "\n".join(out) + "\n"

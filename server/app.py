@@ -30,7 +30,7 @@ from kame.server.sessions import SessionManager
 if TYPE_CHECKING:
     import torch
 
-    from kame.config import KameConfig
+    from kame.server.config import AppConfig
     from kame.server.http_routes import BackendHealthCache
 
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class AppState:
     """Everything one server instance owns (lives on ``app.state.kame``)."""
 
-    cfg: KameConfig
+    cfg: AppConfig
     metrics: ServerMetrics
     host: ModelHost
     sessions: SessionManager
@@ -60,7 +60,7 @@ class AppState:
 
 
 def create_app(
-    cfg: KameConfig,
+    cfg: AppConfig,
     *,
     device: torch.device | str,
     environ: Mapping[str, str] | None = None,

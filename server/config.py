@@ -1,10 +1,22 @@
-"""Settings of the HTTP/websocket server (``server.*``)."""
+"""The server's settings (``server.*``, ``log.*``) and the whole config: the core's plus them.
+
+:class:`AppConfig` is what every ``kame`` command loads (:func:`load_app_config`): a YAML
+file shared by ``kame serve`` and ``kame run`` may hold every section. The core
+(:mod:`kame.config`) never imports this module.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from kame.config import KameConfig, load_config
+
+log = logging.getLogger("kame.config")
 
 
 class ServerConfig(BaseModel):
@@ -14,7 +26,7 @@ class ServerConfig(BaseModel):
 
     host: str = Field("127.0.0.1", description="Listen address.")
     port: int = Field(8998, ge=0, le=65535, description="Listen port.")
-    max_sessions: int | None = Field(  # always None once KameConfig is validated
+    max_sessions: int | None = Field(  # always None once AppConfig is validated
         None,
         ge=1,
         le=256,
@@ -118,3 +130,58 @@ class ServerConfig(BaseModel):
     )
     ssl_certfile: Path | None = Field(None, description="TLS certificate (PEM); together with ssl_keyfile the server speaks https/wss.")
     ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM).")
+
+
+class LogConfig(BaseModel):
+    """Logging. Transcript text is only logged at ``debug``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: str = Field("info", description="debug, info, warning or error.")
+    json_format: bool = Field(False, description="One JSON object per log line.")
+
+
+class AppConfig(KameConfig):
+    """Every setting of kame (the core's, kame.config.KameConfig, and the server's)."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @classmethod
+    def normalize_layer(cls, tree: dict[str, Any], where: str) -> dict[str, Any]:
+        return moved_max_sessions(tree, where)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sessions_setting(cls, data: Any) -> Any:
+        return moved_max_sessions(data, "config") if isinstance(data, dict) else data
+
+
+def load_app_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AppConfig:
+    """:func:`kame.config.load_config` for the whole config (file < environment < flags)."""
+    return load_config(path, environ=environ, overrides=overrides, model=AppConfig)
+
+
+def moved_max_sessions(tree: dict[str, Any], where: str) -> dict[str, Any]:
+    """``server.max_sessions`` is deprecated: it set the same number as ``frontend.batch_size`` (the
+    engine's slots, which are the concurrent sessions). Moved there with a warning, within one layer
+    (so precedence holds); both in one layer with different values is an error."""
+    server = tree.get("server")
+    if not isinstance(server, dict) or server.get("max_sessions") is None:
+        return tree
+    server = {k: v for k, v in server.items() if k != "max_sessions"}
+    sessions = tree["server"]["max_sessions"]
+    frontend = tree.get("frontend")
+    frontend = dict(frontend) if isinstance(frontend, dict) else {}
+    if frontend.get("batch_size", sessions) != sessions:
+        raise ValueError(f"{where}: server.max_sessions ({sessions}) and frontend.batch_size "
+                         f"({frontend['batch_size']}) disagree; server.max_sessions is deprecated, set only frontend.batch_size")
+    log.warning("%s: server.max_sessions is deprecated, use frontend.batch_size (the same number: "
+                "concurrent sessions = engine slots)", where)
+    frontend["batch_size"] = sessions
+    return {**tree, "server": server, "frontend": frontend}

@@ -23,8 +23,8 @@ from types import FrameType
 
 import uvicorn
 
-from kame.config import KameConfig
 from kame.server.app import AppState, create_app
+from kame.server.config import AppConfig
 
 log = logging.getLogger("kame.server")
 
@@ -64,7 +64,7 @@ class KameServer(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def run_server(cfg: KameConfig, device: str, *, environ: Mapping[str, str] | None = None) -> int:
+def run_server(cfg: AppConfig, device: str, *, environ: Mapping[str, str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; 1 if the models could not be loaded, else 0."""
     failures: list[str] = []
     holder: dict[str, KameServer] = {}

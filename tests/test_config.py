@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kame.config import ConfigError, dump_yaml, load_config
+from kame.config import ConfigError, KameConfig, dump_yaml
 from kame.config_docs import render_markdown
+from kame.server.config import AppConfig, load_app_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,14 +23,14 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
     f = write(tmp_path, "server:\n  port: 1111\n  host: 0.0.0.0\nfrontend:\n  batch_size: 3\n")
-    assert load_config(environ={}).server.port == 8998
-    assert load_config(f, environ={}).server.port == 1111
+    assert load_app_config(environ={}).server.port == 8998
+    assert load_app_config(f, environ={}).server.port == 1111
     env = {"KAME_SERVER__PORT": "2222"}
-    cfg = load_config(f, environ=env)
+    cfg = load_app_config(f, environ=env)
     assert cfg.server.port == 2222
     assert cfg.server.host == "0.0.0.0"  # file value kept beside the env override
     assert cfg.frontend.batch_size == 3
-    cfg = load_config(f, environ=env, overrides={"server.port": 3333, "server.host": None})
+    cfg = load_app_config(f, environ=env, overrides={"server.port": 3333, "server.host": None})
     assert cfg.server.port == 3333
     assert cfg.server.host == "0.0.0.0"  # a flag left unset (None) does not override
 
@@ -41,7 +42,7 @@ def test_env_values_are_typed_and_aliases(tmp_path: Path) -> None:
         "KAME_AUTH_TOKEN": "s3cret-token",
         "KAME_LLM_BASE_URL": "http://127.0.0.1:1/v1",  # read by the back-ends, not a setting
     }
-    cfg = load_config(environ=env)
+    cfg = load_app_config(environ=env)
     assert cfg.frontend.sampling.temp == 0.5
     assert cfg.cache_dir == tmp_path
     assert cfg.server.auth_token is not None and cfg.server.auth_token.get_secret_value() == "s3cret-token"
@@ -64,7 +65,7 @@ def test_env_values_are_typed_and_aliases(tmp_path: Path) -> None:
 def test_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, env: dict[str, str], needle: str) -> None:
     f = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
-        load_config(f, environ=env)
+        load_app_config(f, environ=env)
     msg = str(info.value)
     assert needle in msg
     assert "\n" not in msg
@@ -72,11 +73,11 @@ def test_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, env: dict
 
 def test_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
-        load_config(tmp_path / "nope.yaml", environ={})
+        load_app_config(tmp_path / "nope.yaml", environ={})
 
 
 def test_show_masks_secrets() -> None:
-    cfg = load_config(environ={"KAME_AUTH_TOKEN": "hunter2-very-secret"})
+    cfg = load_app_config(environ={"KAME_AUTH_TOKEN": "hunter2-very-secret"})
     text = dump_yaml(cfg)
     assert "hunter2-very-secret" not in text
     assert "auth_token: '***'" in text
@@ -84,7 +85,7 @@ def test_show_masks_secrets() -> None:
 
 def test_docs_in_sync_with_models() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    assert doc == render_markdown(), "docs/configuration.md is stale: run `kame config docs > docs/configuration.md`"
+    assert doc == render_markdown(AppConfig), "docs/configuration.md is stale: run `kame config docs > docs/configuration.md`"
 
 
 def test_cli_config_show_and_error(tmp_path: Path) -> None:
@@ -117,10 +118,10 @@ def test_names_without_double_underscore_that_are_no_setting_warn_once(caplog: p
     from kame.config import ignored_env_names
 
     env = {**K8S_SERVICE_LINKS, "KAME_SERVER__PORT": "9001", "KAME_DEVICE": "cpu", "KAME_AUTH_TOKEN": "tok-123"}
-    assert ignored_env_names(env) == sorted(K8S_SERVICE_LINKS)
+    assert ignored_env_names(env, AppConfig) == sorted(K8S_SERVICE_LINKS)
     with caplog.at_level("WARNING", logger="kame.config"):
-        cfg = load_config(environ=env)
-        load_config(environ=env)  # a second load does not repeat the warnings
+        cfg = load_app_config(environ=env)
+        load_app_config(environ=env)  # a second load does not repeat the warnings
     assert cfg.server.port == 9001 and cfg.device == "cpu"
     warned = [r.getMessage() for r in caplog.records if r.name == "kame.config"]
     assert len(warned) == len(K8S_SERVICE_LINKS)
@@ -133,9 +134,10 @@ def test_names_without_double_underscore_that_are_no_setting_warn_once(caplog: p
 def test_setting_paths_are_checked_below_the_top_level() -> None:
     from kame.config import setting_exists
 
-    assert setting_exists("server.port") and setting_exists("frontend.sampling.temp")
+    assert setting_exists("server.port", AppConfig) and setting_exists("frontend.sampling.temp")
     assert setting_exists("backends.mine.base_url")  # below a mapping: validated by pydantic
-    assert not setting_exists("server.port.x") and not setting_exists("server.prot") and not setting_exists("port")
+    assert not setting_exists("server.port.x", AppConfig) and not setting_exists("server.prot", AppConfig)
+    assert not setting_exists("port") and not setting_exists("server.port")  # the core has no server section
 
 
 def test_max_sessions_is_a_deprecated_name_for_batch_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -143,10 +145,19 @@ def test_max_sessions_is_a_deprecated_name_for_batch_size(tmp_path: Path, caplog
     there with a warning, keeping precedence, and a layer that sets both differently is an error."""
     f = write(tmp_path, "frontend:\n  batch_size: 8\n")
     with caplog.at_level("WARNING", logger="kame.config"):
-        cfg = load_config(f, environ={"KAME_SERVER__MAX_SESSIONS": "2"})
+        cfg = load_app_config(f, environ={"KAME_SERVER__MAX_SESSIONS": "2"})
     assert cfg.frontend.batch_size == 2 and cfg.server.max_sessions is None  # the environment wins over the file
     assert "server.max_sessions is deprecated" in caplog.text and "environment" in caplog.text
-    assert load_config(f, environ={}, overrides={"frontend.batch_size": 6}).frontend.batch_size == 6  # kame serve --max-sessions
-    assert load_config(write(tmp_path, "server:\n  max_sessions: 5\n"), environ={}).frontend.batch_size == 5
+    assert load_app_config(f, environ={}, overrides={"frontend.batch_size": 6}).frontend.batch_size == 6  # kame serve --max-sessions
+    assert load_app_config(write(tmp_path, "server:\n  max_sessions: 5\n"), environ={}).frontend.batch_size == 5
     with pytest.raises(ConfigError, match=r"server.max_sessions \(2\) and frontend.batch_size \(4\) disagree"):
-        load_config(write(tmp_path, "server:\n  max_sessions: 2\nfrontend:\n  batch_size: 4\n"), environ={})
+        load_app_config(write(tmp_path, "server:\n  max_sessions: 2\nfrontend:\n  batch_size: 4\n"), environ={})
+
+
+def test_the_core_config_does_not_import_the_server() -> None:
+    """The server's config composes the core's (AppConfig extends KameConfig), never the other way round."""
+    code = "import sys, kame.config; print(sorted(m for m in sys.modules if m.startswith('kame.server')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    assert issubclass(AppConfig, KameConfig)
+    assert set(AppConfig.model_fields) - set(KameConfig.model_fields) == {"server", "log"}

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from kame.config import ENV_NOT_SETTINGS, KameConfig, env_overrides, load_config
+from kame.config import ENV_NOT_SETTINGS, env_overrides
+from kame.server.config import AppConfig, load_app_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +26,8 @@ def test_compose_env_is_what_the_server_reads() -> None:
     kame_vars = {k: v for k, v in env.items() if k.startswith("KAME_")}
     settings = {k: v for k, v in kame_vars.items() if k not in ENV_NOT_SETTINGS}
     assert settings, "expected some KAME_ settings"
-    env_overrides(settings)  # raises on a name that is no setting
-    cfg = load_config(environ=kame_vars)
+    env_overrides(settings, model=AppConfig)  # raises on a name that is no setting
+    cfg = load_app_config(environ=kame_vars)
     assert cfg.frontend.batch_size == int(env["KAME_FRONTEND__BATCH_SIZE"])
     from kame.backend.resolve import resolve_backends
 
@@ -51,7 +52,7 @@ def test_compose_vllm_serves_the_model_kame_asks_for() -> None:
 
 
 def test_ports_and_health_match_the_server() -> None:
-    port = KameConfig().server.port
+    port = AppConfig().server.port
     df = dockerfile()
     assert f"EXPOSE {port}" in df
     assert f'"--port", "{port}"' in df and '"--host", "0.0.0.0"' in df
@@ -62,7 +63,7 @@ def test_ports_and_health_match_the_server() -> None:
     from kame.server.app import create_app
 
     paths: set[str] = set()
-    for route in create_app(KameConfig(), device="cpu", environ={}).routes:
+    for route in create_app(AppConfig(), device="cpu", environ={}).routes:
         inner = getattr(route, "original_router", None)  # FastAPI's included routers
         paths |= {r.path for r in inner.routes} if inner is not None else {getattr(route, "path", "")}
     assert {"/health", "/ready", "/metrics", "/api/chat"} <= paths
@@ -82,7 +83,7 @@ def test_dockerfile_installs_like_the_readme() -> None:
         assert re.search(rf"{var}={volume.group(1)}/", df), f"{var} is not on the volume"
     from kame.server.runner import shutdown_budget_s
 
-    server = KameConfig().server
+    server = AppConfig().server
     budget = shutdown_budget_s(server.drain_grace_s, server.drain_timeout_s)
     assert budget < 10  # Docker's default grace period (docker stop -t 10)
     grace = compose()["services"]["kame"]["stop_grace_period"]

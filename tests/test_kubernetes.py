@@ -14,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kame.config import ENV_NOT_SETTINGS, env_overrides, load_config
+from kame.config import ENV_NOT_SETTINGS, env_overrides
+from kame.server.config import AppConfig, load_app_config
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -81,11 +82,10 @@ def test_pods_have_a_gpu_and_no_service_links(docs: list[dict[str, Any]]) -> Non
 
 
 def _app_paths() -> set[str]:
-    from kame.config import KameConfig
     from kame.server.app import create_app
 
     paths: set[str] = set()
-    for route in create_app(KameConfig(), device="cpu", environ={}).routes:
+    for route in create_app(AppConfig(), device="cpu", environ={}).routes:
         inner = getattr(route, "original_router", None)
         paths |= {r.path for r in inner.routes} if inner is not None else {getattr(route, "path", "")}
     return paths
@@ -126,8 +126,8 @@ def test_config_map_and_environment_are_what_kame_reads(docs: list[dict[str, Any
     path = tmp_path / "kame.yaml"
     path.write_text(yaml.safe_dump(data))
     kame_env = {k: v for k, v in env.items() if k.startswith("KAME_") and k != "KAME_CONFIG"}
-    env_overrides({k: v for k, v in kame_env.items() if k not in ENV_NOT_SETTINGS})  # unknown names raise
-    cfg = load_config(path, environ=kame_env)
+    env_overrides({k: v for k, v in kame_env.items() if k not in ENV_NOT_SETTINGS}, model=AppConfig)  # unknown names raise
+    cfg = load_app_config(path, environ=kame_env)
     assert cfg.server.host == "0.0.0.0" and cfg.server.port == 8998
     assert cfg.device.startswith("cuda")
     c = kame_container(docs)
@@ -144,7 +144,7 @@ def test_grace_period_covers_the_drain(docs: list[dict[str, Any]], tmp_path: Pat
     data, env = _config(docs)
     path = tmp_path / "kame.yaml"
     path.write_text(yaml.safe_dump(data))
-    cfg = load_config(path, environ={k: v for k, v in env.items() if k.startswith("KAME_") and k != "KAME_CONFIG"})
+    cfg = load_app_config(path, environ={k: v for k, v in env.items() if k.startswith("KAME_") and k != "KAME_CONFIG"})
     grace = one(docs, "Deployment", "kame")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     from kame.server.runner import shutdown_budget_s
 
@@ -205,7 +205,7 @@ def test_vllm_overlay_makes_vllm_the_default_backend() -> None:
         p = Path(d) / "kame.yaml"
         p.write_text(yaml.safe_dump(data))
         kame_env = {k: v for k, v in kenv.items() if k.startswith("KAME_") and k != "KAME_CONFIG"}
-        resolved = resolve_backends(load_config(p, environ=kame_env), kame_env)
+        resolved = resolve_backends(load_app_config(p, environ=kame_env), kame_env)
     assert resolved.default is not None
     assert resolved.backends[resolved.default].base_url == env["KAME_LLM_BASE_URL"]
     base = render("base")
@@ -217,5 +217,5 @@ def test_example_secret_holds_only_known_names() -> None:
     kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
     names = set(secret["stringData"])
     kame = {n for n in names if n.startswith("KAME_")}
-    env_overrides({n: "x" for n in kame if n not in ENV_NOT_SETTINGS})
+    env_overrides({n: "x" for n in kame if n not in ENV_NOT_SETTINGS}, model=AppConfig)
     assert "KAME_AUTH_TOKEN" in names and "KAME_LLM_API_KEY" in names

@@ -13,13 +13,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kame.config import dump_yaml, load_config
+    from kame.config import dump_yaml
+    from kame.server.config import AppConfig, load_app_config
 
     if args.action == "docs":
         from kame.config_docs import render_markdown
 
-        print(render_markdown(), end="")
+        print(render_markdown(AppConfig), end="")
         return 0
-    cfg = load_config(args.config)
+    cfg = load_app_config(args.config)
     print(dump_yaml(cfg), end="")
     return 0

@@ -27,10 +27,12 @@ def _is_local(spec: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kame.config import load_config
     from kame.frontend.checkpoint import resolve_checkpoint
+    from kame.server.config import load_app_config
 
-    cfg = load_config(args.config, overrides={"frontend.checkpoint": args.checkpoint, "asr.kind": args.asr, "asr.model": args.asr_model})
+    cfg = load_app_config(
+        args.config, overrides={"frontend.checkpoint": args.checkpoint, "asr.kind": args.asr, "asr.model": args.asr_model}
+    )
     ckpt = cfg.frontend.checkpoint
     if _is_local(ckpt):
         print(f"front-end checkpoint {ckpt}: local, nothing to download")

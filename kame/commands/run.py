@@ -43,17 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kame.audio import read_audio, write_wav
-    from kame.config import load_config
     from kame.errors import UserError
     from kame.frontend.engine import EngineCore
     from kame.frontend.loading import resolve_device
     from kame.frontend.models import load_frontend
     from kame.frontend.runner import OracleInjection, run_offline, write_text_file
     from kame.oracle.answer_text import encode_answer_text
+    from kame.server.config import load_app_config
     from kame.versions import versions_line
 
     tandem = bool(args.backend) or (args.asr not in (None, "none"))
-    cfg = load_config(
+    cfg = load_app_config(
         args.config,
         overrides={
             "frontend.checkpoint": args.checkpoint,

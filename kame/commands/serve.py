@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kame.config import KameConfig
+    from kame.server.config import AppConfig
 
 NAME = "serve"
 HELP = "Serve the voice assistant over websockets (Moshi protocol on /api/chat); see docs/server.md."
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
 
 
-def _secrets(cfg: KameConfig, environ: dict[str, str]) -> list[str]:
+def _secrets(cfg: AppConfig, environ: dict[str, str]) -> list[str]:
     """Values that must never reach a log line: the auth token and the back-ends' API keys."""
     from kame.backend.resolve import resolve_backends
 
@@ -42,13 +42,13 @@ def _secrets(cfg: KameConfig, environ: dict[str, str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kame.config import load_config
     from kame.errors import UserError
+    from kame.server.config import load_app_config
 
     environ = dict(os.environ)
     # `kame serve` alone serves the built-in `default` config (unless $KAME_CONFIG names one).
     config = args.config or (None if environ.get("KAME_CONFIG") else "default")
-    cfg = load_config(
+    cfg = load_app_config(
         config,
         environ=environ,
         overrides={

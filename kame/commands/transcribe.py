@@ -90,9 +90,9 @@ async def _realtime(recognizer: Recognizer, pcm: np.ndarray, as_json: bool) -> i
 def run(args: argparse.Namespace) -> int:
     from kame.asr import create_recognizer, transcribe_offline
     from kame.asr.wav import load_wav_24k_mono
-    from kame.config import load_config
+    from kame.server.config import load_app_config
 
-    cfg = load_config(args.config, overrides={"asr.kind": args.asr})
+    cfg = load_app_config(args.config, overrides={"asr.kind": args.asr})
     pcm = load_wav_24k_mono(args.input)  # before loading a model: a bad file fails fast
     recognizer = create_recognizer(cfg.asr, cache_dir=cfg.cache_dir)
     if recognizer is None:
