@@ -337,7 +337,8 @@ def test_shared_engine_prefix_costs_other_slots_no_frame(stt_prefix_ckpt: Path, 
 
     ticks, joins = [], []
     for _ in range(3):
-        core.stt_detach(1)
+        core.detach(1)  # (drops the slot's STT lag too)
+        core.attach(1)
         t0 = time.perf_counter()
         core.stt_attach(1)
         joins.append(time.perf_counter() - t0)

@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -71,9 +71,6 @@ class _SlotState:
     steps: int = 0
     temp_text: float | None = None
     top_k_text: int | None = None
-    # moshi text-token ids of this slot's text, for debugging/inspection
-    last_text_id: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_sampling(cfg: FrontendConfig, lm_gen_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,7 +194,6 @@ class EngineCore:
         state.fifo.clear()
         state.attached = True
         state.steps = 0
-        state.last_text_id = None
         self.set_slot_sampling(slot, None, None)
 
     def detach(self, slot: int) -> None:
@@ -227,10 +223,6 @@ class EngineCore:
         self._stt_lag.pop(slot, None)
         if self._stt_silence is not None and self._stt_silence.shape[-1]:
             self._stt_lag[slot] = deque(self._stt_silence[0, :, i : i + 1].clone() for i in range(self._stt_silence.shape[-1]))
-
-    def stt_detach(self, slot: int) -> None:
-        self._stt_mask[slot] = False
-        self._stt_lag.pop(slot, None)
 
     @property
     def stt_lag_frames(self) -> int:
@@ -273,9 +265,6 @@ class EngineCore:
     def oracle_clear(self, slot: int) -> None:
         self._check_slot(slot)
         self.slots[slot].fifo.clear()
-
-    def fifo(self, slot: int) -> OracleFifo:
-        return self.slots[slot].fifo
 
     # ------------------------------------------------------------------ sampling per slot
     def set_slot_sampling(self, slot: int, temp_text: float | None, top_k_text: int | None) -> None:
@@ -350,7 +339,6 @@ class EngineCore:
                 stt=stt_out.get(slot),
             )
             state.steps += 1
-            state.last_text_id = results[slot].text_id
         return results
 
     def _set_mimi_mask(self, mask: torch.Tensor) -> None:
