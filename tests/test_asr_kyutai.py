@@ -154,7 +154,7 @@ def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_
     eng = EngineThread(EngineCore(load_frontend(cfg, torch.device("cpu"), mimi_codebooks=32), cfg, stt=stt))
     eng.start()
     asr_cfg = AsrConfig(kind="kyutai", model=str(stt_ckpt), device="cpu")
-    shared = SharedKyutaiAsr(asr_cfg, stt.piece_of, delay_frames=stt.delay_frames)
+    shared = SharedKyutaiAsr(asr_cfg, stt.piece_of, delay_frames=stt.delay_frames, vocab=stt.vocab)
     rng = np.random.default_rng(5)
     audio = (0.2 * rng.standard_normal(1920 * 30)).astype(np.float32)
 

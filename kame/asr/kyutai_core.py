@@ -29,8 +29,9 @@ import torch
 
 from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
 from kame.frontend.loading import load_lm, load_mimi, load_tokenizer, resolve_dtype
+from kame.media import FRAME_RATE, FRAME_SIZE
+from kame.vocab import TextVocab
 
-FRAME_RATE = 12.5
 STT_CODEBOOKS = 32
 #: The Kyutai STT whose config has the end-of-turn heads (4 heads, dim 6; head 2 > 0.5 = end of turn):
 #: what Kyutai's own PyTorch script loads when it wants voice activity / turn ends.
@@ -81,6 +82,7 @@ class SttCore:
         if self.lm.dep_q != 0 or self.lm.n_q < STT_CODEBOOKS:
             raise ValueError(f"checkpoint {files.source}: not an STT model (dep_q={self.lm.dep_q}, n_q={self.lm.n_q})")
         self.tokenizer = load_tokenizer(files)
+        self.vocab = TextVocab.from_model(self.lm, self.tokenizer)  #: its pad ids and word-start piece
         self.mimi = load_mimi(files, device, STT_CODEBOOKS) if own_mimi else None
         self.delay_s, self.silence_prefix_s = stt_delays(files)
         self.eot_head = eot_head if eot_head < len(self.lm.extra_heads) else None
@@ -135,7 +137,7 @@ class SttCore:
     def step_pcm(self, frames: Mapping[int, np.ndarray]) -> dict[int, SttStep]:
         """Encode with the STT's own Mimi, then step."""
         assert self.mimi is not None, "this SttCore shares the front-end's Mimi: use step_codes"
-        pcm = torch.zeros(self.batch_size, 1, 1920)
+        pcm = torch.zeros(self.batch_size, 1, FRAME_SIZE)
         mask = torch.zeros(self.batch_size, dtype=torch.bool)
         for slot, frame in frames.items():
             pcm[slot, 0] = torch.from_numpy(np.asarray(frame, dtype=np.float32).reshape(-1))

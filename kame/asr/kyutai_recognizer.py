@@ -30,10 +30,11 @@ from kame.asr.recognizer import AsrUnavailableError, Recognizer
 from kame.asr.stream import AsrStream, EventCallback
 from kame.asr.transcriber import Transcriber, TranscriberStats
 from kame.errors import UserError
+from kame.media import FRAME_RATE, FRAME_SIZE
 
 log = logging.getLogger(__name__)
 
-FRAME = 1920
+FRAME = FRAME_SIZE
 #: The default: Kyutai's 1B en/fr STT in the repo whose config carries the end-of-turn heads.
 DEFAULT_MODEL = EOT_MODEL
 FLUSH_EXTRA_FRAMES = 4
@@ -46,8 +47,8 @@ def _device(cfg: AsrConfig) -> torch.device:
 
 
 def _turns(core: SttCore, cfg: AsrConfig) -> SttTurns:
-    silence = max(2, round(cfg.turn.end_silence_s * 12.5))
-    return SttTurns(core.piece_of, silence_frames=silence)
+    silence = max(2, round(cfg.turn.end_silence_s * FRAME_RATE))
+    return SttTurns(core.piece_of, vocab=core.vocab, silence_frames=silence)
 
 
 def _load(cfg: AsrConfig, batch: int, cache_dir: str | Path | None = None) -> SttCore:

@@ -20,8 +20,10 @@ import numpy as np
 from kame.asr.config import AsrConfig
 from kame.asr.kyutai_turns import SttTurns
 from kame.asr.stream import AsrStream
+from kame.media import FRAME_RATE, FRAME_SIZE
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
-FRAME = 1920
+FRAME = FRAME_SIZE
 
 
 class SharedSttStream(AsrStream):
@@ -72,21 +74,23 @@ class SharedKyutaiAsr:
     shared_engine = True
 
     def __init__(
-        self, cfg: AsrConfig, piece_of: Callable[[int], str], *, delay_frames: int, prefix_frames: int = 0
+        self, cfg: AsrConfig, piece_of: Callable[[int], str], *, delay_frames: int, prefix_frames: int = 0,
+        vocab: TextVocab = MOSHI_VOCAB,
     ) -> None:
         """``delay_frames``: the model's text delay; ``prefix_frames``: the silence prefix, by which the
         engine delays each slot's STT input (both must be flushed at the end of a session)."""
         self.cfg = cfg
         self.piece_of = piece_of
+        self.vocab = vocab  #: the STT model's (SttCore.vocab)
         self.delay_frames = delay_frames + prefix_frames
         self._count = 0
 
     def open_stream(self) -> SharedSttStream:
         self._count += 1
-        silence = max(2, round(self.cfg.turn.end_silence_s * 12.5))
+        silence = max(2, round(self.cfg.turn.end_silence_s * FRAME_RATE))
         return SharedSttStream(
             f"asr-kyutai-shared-{self._count}",
-            SttTurns(self.piece_of, silence_frames=silence),
+            SttTurns(self.piece_of, vocab=self.vocab, silence_frames=silence),
             flush_frames=self.delay_frames + 4,
             max_events=self.cfg.max_events,
         )

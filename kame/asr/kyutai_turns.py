@@ -1,7 +1,8 @@
 """From Kyutai STT tokens (one per 80 ms frame) to turn events.
 
 Pure: fed one token per frame, returns :class:`~kame.asr.events.Emission`\\ s.
-Pieces are rebuilt into words (``▁`` starts a word; 0 and 3 are "no text").
+Pieces are rebuilt into words (the STT model's :class:`~kame.vocab.TextVocab`: ``▁`` starts a
+word, the pad and end-of-padding ids carry no text).
 A turn starts with its first word (``speech_started``); every new piece
 updates the partial. A turn ends when the model's end-of-turn head says so
 for ``eot_frames`` frames in a row, or after ``silence_frames`` frames without
@@ -15,9 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kame.asr.events import Emission, EventType
-
-WORD_START = "▁"
-NO_TEXT_IDS = frozenset({0, 3})
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
 
 class SttTurns:
@@ -27,11 +26,13 @@ class SttTurns:
         self,
         piece_of: Callable[[int], str],
         *,
+        vocab: TextVocab = MOSHI_VOCAB,
         silence_frames: int = 10,
         eot_threshold: float = 0.6,
         eot_frames: int = 2,
     ) -> None:
         self.piece_of = piece_of
+        self.vocab = vocab
         self.silence_frames = silence_frames
         self.eot_threshold = eot_threshold
         self.eot_frames = eot_frames
@@ -52,15 +53,15 @@ class SttTurns:
 
     def feed(self, token_id: int, end_prob: float | None = None) -> list[Emission]:
         out: list[Emission] = []
-        piece = "" if token_id in NO_TEXT_IDS or token_id < 0 else self.piece_of(token_id)
+        piece = self.piece_of(token_id) if self.vocab.is_text(token_id) else ""
         if piece and not (piece.startswith("<") and piece.endswith(">")):
             self._idle = 0
             self._eot_run = 0
             if not self._in_turn:
                 self._in_turn = True
                 out.append(Emission(EventType.SPEECH_STARTED, utterance=self.utterance))
-            if piece.startswith(WORD_START) or not self._words:
-                self._words.append(piece.lstrip(WORD_START))
+            if self.vocab.starts_word(piece) or not self._words:
+                self._words.append(piece.lstrip(self.vocab.word_start))
             else:
                 self._words[-1] += piece
             text = self.text

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from openai.types.live.session_config import SessionConfig
 
+from kame.media import SAMPLE_RATE
 from kame.server.wires.live.audio import (
     DEFAULT_FORMAT,
     G711_RATE,
@@ -137,7 +138,7 @@ def _audio_format(value: Any, event_id: str | None) -> LiveAudioFormat:
     fmt = _object(value, param, event_id)
     ftype, rate = fmt.get("type"), fmt.get("rate")
     if ftype == "audio/pcm":
-        rate = 24000 if rate is None else rate
+        rate = SAMPLE_RATE if rate is None else rate
         if rate not in PCM_RATES or isinstance(rate, bool):
             raise LiveError("unsupported_audio_format", f"{param}.rate: audio/pcm supports 24000 or 16000 Hz",
                             param=f"{param}.rate", client_event_id=event_id)
