@@ -4,7 +4,8 @@ The checks run in one order (docs/protocol.md section 1): origin, token,
 draining, readiness, query parameters, capacity. Every refusal happens after
 ``accept`` so the client gets a close code and a reason it can act on
 (browsers hide HTTP status codes of failed websocket handshakes): 1008 for
-origin, token or invalid parameters, 1013 for "starting" and "full", 1001
+origin, token or invalid parameters, 1013 for "starting", "failed" (the engine thread died)
+and "full", 1001
 while draining. Refusals are counted in ``kame_sessions_rejected_total{reason}``
 and cost no model work. How a refusal's message is worded on the wire is the
 endpoint's business (``send_error``).
@@ -24,7 +25,7 @@ from starlette import status
 from kame.server import protocol
 from kame.server.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.logs import SessionLogger, session_logger
-from kame.server.params import ParamError, parse_session_params
+from kame.server.params import ParamError, QueryParams, parse_session_params
 from kame.server.sessions import DRAIN_REASON
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class Admitted:
     session_id: str
     log: SessionLogger
     peer: str
-    params: Any  # kame.server.params.SessionParams
+    params: QueryParams
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,
@@ -82,6 +83,9 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
     if state.sessions.draining:
         await no("draining", status.WS_1001_GOING_AWAY, DRAIN_REASON)
         return None
+    if host.failed:
+        await no("failed", protocol.CLOSE_TRY_AGAIN_LATER, "server failed, retry later")
+        return None
     if not host.ready:
         await no("starting", status.WS_1013_TRY_AGAIN_LATER, "server starting, retry later")
         return None
@@ -89,7 +93,6 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         params = parse_session_params(
             ws.query_params,
             backends=host.backend_names() if host.backends is not None else None,
-            oracle_policies=host.oracle_policies(),
         )
     except ParamError as exc:
         log.info("refused: %s", exc, extra={"peer": peer})

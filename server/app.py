@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from kame.server.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
 from kame.server.metrics import ServerMetrics
+from kame.server.protocol_metrics import ProtocolMetrics
 from kame.server.sessions import SessionManager
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class AppState:
     sessions: SessionManager
     versions: dict[str, str]
     health_cache: BackendHealthCache
+    protocols: ProtocolMetrics
     started: float = field(default_factory=time.monotonic)
 
     async def backend_health(self) -> dict[str, Any]:
@@ -67,10 +69,10 @@ def create_app(
     on_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
     """A server for ``cfg`` on ``device`` (see :func:`kame.server.host.choose_device`)."""
-    from kame.server.chat import router as chat_router
     from kame.server.http_routes import BackendHealthCache
     from kame.server.http_routes import router as http_router
-    from kame.server.realtime import install as install_realtime
+    from kame.server.routes import WIRES
+    from kame.server.runtime.route import add_wire
     from kame.server.static_routes import router as static_router
     from kame.versions import runtime_versions
 
@@ -83,6 +85,7 @@ def create_app(
         sessions=SessionManager(metrics),
         versions=runtime_versions(),
         health_cache=BackendHealthCache(),
+        protocols=ProtocolMetrics(metrics.registry),
     )
 
     def observe_gc(seconds: float, found: int) -> None:
@@ -108,7 +111,7 @@ def create_app(
     app = FastAPI(title="kame", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.kame = state
     app.include_router(http_router)
-    app.include_router(chat_router)
-    install_realtime(app)  # /v1/realtime (OpenAI Realtime events), docs/protocol.md
+    for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
+        add_wire(app, route)
     app.include_router(static_router)  # the browser page at /, docs/browser.md
     return app

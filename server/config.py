@@ -81,6 +81,12 @@ class ServerConfig(BaseModel):
     slow_client_timeout_s: float = Field(
         10.0, gt=0, description="A client that accepts no message for this long while output waits is closed."
     )
+    engine_command_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest wait for the engine thread to attach or reset a session's slot; beyond it the "
+        "session fails (1011) and its slot is released.",
+    )
     max_message_bytes: int = Field(
         1 << 20, ge=1024, description="Largest websocket message accepted from a client."
     )

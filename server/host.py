@@ -8,8 +8,10 @@ allowed session, tick every slot a few times with silence (on GPU this also
 captures the CUDA graphs) and start the :class:`EngineThread`. Only then is
 the host ``ready``.
 
-:meth:`ModelHost.new_tandem` is the ONE place where a session's
-:class:`~kame.tandem.Tandem` is built.
+:meth:`ModelHost.new_pipeline` hands out sessions' pipelines from the
+host's :class:`~kame.session.root.SessionRoot` (the composition root).
+Should the engine thread die, the host turns ``failed``: ``/health`` and
+``/ready`` answer 503, new sessions are refused and live ones end (1011).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ if TYPE_CHECKING:
     from kame.backend.registry import BackendRegistry
     from kame.config import KameConfig
     from kame.frontend.engine import EngineCore
-    from kame.frontend.engine_thread import AsyncSlot, EngineThread
+    from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import FrontendModels
-    from kame.tandem import Emit, Tandem, TandemFactory
+    from kame.session.pipeline import Pipeline
+    from kame.session.root import SessionRoot
+    from kame.session.settings import SessionSettings
 
 log = logging.getLogger("kame.server.host")
 
@@ -108,7 +112,7 @@ class ModelHost:
         self.backends: BackendRegistry | None = None
         self.checkpoint_path: str | None = None
         self.load_seconds: float | None = None
-        self._tandems: TandemFactory | None = None
+        self.root: SessionRoot | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         metrics.sessions_max.set(self.max_sessions)
@@ -186,13 +190,20 @@ class ModelHost:
         core = EngineCore(self.models, fcfg, batch_size=self.max_sessions, stt=stt)
         if device.type == "cpu":
             log.info("engine: %d torch thread(s) on the CPU (frontend.cpu_threads)", torch.get_num_threads())
-        self._tandems = self._tandem_factory()
         self._warm_up(core)
         self.core = core
         if self._stopping.is_set():
             return
-        self.engine = EngineThread(core, on_tick=self.metrics.on_tick)
+        self.engine = EngineThread(core, on_tick=self.metrics.on_tick, on_death=self._engine_died)
+        self.root = self._session_root(self.engine)
         self.engine.start()
+
+    def _engine_died(self, reason: str) -> None:
+        """The engine thread's last words (called in it): the process cannot serve any more."""
+        self.state = FAILED
+        self.error = f"engine thread died: {reason}"
+        self.metrics.ready.set(0)
+        log.critical("cannot serve: %s", self.error)
 
     def _shared_stt(self, asr_cfg: Any, device: Any) -> Any:
         """Kyutai STT stepped by the front-end engine on its Mimi codes, when it can be shared."""
@@ -250,7 +261,12 @@ class ModelHost:
     # ------------------------------------------------------------------ state
     @property
     def ready(self) -> bool:
-        return self.state == READY and self.engine is not None
+        return self.state == READY and self.engine is not None and self.engine.alive
+
+    @property
+    def failed(self) -> bool:
+        """The models failed to load or the engine thread died: restart the process."""
+        return self.state == FAILED
 
     @property
     def free_slots(self) -> int:
@@ -266,13 +282,6 @@ class ModelHost:
 
     def backend_names(self) -> list[str]:
         return self.backends.names if self.backends is not None else []
-
-    def oracle_policies(self) -> list[str]:
-        from typing import get_args
-
-        from kame.oracle.config import OracleConfig
-
-        return list(get_args(OracleConfig.model_fields["policy"].annotation))
 
     def describe_models(self) -> dict[str, Any]:
         """For ``/health``: what is loaded (no filesystem paths, no URLs)."""
@@ -300,41 +309,25 @@ class ModelHost:
         return out
 
     # ------------------------------------------------------------------ sessions
-    def new_slot(self) -> AsyncSlot:
-        """An engine slot handle for one session (call ``await slot.attach()``; raises EngineFull)."""
-        from kame.frontend.engine_thread import AsyncSlot
-
-        assert self.engine is not None, "host not ready"
-        return AsyncSlot(self.engine)
-
-    def piece_of(self, text_id: int) -> str:
-        assert self.models is not None
-        return str(self.models.tokenizer.id_to_piece(int(text_id)))
-
-    def _tandem_factory(self) -> TandemFactory:
-        """The shared parts every session's Tandem is built from (after the models loaded)."""
-        from kame.tandem import TandemFactory
+    def _session_root(self, engine: EngineThread) -> SessionRoot:
+        """The shared parts every session's pipeline is built from (after the models loaded)."""
+        from kame.session.pipeline import piece_lookup
+        from kame.session.root import SessionRoot
 
         assert self.models is not None
         registry = self.backends if self.backends is not None and self.backends.names else None
-        return TandemFactory(
+        return SessionRoot(
+            engine=engine,
             oracle_config=self.cfg.oracle,
             registry=registry,
             recognizer=self.recognizer,
             encode=self.models.encode_text,
-            piece_of=self.piece_of,
+            piece_of=piece_lookup(self.models.tokenizer),
+            vocab=self.models.vocab,
+            command_timeout_s=self.cfg.server.engine_command_timeout_s,
         )
 
-    def new_tandem(self, slot: AsyncSlot, emit: Emit) -> Tandem:
-        """THE factory of a session's pipeline (the only place a Tandem is built).
-
-        ``slot`` is attached; ``emit`` receives the session's TandemEvents
-        (in the event loop). The Tandem gets the host's shared parts through
-        :class:`~kame.tandem.TandemFactory`: the oracle config, the back-end
-        registry (None when no back-end is configured: front-end alone), the
-        ASR recogniser (None for ``asr.kind: none``), the tokenizer's encode
-        and piece lookup. Per-session choices arrive afterwards through
-        ``tandem.update(backend=..., oracle_policy=...)``.
-        """
-        assert self._tandems is not None, "host not ready"
-        return self._tandems.new(slot, emit)
+    def new_pipeline(self, settings: SessionSettings) -> Pipeline:
+        """A session's pipeline (``async with`` it to attach its engine slot)."""
+        assert self.root is not None, "host not ready"
+        return self.root.pipeline(settings)

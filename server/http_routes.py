@@ -1,10 +1,12 @@
 """Plain HTTP endpoints: ``/health`` (open), ``/ready`` (open), ``/v1/backends`` and ``/metrics`` (token).
 
-``/health`` is liveness: 200 whenever the process serves HTTP, with what it
-is doing. ``/ready`` is for load balancers: 200 only while the models are
-warmed up, the server is not draining and a session slot is free.
-``/ready?full_ok=1`` is for Kubernetes' readiness probe: 200 while warmed up
-and not draining, full or not (see :mod:`kame.server.readiness`).
+``/health`` is liveness: 200 whenever the process serves sessions or is on
+its way to (starting, draining), 503 with status ``failed`` once it cannot
+any more (the models failed to load, or the engine thread died): the
+orchestrator should restart it. ``/ready`` is for load balancers: 200 only
+while the models are warmed up, the server is not draining and a session
+slot is free. ``/ready?full_ok=1`` is for Kubernetes' readiness probe: 200
+while warmed up and not draining, full or not (see :mod:`kame.server.readiness`).
 """
 
 from __future__ import annotations
@@ -42,17 +44,19 @@ def require_token(request: Request) -> None:
 
 
 def status_of(state: AppState) -> str:
+    if state.host.failed:
+        return "failed"
     if state.sessions.draining:
         return "draining"
     return state.host.state
 
 
 @router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
+async def health(request: Request) -> JSONResponse:
     state = _state(request)
     host = state.host
     backends = host.backends
-    return {
+    body = {
         "status": status_of(state),
         "sessions": {"active": state.sessions.active, "max": host.max_sessions, "free": host.free_slots},
         "device": host.device,
@@ -64,6 +68,7 @@ async def health(request: Request) -> dict[str, Any]:
         "versions": state.versions,
         "uptime_s": round(time.monotonic() - state.started, 1),
     }
+    return JSONResponse(body, status_code=503 if host.failed else 200)
 
 
 @router.get("/ready")

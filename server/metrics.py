@@ -2,7 +2,7 @@
 
 Engine metrics come from ``EngineThread(on_tick=...)`` (engine thread;
 prometheus_client is thread-safe), LLM/oracle/ASR metrics from the
-sessions' :class:`~kame.tandem.TandemEvent` stream, the rest from the
+sessions' pipeline events (:mod:`kame.session.events`), the rest from the
 session code. Labels carry only bounded values (back-end names from the
 config, fixed reasons), never session ids, text or URLs.
 """
@@ -23,7 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 if TYPE_CHECKING:  # both pull in torch; metrics must stay importable without it
     from kame.backend.speculation import ToolCallEvent
     from kame.frontend.engine_thread import TickStats
-    from kame.tandem import TandemEvent
+    from kame.session.events import PipelineEvent
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -130,25 +130,22 @@ class ServerMetrics:
         self.step_seconds.observe(stats.duration_s)
         self.step_slots.observe(stats.slots)
 
-    def on_event(self, event: TandemEvent) -> None:
-        """Count what a session's Tandem reports."""
-        data = event.data
-        if event.type == "llm.first_token":
-            ttft = data.get("ttft_s")
-            if isinstance(ttft, (int, float)):
-                self.llm_ttft.labels(backend=_label(data.get("backend"))).observe(float(ttft))
-        elif event.type == "llm.error":
-            self.llm_errors.labels(backend=_label(data.get("backend"))).inc()
-        elif event.type == "oracle.reset":
+    def on_event(self, event: PipelineEvent) -> None:
+        """Count what a session's pipeline reports."""
+        from kame.session import events as pe
+
+        if isinstance(event, pe.LlmFirstToken):
+            self.llm_ttft.labels(backend=_label(event.backend)).observe(float(event.ttft_s))
+        elif isinstance(event, pe.LlmError):
+            self.llm_errors.labels(backend=_label(event.backend)).inc()
+        elif isinstance(event, pe.OracleReset):
             self.oracle_resets.inc()
-        elif event.type == "oracle.text":
-            tokens = data.get("tokens")
-            if isinstance(tokens, int) and tokens > 0:
-                self.oracle_tokens.inc(tokens)
-        elif event.type == "asr.partial":
-            latency = data.get("latency_s")
-            if isinstance(latency, (int, float)) and latency >= 0:
-                self.asr_partial_latency.observe(float(latency))
+        elif isinstance(event, pe.OracleText):
+            if event.tokens > 0:
+                self.oracle_tokens.inc(event.tokens)
+        elif isinstance(event, pe.UserPartial):
+            if event.latency_s is not None and event.latency_s >= 0:
+                self.asr_partial_latency.observe(float(event.latency_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

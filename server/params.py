@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from kame.session.settings import ORACLE_POLICIES, SessionSettings
 
 #: Query parameters known to be ignored (batch-wide in moshi, or client-side only).
 IGNORED_PARAMS = frozenset(
@@ -38,21 +39,11 @@ class ParamError(ValueError):
 
 
 @dataclass(frozen=True)
-class SessionParams:
-    temp_text: float | None = None
-    top_k_text: int | None = None
-    backend: str | None = None
-    oracle_policy: str | None = None
-    ignored: tuple[str, ...] = field(default_factory=tuple)
+class QueryParams:
+    """The session settings the URL chose, and the parameters ignored."""
 
-    def tandem_settings(self) -> dict[str, Any]:
-        """What goes to ``Tandem.update`` (only what the client set)."""
-        out: dict[str, Any] = {}
-        if self.backend is not None:
-            out["backend"] = self.backend
-        if self.oracle_policy is not None:
-            out["oracle_policy"] = self.oracle_policy
-        return out
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    ignored: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _float(name: str, raw: str, lo: float, hi: float) -> float:
@@ -80,8 +71,9 @@ def parse_session_params(
     *,
     backends: Collection[str] | None = None,
     oracle_policies: Collection[str] | None = None,
-) -> SessionParams:
-    """Validate the query string; ``backends``/``oracle_policies`` None accept any name."""
+) -> QueryParams:
+    """Validate the query string; ``backends`` None accepts any name."""
+    oracle_policies = ORACLE_POLICIES if oracle_policies is None else oracle_policies
     temp = query.get("text_temperature")
     topk = query.get("text_topk")
     backend = query.get("backend") or None
@@ -95,10 +87,10 @@ def parse_session_params(
         )
     known = {"text_temperature", "text_topk", "backend", "oracle_policy"}
     ignored = tuple(sorted(k for k in query if k not in known))
-    return SessionParams(
-        temp_text=None if temp in (None, "") else _float("text_temperature", temp, 0.0, 10.0),
-        top_k_text=None if topk in (None, "") else _int("text_topk", topk, 1, 100_000),
+    settings = SessionSettings(
+        text_temperature=None if temp in (None, "") else _float("text_temperature", temp, 0.0, 10.0),
+        text_topk=None if topk in (None, "") else _int("text_topk", topk, 1, 100_000),
         backend=backend,
-        oracle_policy=policy,
-        ignored=ignored,
+        oracle_policy=policy,  # type: ignore[arg-type]  # checked against oracle_policies above
     )
+    return QueryParams(settings=settings, ignored=ignored)

@@ -14,12 +14,13 @@ from kame.server import protocol
 
 if TYPE_CHECKING:
     from kame.server.host import ModelHost
-    from kame.server.params import SessionParams
+
+    from kame.session.settings import SessionSettings
 
 INSTANCE_NAME = "kame"
 
 
-def session_server_info(host: ModelHost, params: SessionParams) -> protocol.ServerInfo:
+def session_server_info(host: ModelHost, settings: SessionSettings) -> protocol.ServerInfo:
     """Text sampling as this session gets it, audio sampling engine-wide, the checkpoint's name."""
     from kame import __version__
 
@@ -27,10 +28,10 @@ def session_server_info(host: ModelHost, params: SessionParams) -> protocol.Serv
     greedy = not sampling.get("use_sampling", True)
     temp_text = float(sampling.get("temp_text", 0.0))
     top_k_text = int(sampling.get("top_k_text", 0))
-    if params.temp_text is not None:
-        temp_text = float(params.temp_text)
-    if params.top_k_text is not None:  # a session's top-k can only narrow the engine-wide one
-        top_k_text = min(top_k_text, int(params.top_k_text)) if top_k_text else int(params.top_k_text)
+    if settings.text_temperature is not None:
+        temp_text = float(settings.text_temperature)
+    if settings.text_topk is not None:  # a session's top-k can only narrow the engine-wide one
+        top_k_text = min(top_k_text, int(settings.text_topk)) if top_k_text else int(settings.text_topk)
     configured = host.cfg.frontend.checkpoint
     weights = host.models.files.lm_weights.name if host.models is not None else ""
     local = host.checkpoint_path is not None and Path(host.checkpoint_path).is_dir()

@@ -100,7 +100,7 @@ def make_loop(server: LlmServer, sp: spm.SentencePieceProcessor, tools: Tools, e
                                         observer=(observed.append if observed is not None else None))
     session_tools.routes.set("test", [WEATHER, BOOK], tools)
     return OracleLoop(config=config, registry=reg, sink=sink, encode=sp.encode, piece_of=sp.id_to_piece,
-                      emit=lambda k, d: events.append((k, d)),
+                      emit=lambda e: events.append((e.name, e.fields())),
                       settings=SessionOracleSettings(policy=policy, barge_in="keep"), tools=session_tools)
 
 

@@ -16,9 +16,9 @@ from test_server_session import FakeHost, FakeWebSocket, _output
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics
-from kame.server.realtime_metrics import ProtocolMetrics
+from kame.server.protocol_metrics import ProtocolMetrics
 from kame.server.realtime_session import RealtimeSession
-from kame.server.realtime_settings import RealtimeSettings, ServerInfo
+from kame.server.wires.realtime.settings import RealtimeSettings, ServerInfo
 from kame.server.recording import SessionRecorder
 from kame.tandem import TandemEvent
 

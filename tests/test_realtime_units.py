@@ -11,24 +11,26 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter
 
-from kame.server import realtime_events as ev
-from kame.server.pacing import InputPacer
-from kame.server.realtime_audio import Pcm16In
-from kame.server.realtime_decode import (
+from kame.server.runtime.pacing import InputPacer
+from kame.server.wires.realtime import events as ev
+from kame.server.wires.realtime.audio import Pcm16In
+from kame.server.wires.realtime.decode import (
     UNSUPPORTED,
     AppendAudio,
     SessionReset,
     SessionUpdate,
     decode_client_event,
 )
-from kame.server.realtime_events import ClientError, EventEncoder, Ids
-from kame.server.realtime_settings import (
-    RealtimeSettings,
+from kame.server.wires.realtime.events import ClientError, EventEncoder, Ids
+from kame.server.wires.realtime.settings import (
     ServerInfo,
     parse_session_update,
     session_object,
 )
-from kame.server.realtime_turns import AssistantTurns, Conversation, UserTurns
+from kame.server.wires.realtime.turns import AssistantTurns, Conversation, UserTurns
+
+from kame.session import events as pe
+from kame.session.settings import SessionSettings
 
 INFO = ServerInfo(session_id="abc", backends=("fast", "slow"), default_backend="fast", asr_kind="whisper")
 
@@ -71,13 +73,13 @@ def test_pcm16_round_trip_and_clipping() -> None:
 def test_session_object_is_a_valid_ga_session() -> None:
     from openai.types.realtime.session_created_event import SessionCreatedEvent
 
-    obj = session_object(RealtimeSettings(text_topk=5), INFO)
+    obj = session_object(SessionSettings(text_topk=5), INFO)
     parsed = SessionCreatedEvent.model_validate({"type": "session.created", "event_id": "e", "session": obj})
     assert parsed.session.type == "realtime"
     assert obj["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert obj["kame"]["backend"] == "fast" and obj["kame"]["text_topk"] == 5
     assert obj["kame"]["server"]["backends"] == ["fast", "slow"]
-    none = session_object(RealtimeSettings(), ServerInfo(session_id="x"))
+    none = session_object(SessionSettings(), ServerInfo(session_id="x"))
     assert none["audio"]["input"]["turn_detection"] is None and none["kame"]["backend"] is None
 
 
@@ -262,7 +264,7 @@ def test_pcm16_input_rechunks_any_size_including_odd_bytes() -> None:
 
 
 def test_session_update_applies_kame_settings_and_instructions() -> None:
-    s = parse_session_update(
+    s, ignored = parse_session_update(
         {
             "type": "realtime",
             "instructions": "Be brief.",
@@ -272,23 +274,20 @@ def test_session_update_applies_kame_settings_and_instructions() -> None:
             "tools": [],
             "kame": {"backend": "slow", "oracle_policy": "freeze_when_speaking", "text_topk": 20.0, "oracle_delay_s": 1},
         },
-        RealtimeSettings(),
+        SessionSettings(),
         INFO,
     )
     assert (s.backend, s.oracle_policy, s.text_topk, s.oracle_delay_s, s.instructions) == (
         "slow", "freeze_when_speaking", 20, 1.0, "Be brief.")
-    assert s.ignored == ("voice",)
-    changes = s.tandem_changes(RealtimeSettings(), INFO)
-    assert changes == {"backend": "slow", "oracle_policy": "freeze_when_speaking", "oracle_delay_s": 1.0,
-                       "instructions": "Be brief.", "text_temperature": None, "text_topk": 20}
-    assert s.tandem_changes(s, INFO) == {}
-    # sampling always goes as a pair (Tandem.update sets both)
-    t = parse_session_update({"kame": {"text_temperature": 0.5}}, s, INFO)
-    assert t.tandem_changes(s, INFO) == {"text_temperature": 0.5, "text_topk": 20}
+    assert ignored == ("voice",)
+    assert s.oracle_part() != SessionSettings().oracle_part()
+    # an update keeps what it does not name; sampling is always read as a pair
+    t, _ = parse_session_update({"kame": {"text_temperature": 0.5}}, s, INFO)
+    assert t.sampling() == (0.5, 20) and t.oracle_part() == s.oracle_part()
     # beta shapes
-    b = parse_session_update({"input_audio_format": "pcm16", "output_audio_format": "pcm16", "modalities": ["audio", "text"]},
-                             RealtimeSettings(), INFO)
-    assert b == RealtimeSettings()
+    b, _ = parse_session_update({"input_audio_format": "pcm16", "output_audio_format": "pcm16", "modalities": ["audio", "text"]},
+                                SessionSettings(), INFO)
+    assert b == SessionSettings()
 
 
 @pytest.mark.parametrize(
@@ -321,7 +320,7 @@ def test_session_update_applies_kame_settings_and_instructions() -> None:
 )
 def test_session_update_errors_change_nothing(session: Any, code: str, param: str) -> None:
     with pytest.raises(ClientError) as info:
-        parse_session_update(session, RealtimeSettings(), INFO)
+        parse_session_update(session, SessionSettings(), INFO)
     assert (info.value.code, info.value.param) == (code, param)
 
 
@@ -359,13 +358,14 @@ def test_pacer_queues_then_drops_a_flood_and_releases_at_real_time() -> None:
 # --------------------------------------------------------------------------- kame.* events
 
 
-def test_kame_events_from_tandem_events_without_secrets() -> None:
-    e = ev.kame_event("llm.first_token", {"request_id": 3, "backend": "fast", "ttft_s": 0.123456789, "extra": 1})
+def test_kame_events_from_pipeline_events_without_secrets() -> None:
+    e = ev.kame_event(pe.LlmFirstToken(request_id=3, backend="fast", ttft_s=0.123456789))
     assert e == {"type": "kame.backend.first_token", "request_id": 3, "backend": "fast", "ttft_s": 0.1235}
-    err = ev.kame_event(
-        "llm.error",
-        {"request_id": 1, "backend": "b", "error": "http_status", "message": "401 from https://llm.internal/v1?key=sk-123 Bearer sk-abc"},
-    )
+    err = ev.kame_event(pe.LlmError(
+        request_id=1, backend="b", error="http_status", message="401 from https://llm.internal/v1?key=sk-123 Bearer sk-abc",
+    ))
     assert err is not None and "llm.internal" not in err["message"] and "sk-abc" not in err["message"]
-    assert ev.kame_event("assistant.text", {}) is None
-    assert ev.kame_event("oracle.reset", {"request_id": 1, "text": "Paris", "tokens": 3})["type"] == "kame.oracle.reset"
+    frame = pe.AssistantFrame(step=0, pcm=np.zeros(1920, np.float32), text_id=5, piece="x", oracle_id=3)
+    assert ev.kame_event(frame) is None
+    reset = ev.kame_event(pe.OracleReset(request_id=1, text="Paris", tokens=3))
+    assert reset is not None and reset["type"] == "kame.oracle.reset"

@@ -15,6 +15,7 @@ from kame.server.codec import AudioDecodeError, FrameChunker, OpusIn, OpusOut
 from kame.server.logs import KeyValueFormatter, RedactFilter
 from kame.server.metrics import ServerMetrics
 from kame.server.params import ParamError, parse_session_params
+from kame.session.settings import SessionSettings
 
 # --------------------------------------------------------------------------- protocol
 
@@ -86,10 +87,10 @@ def test_session_params_parse_and_validate() -> None:
         backends=["a", "b"],
         oracle_policies=["reset", "freeze_when_speaking"],
     )
-    assert (p.temp_text, p.top_k_text, p.backend, p.oracle_policy) == (0.6, 25, "a", "reset")
+    s = p.settings
+    assert (s.text_temperature, s.text_topk, s.backend, s.oracle_policy) == (0.6, 25, "a", "reset")
     assert p.ignored == ("audio_topk",)
-    assert p.tandem_settings() == {"backend": "a", "oracle_policy": "reset"}
-    assert parse_session_params({}).tandem_settings() == {}
+    assert parse_session_params({}).settings == SessionSettings()
 
 
 @pytest.mark.parametrize(
@@ -177,17 +178,17 @@ def test_opus_round_trip_in_20ms_pages_and_corrupt_stream() -> None:
 # --------------------------------------------------------------------------- metrics
 
 
-def test_metrics_are_fed_from_tandem_events_and_ticks() -> None:
+def test_metrics_are_fed_from_pipeline_events_and_ticks() -> None:
     from kame.frontend.engine_thread import TickStats
-    from kame.tandem import TandemEvent
+    from kame.session import events as pe
 
     m = ServerMetrics()
-    m.on_event(TandemEvent("llm.first_token", {"backend": "scripted", "ttft_s": 0.3}))
-    m.on_event(TandemEvent("llm.error", {"backend": "scripted"}))
-    m.on_event(TandemEvent("oracle.reset", {}))
-    m.on_event(TandemEvent("oracle.text", {"tokens": 7}))
-    m.on_event(TandemEvent("asr.partial", {"latency_s": 0.4, "text": "secret words"}))
-    m.on_event(TandemEvent("assistant.text", {"id": 5, "piece": "x"}))
+    m.on_event(pe.LlmFirstToken(request_id=1, backend="scripted", ttft_s=0.3))
+    m.on_event(pe.LlmError(request_id=1, backend="scripted", error="http_status", message="boom"))
+    m.on_event(pe.OracleReset(request_id=1, tokens=3, text="Paris"))
+    m.on_event(pe.OracleText(request_id=1, tokens=7, text="Paris is"))
+    m.on_event(pe.UserPartial(utterance=0, audio_s=1.0, text="secret words", latency_s=0.4))
+    m.on_event(pe.AssistantFrame(step=0, pcm=np.zeros(1920, np.float32), text_id=5, piece="x", oracle_id=3))
     m.on_tick(TickStats(duration_s=0.02, slots=3, waited_s=0.0))
     text = m.render().decode()
     assert 'kame_llm_ttft_seconds_count{backend="scripted"} 1.0' in text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kame.server.config import ServerConfig
-from kame.server.watchdog import watch
+from kame.server.runtime.watchdog import watch
 
 CFG = ServerConfig(idle_timeout_s=10, max_duration_s=100, duration_warning_s=20, slow_client_timeout_s=5)
 

@@ -6,35 +6,52 @@ both in the same tick on the same 32-codebook Mimi codes (see
 each frame arrives with the front-end's output (``SlotOutput.stt``). A
 :class:`SharedSttStream` turns those tokens into the usual ASR events, so the
 session sees the same :class:`~kame.asr.stream.AsrStream` API as with any
-other recogniser; its audio was already fed through the engine slot.
+other recogniser; its audio was already fed through the engine slot. The
+engine thread hands each STT step straight to the stream (no round trip
+through the session), and the flush at the end is an engine command.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kame.asr.config import AsrConfig
 from kame.asr.kyutai_turns import SttTurns
-from kame.asr.stream import AsrStream
+from kame.asr.stream import AsrStream, EngineTap
 from kame.media import FRAME_RATE, FRAME_SIZE
 from kame.vocab import MOSHI_VOCAB, TextVocab
+
+if TYPE_CHECKING:
+    from kame.asr.kyutai_core import SttStep
 
 FRAME = FRAME_SIZE
 
 
 class SharedSttStream(AsrStream):
-    """An ASR stream fed with STT steps instead of audio."""
+    """An ASR stream fed with STT steps instead of audio.
 
-    shared_engine = True
+    :meth:`bind_engine` subscribes it to its slot's STT steps (delivered by the
+    engine thread to :meth:`on_step`); :meth:`aclose` with ``flush`` asks the
+    engine to step the STT's delay in silence first (an engine command), so
+    the last words come out.
+    """
 
     def __init__(self, name: str, turns: SttTurns, *, flush_frames: int, max_events: int = 1000) -> None:
         super().__init__(name, max_queued_s=1.0, max_events=max_events, on_event=None)
         self.turns = turns
         self.flush_frames = flush_frames
+        self._slot: EngineTap | None = None
+        self._lock = threading.Lock()
+
+    def bind_engine(self, slot: EngineTap) -> None:
+        self._slot = slot
+        slot.stt_attach(self.on_step)
 
     def feed(self, pcm: np.ndarray) -> bool:
         """Only advances the audio clock: the engine slot already has this audio."""
@@ -43,26 +60,30 @@ class SharedSttStream(AsrStream):
         self._fed += int(np.asarray(pcm).size)
         return True
 
-    def on_step(self, text_id: int, end_prob: float | None) -> None:
-        """One STT output frame of this session (called in the session's event loop)."""
-        if self.done:
-            return
-        for em in self.turns.feed(text_id, end_prob):
-            self.emit(em)
+    def on_step(self, step: SttStep) -> None:
+        """One STT output frame of this session (called in the engine thread)."""
+        with self._lock:
+            if self.done:
+                return
+            for em in self.turns.feed(step.text_id, step.end_prob):
+                self.emit(em)
 
     def finish(self) -> None:
         """End of input (after the flush frames went through): close the open turn."""
-        if self.done:
-            return
-        for em in self.turns.end_turn():
-            self.emit(em)
-        self.mark_done()
+        with self._lock:
+            if self.done:
+                return
+            for em in self.turns.end_turn():
+                self.emit(em)
+            self.mark_done()
 
     def close(self, flush: bool = True) -> None:
         if not flush:
             self.mark_done()
 
     async def aclose(self, flush: bool = True, timeout: float | None = 30.0) -> bool:
+        if flush and self._slot is not None and not self.done:
+            await self._slot.stt_flush(self.flush_frames, 3.0 if timeout is None else min(3.0, timeout))
         self.finish() if flush else self.mark_done()
         return True
 
@@ -71,7 +92,6 @@ class SharedKyutaiAsr:
     """Opens :class:`SharedSttStream`\\ s for an engine built with a shared STT core."""
 
     kind = "kyutai"
-    shared_engine = True
 
     def __init__(
         self, cfg: AsrConfig, piece_of: Callable[[int], str], *, delay_frames: int, prefix_frames: int = 0,

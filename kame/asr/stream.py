@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,6 +29,14 @@ log = logging.getLogger(__name__)
 
 #: Called with each event on the thread that produced it (keep it short; thread-safe).
 EventCallback = Callable[[AsrEvent], None]
+
+
+class EngineTap(Protocol):
+    """What a stream may use of its session's engine slot (:class:`~kame.frontend.engine_thread.AsyncSlot`)."""
+
+    def stt_attach(self, sink: Callable[[Any], None]) -> None: ...
+
+    async def stt_flush(self, frames: int, timeout: float) -> None: ...
 
 
 class Inbox:
@@ -111,6 +120,11 @@ class AsrStream:
         self._error: str | None = None
 
     # ------------------------------------------------------------------ session side
+
+    def bind_engine(self, slot: EngineTap) -> None:
+        """Called by the pipeline with its engine slot once the stream is open. Recognisers that listen to
+        audio ignore it; one that runs inside the front-end's engine (the shared Kyutai STT) subscribes
+        to its steps there."""
 
     def feed(self, pcm: np.ndarray) -> bool:
         """Queue audio; False if it was dropped (queue full, stream closed or failed).

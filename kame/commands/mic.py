@@ -11,11 +11,13 @@ HELP = "Talk to a kame server from the terminal (microphone and speakers, or --i
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kame.session.settings import ORACLE_POLICIES
+
     p.add_argument("--server", default="http://127.0.0.1:8998", help="Server base URL, http(s)://host:port.")
     p.add_argument("--protocol", choices=["realtime", "moshi"], default="realtime",
                    help="realtime (/v1/realtime: transcripts and oracle shown) or moshi (/api/chat).")
     p.add_argument("--backend", default=None, help="LLM back-end by name (see GET /v1/backends).")
-    p.add_argument("--oracle-policy", default=None, choices=["reset", "keep_if_same_start", "freeze_when_speaking"])
+    p.add_argument("--oracle-policy", default=None, choices=list(ORACLE_POLICIES))
     p.add_argument("--instructions", default=None, help="Per-session instructions for the LLM (realtime only).")
     p.add_argument("--token", default=None, help="Bearer token (default: $KAME_AUTH_TOKEN).")
     p.add_argument("--input-wav", type=Path, default=None, help="Send this file at real time instead of the microphone.")

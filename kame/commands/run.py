@@ -22,6 +22,8 @@ log = logging.getLogger("kame.run")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kame.session.settings import ORACLE_POLICIES
+
     p.add_argument("--checkpoint", help="Hub repo id or local checkpoint directory (default: from config).")
     p.add_argument("--input", required=True, type=Path, help="Input audio (any format; converted to 24 kHz mono).")
     p.add_argument("--output", required=True, type=Path, help="Reply wav (24 kHz mono, same length as the input).")
@@ -34,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr", default=None, choices=["kyutai", "whisper", "pocketsphinx", "none"],
                    help="Tandem mode: transcribe the input with this recogniser and ask the LLM while it plays.")
     p.add_argument("--backend", default=None, help="Tandem mode: LLM back-end by name (default: the default back-end).")
-    p.add_argument("--oracle-policy", default=None, choices=["reset", "keep_if_same_start", "freeze_when_speaking"],
+    p.add_argument("--oracle-policy", default=None, choices=list(ORACLE_POLICIES),
                    help="Answer-switch policy (default: config).")
     p.add_argument("--events-out", type=Path, default=None,
                    help="Tandem mode: timeline of ASR, LLM, oracle and text events, one JSON object a line.")
@@ -100,9 +102,10 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     from kame.backend.registry import BackendRegistry
     from kame.backend.resolve import resolve_backends
     from kame.frontend.engine_thread import EngineThread
-    from kame.frontend.runner import piece_of
-    from kame.tandem import TandemFactory
-    from kame.tandem_run import run_tandem_file, write_events
+    from kame.session.offline import run_tandem_file, write_events
+    from kame.session.pipeline import piece_lookup
+    from kame.session.root import SessionRoot
+    from kame.session.settings import SessionSettings
 
     if cfg.frontend.seed is not None:
         torch.manual_seed(cfg.frontend.seed)
@@ -114,15 +117,16 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     else:
         log.warning("no LLM back-end configured (set KAME_LLM_BASE_URL or --config): running without the oracle")
     recognizer = create_recognizer(cfg.asr, cache_dir=cfg.cache_dir)
-    factory = TandemFactory(oracle_config=cfg.oracle, registry=registry, recognizer=recognizer,
-                            encode=core.models.encode_text, piece_of=lambda i: piece_of(core.models.tokenizer, i))
     engine = EngineThread(core)
+    root = SessionRoot(engine=engine, oracle_config=cfg.oracle, registry=registry, recognizer=recognizer,
+                       encode=core.models.encode_text, piece_of=piece_lookup(core.models.tokenizer),
+                       vocab=core.models.vocab)
     engine.start()
-    settings = {"backend": args.backend} if args.backend else {}
+    settings = SessionSettings(backend=args.backend or None)
 
     async def main():
         try:
-            return await run_tandem_file(engine, factory, pcm, settings=settings, injections=injections,
+            return await run_tandem_file(root, pcm, settings=settings, injections=injections,
                                          encode_answer=encode_answer, tail_s=args.tail, fast=args.fast)
         finally:
             if registry is not None:
@@ -136,4 +140,4 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
             recognizer.close()
     if args.events_out is not None:
         write_events(args.events_out, result.events)
-    return result.pcm, result.outputs
+    return result.pcm, result.frames

@@ -18,12 +18,13 @@ from typing import Any
 
 from kame.errors import UserError
 from kame.eval.published import PUBLISHED
+from kame.session.settings import ORACLE_POLICIES
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
 SWEEP_PNG = "sweep.png"
 
-POLICIES = ("reset", "keep_if_same_start", "freeze_when_speaking")
+POLICIES = ORACLE_POLICIES
 
 
 def _float_in(lo: float, hi: float) -> Callable[[str], float]:

@@ -12,6 +12,14 @@ received audio recently) has a full frame, or when the oldest waiting frame
 has waited ``max_batch_wait_s``; each tick steps all slots with a frame, so
 sessions whose audio arrives at different phases of the 80 ms cadence still
 share ticks instead of costing one tick each.
+
+Failures: the thread never dies silently. Every command runs guarded: one
+that fails (an attach, a reset, an oracle command) fails *its* slot (the
+slot's ``on_error`` is called and the slot is released), never the thread.
+A tick that fails fails the slots it stepped. Should the loop itself fail
+anyway, :attr:`EngineThread.error` says why, every slot gets ``on_error``,
+``on_death`` is called (the server then answers ``/health`` with 503) and
+attaching raises :class:`EngineFailed`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 
 from kame.frontend.engine import EngineCore, EngineStepError, SlotOutput
@@ -31,10 +41,17 @@ log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[SlotOutput], None]
 ErrorCallback = Callable[[str], None]
+#: Receives the shared STT's step of a slot (a :class:`~kame.asr.kyutai_core.SttStep`), in the engine thread.
+SttSink = Callable[[Any], None]
 
 
 class EngineFull(RuntimeError):
     """Every slot is taken."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine could not give this session a working slot: the command failed, took longer than its
+    bound, or the engine thread is dead."""
 
 
 @dataclass
@@ -55,6 +72,10 @@ class _SlotIO:
     first_ready_t: float | None = None
     last_feed_t: float = 0.0
     dropped_samples: int = 0
+    stt_sink: SttSink | None = None
+    #: Frames still to step before ``flush_done`` is called (an STT flush at the end of a session).
+    flush_left: int = 0
+    flush_done: Callable[[], None] | None = None
 
 
 class EngineThread:
@@ -68,6 +89,7 @@ class EngineThread:
         live_window_s: float = 0.5,
         max_buffer_s: float = 2.0,
         on_tick: Callable[[TickStats], None] | None = None,
+        on_death: Callable[[str], None] | None = None,
     ) -> None:
         self.core = core
         self.frame_size = core.frame_size
@@ -76,6 +98,9 @@ class EngineThread:
         self.live_window_s = live_window_s
         self.max_buffer_samples = int(max_buffer_s * self.sample_rate)
         self.on_tick = on_tick
+        self.on_death = on_death
+        #: Why the thread died (None while it runs).
+        self.error: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -102,9 +127,14 @@ class EngineThread:
             self._thread = None
 
     @property
+    def alive(self) -> bool:
+        """Started and not dead (a stopped engine is not alive either)."""
+        return self._thread is not None and self.error is None
+
+    @property
     def free_slots(self) -> int:
         with self._lock:
-            return len(self._free)
+            return len(self._free) if self.error is None else 0
 
     @property
     def active_slots(self) -> int:
@@ -115,16 +145,18 @@ class EngineThread:
     def attach(self, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None]) -> int:
         """Reserve a slot now; the engine thread resets it and then calls ``on_ready(slot)``."""
         with self._wake:
+            if self.error is not None:
+                raise EngineFailed(f"the engine thread is dead ({self.error})")
             if not self._free:
                 raise EngineFull("all engine slots are taken")
             slot = self._free.pop(0)
-            self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
+            io = self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
 
             def do_attach() -> None:
                 self.core.attach(slot)
                 on_ready(slot)
 
-            self._commands.put(do_attach)
+            self._commands.put(self._guarded(slot, io, do_attach, "attach"))
             self._wake.notify_all()
         return slot
 
@@ -135,16 +167,18 @@ class EngineThread:
         other session can take it. Input buffered and frames taken for the old state are dropped.
         Raises :class:`EngineFull` when the slot is no longer held (the engine failed it)."""
         with self._wake:
+            if self.error is not None:
+                raise EngineFailed(f"the engine thread is dead ({self.error})")
             if slot not in self._io:
                 raise EngineFull(f"slot {slot} is not attached")
-            self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
+            io = self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
 
             def do_reattach() -> None:
                 self.core.detach(slot)
                 self.core.attach(slot)
                 on_ready(slot)
 
-            self._commands.put(do_reattach)
+            self._commands.put(self._guarded(slot, io, do_reattach, "reset"))
             self._wake.notify_all()
 
     def detach(self, slot: int) -> None:
@@ -182,30 +216,74 @@ class EngineThread:
             io = self._io.get(slot)
             return io.dropped_samples if io else 0
 
-    def _command(self, slot: int, fn: Callable[[], None]) -> None:
+    def _command(self, slot: int, fn: Callable[[], None], what: str) -> None:
         with self._wake:
-            if slot not in self._io:
+            io = self._io.get(slot)
+            if io is None:
                 return
-            self._commands.put(fn)
+            self._commands.put(self._guarded(slot, io, fn, what))
             self._wake.notify_all()
+
+    def _guarded(self, slot: int, io: _SlotIO, fn: Callable[[], None], what: str) -> Callable[[], None]:
+        """``fn`` for the engine thread: skipped when the slot changed hands since, and when it fails,
+        the failure ends that slot's session (``on_error``, slot released), not the thread."""
+
+        def run() -> None:
+            with self._lock:
+                if self._io.get(slot) is not io:
+                    return  # detached (or reset again) since: the command is stale
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - one slot's failure, not the engine's
+                log.exception("engine command %s of slot %d failed", what, slot)
+                self._fail_slot(slot, io, f"engine {what} failed ({exc.__class__.__name__})")
+
+        return run
 
     def oracle_reset(self, slot: int, first_ids: list[int]) -> None:
         ids = list(first_ids)
-        self._command(slot, lambda: self.core.oracle_reset(slot, ids))
+        self._command(slot, lambda: self.core.oracle_reset(slot, ids), "oracle_reset")
 
     def oracle_push(self, slot: int, ids: list[int]) -> None:
         ids = list(ids)
-        self._command(slot, lambda: self.core.oracle_push(slot, ids))
+        self._command(slot, lambda: self.core.oracle_push(slot, ids), "oracle_push")
 
     def oracle_clear(self, slot: int) -> None:
-        self._command(slot, lambda: self.core.oracle_clear(slot))
+        self._command(slot, lambda: self.core.oracle_clear(slot), "oracle_clear")
 
     def set_sampling(self, slot: int, temp_text: float | None, top_k_text: int | None) -> None:
-        self._command(slot, lambda: self.core.set_slot_sampling(slot, temp_text, top_k_text))
+        self._command(slot, lambda: self.core.set_slot_sampling(slot, temp_text, top_k_text), "set_sampling")
 
-    def stt_attach(self, slot: int) -> None:
-        """Start the engine's shared Kyutai STT on this slot (silence prefix included)."""
-        self._command(slot, lambda: self.core.stt_attach(slot))
+    def stt_attach(self, slot: int, sink: SttSink) -> None:
+        """Start the engine's shared Kyutai STT on this slot (silence prefix included); its step of every
+        frame goes to ``sink``, called in the engine thread."""
+
+        def do() -> None:
+            self.core.stt_attach(slot)
+            with self._lock:
+                io = self._io.get(slot)
+                if io is not None:
+                    io.stt_sink = sink
+
+        self._command(slot, do, "stt_attach")
+
+    def stt_flush(self, slot: int, frames: int, done: Callable[[], None]) -> None:
+        """End of a session with the shared STT: step ``frames`` frames of silence on the slot (its text
+        lags the audio by the STT's delay), then call ``done`` (engine thread). The front-end's output of
+        those frames is not delivered. ``done`` is called at once when the slot is gone."""
+        with self._wake:
+            io = self._io.get(slot)
+            if io is None or frames <= 0:
+                done()
+                return
+            io.on_output = _ignore_output
+            io.flush_left = frames
+            io.flush_done = done
+            silence = np.zeros(frames * self.frame_size, np.float32)
+            io.buffer = [silence]
+            io.buffered = silence.size
+            io.first_ready_t = io.last_feed_t = time.monotonic()
+            self._wake.notify_all()
 
     # ------------------------------------------------------------------ engine thread
     def _take_frames(self, now: float) -> tuple[dict[int, np.ndarray], float] | None:
@@ -247,10 +325,31 @@ class EngineThread:
                 return
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - a bad command must not kill the engine
+            except Exception:  # noqa: BLE001 - commands are guarded (_guarded); this is the last resort
                 log.exception("engine command failed")
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - the last resort: never die silently
+            self._die(f"{exc.__class__.__name__}: {exc}")
+            raise
+
+    def _die(self, reason: str) -> None:
+        log.critical("the engine thread died: %s", reason, exc_info=True)
+        with self._lock:
+            self.error = reason
+            live = list(self._io.items())
+            self._io.clear()
+        for slot, io in live:
+            self._notify_error(slot, io, "the engine stopped")
+        if self.on_death is not None:
+            try:
+                self.on_death(reason)
+            except Exception:  # noqa: BLE001
+                log.exception("engine on_death callback failed")
+
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 while True:
@@ -278,45 +377,111 @@ class EngineThread:
             try:
                 outputs = self.core.tick(frames)
             except EngineStepError as exc:
-                self._fail_slots(exc.slots, str(exc.cause.__class__.__name__))
+                self._fail_slots(exc.slots, callbacks, str(exc.cause.__class__.__name__))
+                continue
+            except Exception as exc:  # noqa: BLE001 - e.g. a bad frame: those slots fail, the engine goes on
+                log.exception("engine tick failed for slots %s", sorted(frames))
+                self._fail_slots(sorted(frames), callbacks, exc.__class__.__name__)
                 continue
             duration = time.perf_counter() - t0
             self.ticks += 1
             for slot, out in outputs.items():
-                try:
-                    callbacks[slot].on_output(out)
-                except Exception:  # noqa: BLE001
-                    log.exception("output callback of slot %d failed", slot)
+                self._deliver(slot, callbacks[slot], out)
             if self.on_tick is not None:
-                self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
-
-    def _fail_slots(self, slots: list[int], reason: str) -> None:
-        for slot in slots:
-            with self._lock:
-                io = self._io.get(slot)
-            if io is not None:
                 try:
-                    io.on_error(f"engine step failed ({reason})")
+                    self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
                 except Exception:  # noqa: BLE001
-                    log.exception("error callback of slot %d failed", slot)
-            self.detach(slot)
+                    log.exception("on_tick callback failed")
+
+    def _deliver(self, slot: int, io: _SlotIO, out: SlotOutput) -> None:
+        try:
+            if out.stt is not None and io.stt_sink is not None:
+                io.stt_sink(out.stt)
+            io.on_output(out)
+        except Exception:  # noqa: BLE001
+            log.exception("output callback of slot %d failed", slot)
+        if io.flush_done is not None:
+            io.flush_left -= 1
+            if io.flush_left <= 0:
+                done, io.flush_done = io.flush_done, None
+                try:
+                    done()
+                except Exception:  # noqa: BLE001
+                    log.exception("flush callback of slot %d failed", slot)
+
+    @staticmethod
+    def _notify_error(slot: int, io: _SlotIO, message: str) -> None:
+        try:
+            io.on_error(message)
+        except Exception:  # noqa: BLE001
+            log.exception("error callback of slot %d failed", slot)
+        if io.flush_done is not None:
+            done, io.flush_done = io.flush_done, None
+            try:
+                done()
+            except Exception:  # noqa: BLE001
+                log.exception("flush callback of slot %d failed", slot)
+
+    def _fail_slot(self, slot: int, io: _SlotIO, message: str) -> None:
+        """End one slot's session: its ``on_error``, then the slot released (if it is still that session's)."""
+        with self._lock:
+            current = self._io.get(slot) is io
+        if not current:
+            return
+        self._notify_error(slot, io, message)
+        self.detach(slot)
+
+    def _fail_slots(self, slots: list[int], callbacks: dict[int, _SlotIO], reason: str) -> None:
+        for slot in slots:
+            io = callbacks.get(slot)
+            if io is not None:
+                self._fail_slot(slot, io, f"engine step failed ({reason})")
+
+
+def _ignore_output(out: SlotOutput) -> None:
+    """Output of a slot whose session no longer reads it (the STT flush at its end)."""
+
+
+#: How long an attach or a reset may take before the session is failed (the engine is stuck or overloaded).
+COMMAND_TIMEOUT_S = 10.0
 
 
 class AsyncSlot:
-    """An engine slot seen from asyncio: outputs arrive on an ``asyncio.Queue``."""
+    """An engine slot seen from asyncio: outputs arrive on an ``asyncio.Queue``.
 
-    def __init__(self, engine: EngineThread, max_queued: int = 64) -> None:
+    Only :class:`~kame.session.pipeline.Pipeline` uses it outside tests: the
+    pipeline is the one owner of a session's slot.
+    """
+
+    def __init__(
+        self,
+        engine: EngineThread,
+        max_queued: int = 64,
+        *,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+        sink: Callable[[SlotOutput | Exception], None] | None = None,
+    ) -> None:
+        """``sink``: receives every output (and the failure) in the event loop instead of :attr:`outputs`."""
         self.engine = engine
         self.loop = asyncio.get_running_loop()
         self.outputs: asyncio.Queue[SlotOutput | Exception] = asyncio.Queue(max_queued)
         self.slot: int | None = None
         self.dropped_outputs = 0
-        self._ready = self.loop.create_future()
+        self.timeout_s = timeout_s
+        self.sink = sink
+        self._ready: asyncio.Future[int] = self.loop.create_future()
 
     def _put(self, outputs: asyncio.Queue[SlotOutput | Exception], item: SlotOutput | Exception) -> None:
+        if self.sink is not None:
+            if outputs is self.outputs:  # not a frame of a state reset since
+                self.sink(item)
+            return
         try:
             outputs.put_nowait(item)
         except asyncio.QueueFull:  # a consumer that does not read loses frames, not the engine
+            if isinstance(item, Exception):  # a failure is never lost: make room for it
+                outputs.get_nowait()
+                outputs.put_nowait(item)
             self.dropped_outputs += 1
 
     def _callbacks(self) -> tuple[OutputCallback, ErrorCallback, Callable[[int], None]]:
@@ -328,33 +493,53 @@ class AsyncSlot:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(self._put, outputs, out)
 
+        def failed(msg: str) -> None:
+            if not ready.done():  # the attach (or reset) itself failed
+                ready.set_exception(EngineFailed(msg))
+            self._put(outputs, EngineFailed(msg))
+
         def on_error(msg: str) -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(self._put, outputs, RuntimeError(msg))
+                loop.call_soon_threadsafe(failed, msg)
 
         def on_ready(slot: int) -> None:
-            loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(slot))
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(slot))
 
         return on_output, on_error, on_ready
 
+    async def _wait_ready(self, what: str) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), self.timeout_s)
+        except asyncio.TimeoutError:
+            self.detach()
+            raise EngineFailed(f"the engine did not {what} the slot within {self.timeout_s:g} s") from None
+        except EngineFailed:
+            self.slot = None  # the engine released it already
+            raise
+
     async def attach(self) -> int:
+        """Attach a fresh slot. Raises :class:`EngineFull` (no slot free) or :class:`EngineFailed` (the
+        attach failed or took longer than ``timeout_s``: the slot is released again)."""
         self.slot = self.engine.attach(*self._callbacks())
-        await self._ready
-        return self.slot
+        slot = self.slot
+        await self._wait_ready("attach")
+        return slot
 
     async def reset(self) -> None:
         """Fresh Moshi, Mimi and oracle state on the same slot, which stays this session's throughout.
-        Raises :class:`EngineFull` when the engine has meanwhile failed the slot."""
+        Raises :class:`EngineFull` when the engine has meanwhile failed the slot, :class:`EngineFailed`
+        when the reset fails or takes longer than ``timeout_s``."""
         if self.slot is None:
             raise EngineFull("not attached")
         self.outputs = asyncio.Queue(self.outputs.maxsize)
         self._ready = self.loop.create_future()
         try:
             self.engine.reattach(self.slot, *self._callbacks())
-        except EngineFull:
+        except (EngineFull, EngineFailed):
             self.slot = None
             raise
-        await self._ready
+        await self._wait_ready("reset")
 
     def feed(self, pcm: np.ndarray) -> None:
         if self.slot is not None:
@@ -381,6 +566,24 @@ class AsyncSlot:
         if self.slot is not None:
             self.engine.set_sampling(self.slot, temp_text, top_k_text)
 
-    def stt_attach(self) -> None:
+    def stt_attach(self, sink: SttSink) -> None:
         if self.slot is not None:
-            self.engine.stt_attach(self.slot)
+            self.engine.stt_attach(self.slot, sink)
+
+    async def stt_flush(self, frames: int, timeout: float) -> None:
+        """Step ``frames`` frames of silence for the shared STT and wait (at most ``timeout``) until they went
+        through."""
+        if self.slot is None:
+            return
+        done = asyncio.Event()
+        loop = self.loop
+
+        def on_done() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(done.set)
+
+        self.engine.stt_flush(self.slot, frames, on_done)
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass

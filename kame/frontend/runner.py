@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 import torch
@@ -111,7 +111,17 @@ def piece_of(tokenizer: Any, token_id: int) -> str:
     return f"<{token_id}>"
 
 
-def write_text_jsonl(out: IO[str], outputs: list[SlotOutput], tokenizer: Any) -> None:
+class SteppedText(Protocol):
+    """An output step with its text token (:class:`SlotOutput`, or a pipeline's ``AssistantFrame``)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def text_id(self) -> int | None: ...
+
+
+def write_text_jsonl(out: IO[str], outputs: Sequence[SteppedText], tokenizer: Any) -> None:
     """One line per sampled text token: step, t_s, id, piece."""
     for o in outputs:
         if o.text_id is None:
@@ -120,7 +130,7 @@ def write_text_jsonl(out: IO[str], outputs: list[SlotOutput], tokenizer: Any) ->
         out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
-def write_text_file(path: Path, outputs: list[SlotOutput], tokenizer: Any) -> None:
+def write_text_file(path: Path, outputs: Sequence[SteppedText], tokenizer: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         write_text_jsonl(f, outputs, tokenizer)

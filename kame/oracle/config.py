@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kame.oracle.sanitize import SanitizeOptions
+from kame.oracle.switch import BargeInPolicy, Policy
 
 
 class SanitizerConfig(BaseModel):
@@ -39,13 +40,13 @@ class OracleConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: Literal["reset", "keep_if_same_start", "freeze_when_speaking"] = Field(
+    policy: Policy = Field(
         "reset",
         description="Answer-switch policy: reset on every new answer (published), keep the sequence when the "
         "new answer starts with the words already fed, or stop resetting once the assistant has spoken "
         "(as in training).",
     )
-    barge_in: Literal["keep", "clear"] = Field(
+    barge_in: BargeInPolicy = Field(
         "keep", description="When the user starts speaking while the assistant speaks: keep or clear the queued answer."
     )
     barge_in_idle_steps: int = Field(

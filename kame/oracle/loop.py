@@ -42,10 +42,28 @@ from kame.oracle.session_tools import SessionTools
 from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
 from kame.oracle.transcript import Transcript
 from kame.oracle.word_tokenizer import WordStreamTokenizer
+from kame.session.events import (
+    BackendDown,
+    BackendUp,
+    LlmCancelled,
+    LlmDeferred,
+    LlmDone,
+    LlmDropped,
+    LlmError,
+    LlmFirstToken,
+    LlmRequestStarted,
+    OracleCleared,
+    OracleReset,
+    OracleText,
+    PipelineEvent,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from kame.session.settings import OracleChoice
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[PipelineEvent], None]
 
 
 class OracleSink(Protocol):
@@ -146,14 +164,13 @@ class OracleLoop:
         self.settings.backend = resolved
         return resolved
 
-    def update(self, **changes: Any) -> None:
-        for key, value in changes.items():
-            if key == "backend":
-                self.set_backend(value)
-            elif hasattr(self.settings, key):
-                setattr(self.settings, key, value)
-            else:
-                raise ValueError(f"unknown oracle setting {key!r}")
+    def apply(self, choice: OracleChoice) -> None:
+        """A session's settings (defaults filled in): all of them, or none when the back-end is unknown."""
+        backend = self.set_backend(choice.backend) if (choice.backend is not None or self.registry is not None) else None
+        self.settings = SessionOracleSettings(
+            backend=backend, policy=choice.policy, barge_in=choice.barge_in,
+            instructions=choice.instructions, oracle_delay_s=choice.oracle_delay_s,
+        )
 
     # ------------------------------------------------------------------ inputs
     def on_user_partial(self, text: str) -> None:
@@ -188,7 +205,7 @@ class OracleLoop:
         decision = decide_barge_in(self.settings.barge_in, new_user_turn=True, assistant_speaking=speaking)  # type: ignore[arg-type]
         if decision.clear_queue:
             self.sink.oracle_clear()
-            self.emit("oracle.cleared", {"reason": decision.reason})
+            self.emit(OracleCleared(reason=decision.reason))
         cur = self._current
         if cur is not None and cur.turn_id != self.transcript.user_turn_id and not cur.tool_bound:
             self._cancel_current("a new user turn began")
@@ -236,7 +253,7 @@ class OracleLoop:
         if cur is not None and cur.tool_bound and cur.turn_id != self.transcript.user_turn_id \
                 and self._backchannel_only(cur.turn_id):
             # A backchannel while tools run: the answer on their results is still wanted.
-            self.emit("llm.deferred", {"request_id": cur.id, "reason": "backchannel while tools run"})
+            self.emit(LlmDeferred(request_id=cur.id, reason="backchannel while tools run"))
             return
         self._cancel_current("superseded by a newer request")
         backend = self.registry.resolve_name(self.settings.backend)
@@ -246,8 +263,8 @@ class OracleLoop:
         messages = build_messages_from_config(self.transcript.view(), self.config, instructions=self.settings.instructions)
         self.counters["requests"] += 1
         use_tools = self.tools is not None and bool(self.tools.specs) and self.registry.tools_allowed(backend)
-        self.emit("llm.request_started", {"request_id": req.id, "backend": backend, "turn_id": req.turn_id,
-                                          "reason": trigger.reason, "tools": use_tools})
+        self.emit(LlmRequestStarted(request_id=req.id, backend=backend, turn_id=req.turn_id, reason=trigger.reason,
+                                    tools=use_tools))
         work = self._consume_tools(req, messages) if use_tools else self._consume(req, messages)
         req.task = asyncio.get_running_loop().create_task(work, name=f"kame-llm-{req.id}")
         self._current = req
@@ -274,7 +291,7 @@ class OracleLoop:
         if req is not None and req.task is not None and not req.task.done():
             req.task.cancel()
             self.counters["cancelled"] += 1
-            self.emit("llm.cancelled", {"request_id": req.id, "reason": reason})
+            self.emit(LlmCancelled(request_id=req.id, reason=reason))
 
     async def _consume(self, req: _Request, messages: list[dict[str, str]]) -> None:
         assert self.registry is not None
@@ -293,8 +310,8 @@ class OracleLoop:
                         break  # enough words fed: closing the stream stops the LLM
             if not self._segment_end(req, seg):
                 return
-            self.emit("llm.done", {"request_id": req.id, "backend": reply.backend or req.backend, "text": seg.raw,
-                                   "duration_s": self.clock() - req.started})
+            self.emit(LlmDone(request_id=req.id, backend=reply.backend or req.backend, text=seg.raw,
+                             duration_s=self.clock() - req.started))
         except asyncio.CancelledError:
             raise
         except BackendError as exc:
@@ -343,22 +360,19 @@ class OracleLoop:
                         executor.pre_call_text = ev.text
                         all_calls.extend(ev.calls)
                         for call in ev.calls:
-                            data: dict[str, Any] = {"request_id": req.id, "call_id": call.id, "name": call.name,
-                                                    "round": ev.round}
-                            if tools.include_arguments:
-                                data["arguments"] = call.arguments
-                            self.emit("tool.call_started", data)
+                            self.emit(ToolCallStarted(
+                                request_id=req.id, call_id=call.id, tool=call.name, round=ev.round,
+                                arguments=call.arguments if tools.include_arguments else None))
                     elif isinstance(ev, CallFinished):
-                        self.emit("tool.call_finished", {
-                            "request_id": req.id, "call_id": ev.call.id, "name": ev.call.name,
-                            "outcome": ev.result.outcome, "ok": ev.result.ok, "duration_s": ev.duration_s,
-                            "round": ev.round})
+                        self.emit(ToolCallFinished(
+                            request_id=req.id, call_id=ev.call.id, tool=ev.call.name, outcome=ev.result.outcome,
+                            ok=ev.result.ok, duration_s=ev.duration_s, round=ev.round))
                     elif isinstance(ev, LoopDone):
                         break
             self._segment_end(req, seg)
             tools.calls.mark_delivered(all_calls)
-            self.emit("llm.done", {"request_id": req.id, "backend": req.backend, "text": seg.raw,
-                                   "duration_s": self.clock() - req.started, "tool_calls": len(all_calls)})
+            self.emit(LlmDone(request_id=req.id, backend=req.backend, text=seg.raw,
+                             duration_s=self.clock() - req.started, tool_calls=len(all_calls)))
         except asyncio.CancelledError:
             raise
         except BackendError as exc:
@@ -372,8 +386,7 @@ class OracleLoop:
 
     def _first_token(self, req: _Request, backend: str) -> None:
         req.first_token_t = self.clock()
-        self.emit("llm.first_token", {"request_id": req.id, "backend": backend,
-                                      "ttft_s": req.first_token_t - req.started})
+        self.emit(LlmFirstToken(request_id=req.id, backend=backend, ttft_s=req.first_token_t - req.started))
         self._succeeded()
 
     def _segment_text(self, req: _Request, seg: _Segment, chunk: str) -> bool:
@@ -432,7 +445,7 @@ class OracleLoop:
             return None
         if d.action == "ignore":
             self.counters["dropped"] += 1
-            self.emit("llm.dropped", {"request_id": req.id, "reason": d.reason})
+            self.emit(LlmDropped(request_id=req.id, reason=d.reason))
             return "ignore"
         return (d.action, d.skip_words)
 
@@ -454,14 +467,14 @@ class OracleLoop:
             self.sink.oracle_reset(list(ids))
             self.counters["resets"] += 1
             self.feed = FeedState(turn_id=req.turn_id, fed_words=tok.words, assistant_spoke=self.transcript.assistant_spoke)
-            self.emit("oracle.reset", {"request_id": req.id, "tokens": len(ids) + 1, "text": tok.text})
+            self.emit(OracleReset(request_id=req.id, tokens=len(ids) + 1, text=tok.text))
             self.counters["tokens"] += len(ids) + 1
             return
         if ids:
             self.sink.oracle_push(list(ids))
             self.counters["tokens"] += len(ids)
             self.feed = replace(self.feed, turn_id=req.turn_id, fed_words=tok.words)
-            self.emit("oracle.text", {"request_id": req.id, "tokens": len(ids), "text": tok.text})
+            self.emit(OracleText(request_id=req.id, tokens=len(ids), text=tok.text))
 
     # ------------------------------------------------------------------ failures
     def _succeeded(self) -> None:
@@ -469,7 +482,7 @@ class OracleLoop:
         self._backoff_until = 0.0
         if self._down:
             self._down = False
-            self.emit("backend.up", {"backend": self.settings.backend or ""})
+            self.emit(BackendUp(backend=self.settings.backend or ""))
 
     def _failed(self, req: _Request, exc: BackendError) -> None:
         self._failures += 1
@@ -478,10 +491,10 @@ class OracleLoop:
         self._backoff_until = self.clock() + backoff
         kind = getattr(exc, "kind", "error")
         log.warning("llm request %d to %s failed: %s (%s); retry after %.1f s", req.id, req.backend, kind, exc, backoff)
-        self.emit("llm.error", {"request_id": req.id, "backend": req.backend, "error": kind, "message": str(exc)})
+        self.emit(LlmError(request_id=req.id, backend=req.backend, error=kind, message=str(exc)))
         if not self._down:
             self._down = True
-            self.emit("backend.down", {"backend": req.backend, "error": kind, "retry_in_s": backoff})
+            self.emit(BackendDown(backend=req.backend, error=kind, retry_in_s=backoff))
 
     # ------------------------------------------------------------------ end
     async def aclose(self) -> None:

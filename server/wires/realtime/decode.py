@@ -1,7 +1,7 @@
 """Client events of ``/v1/realtime``: parsing and validation. No I/O.
 
 Every message either becomes one of the few commands the session acts on,
-or raises :class:`~kame.server.realtime_events.ClientError` with the code
+or raises :class:`~kame.server.wires.realtime.events.ClientError` with the code
 the client gets back (docs/protocol.md 3.7, 3.8). Nothing here trusts the
 message: sizes, types and base64 are checked before anything is decoded
 further, and error messages quote at most a few dozen characters of it.
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kame.server.realtime_events import ClientError
+from kame.server.wires.realtime.events import ClientError
 
 #: OpenAI client events this server knows but does not implement, and why.
 UNSUPPORTED: dict[str, str] = {

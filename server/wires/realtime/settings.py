@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kame.server.realtime_events import AUDIO_FORMAT, SAMPLE_RATE, VOICE, ClientError
+from kame.server.wires.realtime.events import AUDIO_FORMAT, SAMPLE_RATE, VOICE, ClientError
+
+from kame.session.settings import BARGE_IN_POLICIES, ORACLE_POLICIES, SessionSettings
 
 MAX_INSTRUCTIONS_CHARS = 20_000
 KAME_KEYS = (
@@ -38,8 +40,8 @@ class ServerInfo:
     model: str = "kame"
     backends: Sequence[str] = ()
     default_backend: str | None = None
-    oracle_policies: Sequence[str] = ("reset", "keep_if_same_start", "freeze_when_speaking")
-    barge_in_values: Sequence[str] = ("keep", "clear")
+    oracle_policies: Sequence[str] = ORACLE_POLICIES
+    barge_in_values: Sequence[str] = BARGE_IN_POLICIES
     default_oracle_policy: str = "reset"
     default_barge_in: str = "keep"
     default_oracle_delay_s: float = 0.0
@@ -49,40 +51,6 @@ class ServerInfo:
     idle_timeout_s: float = 30.0
     max_duration_s: float = 600.0
     input_buffer_s: float = 10.0
-
-
-@dataclass(frozen=True)
-class RealtimeSettings:
-    """What a client chose (None: the server's default)."""
-
-    instructions: str | None = None
-    backend: str | None = None
-    oracle_policy: str | None = None
-    oracle_delay_s: float | None = None
-    barge_in: str | None = None
-    record: bool = False
-    text_temperature: float | None = None
-    text_topk: int | None = None
-    silence_audio: bool = True
-    ignored: tuple[str, ...] = field(default=(), compare=False)
-
-    def tandem_changes(self, before: RealtimeSettings, info: ServerInfo) -> dict[str, Any]:
-        """Arguments for ``Tandem.update`` that turn ``before`` into ``self`` (sampling always as a pair)."""
-        out: dict[str, Any] = {}
-        if self.backend != before.backend:
-            out["backend"] = self.backend
-        if self.oracle_policy != before.oracle_policy:
-            out["oracle_policy"] = self.oracle_policy or info.default_oracle_policy
-        if self.barge_in != before.barge_in:
-            out["barge_in"] = self.barge_in or info.default_barge_in
-        if self.oracle_delay_s != before.oracle_delay_s:
-            out["oracle_delay_s"] = info.default_oracle_delay_s if self.oracle_delay_s is None else self.oracle_delay_s
-        if self.instructions != before.instructions:
-            out["instructions"] = self.instructions if self.instructions is not None else info.default_instructions
-        if (self.text_temperature, self.text_topk) != (before.text_temperature, before.text_topk):
-            out["text_temperature"] = self.text_temperature
-            out["text_topk"] = self.text_topk
-        return out
 
 
 # --------------------------------------------------------------------------- validation
@@ -166,8 +134,9 @@ def _check_modalities(session: Mapping[str, Any]) -> None:
         raise ClientError("invalid_value", "session.tools: tool calls are not supported", param="session.tools")
 
 
-def parse_session_update(payload: Any, current: RealtimeSettings, info: ServerInfo) -> RealtimeSettings:
-    """The settings after ``session.update``'s ``session`` object, or :class:`ClientError`."""
+def parse_session_update(payload: Any, current: SessionSettings, info: ServerInfo) -> tuple[SessionSettings, tuple[str, ...]]:
+    """The settings after ``session.update``'s ``session`` object, and the fields ignored (accepted, without
+    a meaning here); or :class:`ClientError`."""
     if payload is None:
         raise ClientError("missing_required_parameter", "session.update needs a session object", param="session")
     session = _object(payload, "session")
@@ -196,7 +165,7 @@ def parse_session_update(payload: Any, current: RealtimeSettings, info: ServerIn
         changes.update(_parse_kame(_object(kame, "session.kame"), info))
     known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools"}
     ignored = tuple(sorted(str(k) for k in session if k not in known))
-    return replace(current, ignored=ignored, **changes)
+    return replace(current, **changes), ignored
 
 
 def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
@@ -237,7 +206,7 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the session object
 
 
-def session_object(settings: RealtimeSettings, info: ServerInfo) -> dict[str, Any]:
+def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any]:
     """The ``session`` of ``session.created`` / ``session.updated`` (GA shape plus ``kame``)."""
     asr = info.asr_kind != "none"
     return {
@@ -282,12 +251,3 @@ def session_object(settings: RealtimeSettings, info: ServerInfo) -> dict[str, An
             },
         },
     }
-
-
-def settings_dict(settings: RealtimeSettings) -> dict[str, Any]:
-    """For recordings and logs (instructions shortened: they may be long)."""
-    out = asdict(settings)
-    out.pop("ignored", None)
-    if out.get("instructions"):
-        out["instructions"] = out["instructions"][:200]
-    return out

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kame.loudness import at_least
-from kame.server import realtime_events as ev
-from kame.server.realtime_events import Event, Ids
+from kame.server.wires.realtime import events as ev
+from kame.server.wires.realtime.events import Event, Ids
 from kame.vocab import MOSHI_VOCAB
 
 #: Level from which an output frame counts as speech.

@@ -19,6 +19,9 @@ import numpy as np
 from kame.media import SAMPLE_RATE
 from kame.server.auth import redact
 
+from kame.session import events as pe
+from kame.session.events import PipelineEvent
+
 Event = dict[str, Any]
 
 AUDIO_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": SAMPLE_RATE}
@@ -254,19 +257,19 @@ class ClientError(ValueError):
 
 # --------------------------------------------------------------------------- kame.* events
 
-#: TandemEvent type -> kame.* event type, and the payload fields passed on.
-KAME_EVENTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "llm.request_started": ("kame.backend.request_started", ("request_id", "backend", "turn_id", "reason")),
-    "llm.first_token": ("kame.backend.first_token", ("request_id", "backend", "ttft_s")),
-    "llm.done": ("kame.backend.done", ("request_id", "backend", "text", "duration_s")),
-    "llm.cancelled": ("kame.backend.cancelled", ("request_id", "reason")),
-    "llm.dropped": ("kame.backend.dropped", ("request_id", "reason")),
-    "llm.error": ("kame.backend.error", ("request_id", "backend", "error", "message")),
-    "backend.down": ("kame.backend.down", ("backend", "error", "retry_in_s")),
-    "backend.up": ("kame.backend.up", ("backend",)),
-    "oracle.reset": ("kame.oracle.reset", ("request_id", "text", "tokens")),
-    "oracle.text": ("kame.oracle.text", ("request_id", "text", "tokens")),
-    "oracle.cleared": ("kame.oracle.cleared", ("reason",)),
+#: Pipeline event -> kame.* event type, and the payload fields passed on.
+KAME_EVENTS: dict[type[PipelineEvent], tuple[str, tuple[str, ...]]] = {
+    pe.LlmRequestStarted: ("kame.backend.request_started", ("request_id", "backend", "turn_id", "reason")),
+    pe.LlmFirstToken: ("kame.backend.first_token", ("request_id", "backend", "ttft_s")),
+    pe.LlmDone: ("kame.backend.done", ("request_id", "backend", "text", "duration_s")),
+    pe.LlmCancelled: ("kame.backend.cancelled", ("request_id", "reason")),
+    pe.LlmDropped: ("kame.backend.dropped", ("request_id", "reason")),
+    pe.LlmError: ("kame.backend.error", ("request_id", "backend", "error", "message")),
+    pe.BackendDown: ("kame.backend.down", ("backend", "error", "retry_in_s")),
+    pe.BackendUp: ("kame.backend.up", ("backend",)),
+    pe.OracleReset: ("kame.oracle.reset", ("request_id", "text", "tokens")),
+    pe.OracleText: ("kame.oracle.text", ("request_id", "text", "tokens")),
+    pe.OracleCleared: ("kame.oracle.cleared", ("reason",)),
 }
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
@@ -278,15 +281,15 @@ def client_safe(message: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def kame_event(tandem_type: str, data: dict[str, Any]) -> Event | None:
-    """The ``kame.*`` event for a Tandem event (None for the ones mapped elsewhere or not sent)."""
-    spec = KAME_EVENTS.get(tandem_type)
+def kame_event(event: PipelineEvent) -> Event | None:
+    """The ``kame.*`` event for a pipeline event (None for the ones mapped elsewhere or not sent)."""
+    spec = KAME_EVENTS.get(type(event))
     if spec is None:
         return None
     name, fields = spec
     out: Event = {"type": name}
     for key in fields:
-        value = data.get(key)
+        value = getattr(event, key)
         if key == "message" and value is not None:
             value = client_safe(value)
         elif isinstance(value, float):

@@ -1,0 +1,337 @@
+"""One session's pipeline: user audio -> engine slot (and ASR -> LLM -> oracle), typed events out.
+
+The :class:`Pipeline` is the one owner of a session's engine slot: it
+attaches the slot on entry (``async with``) and releases it on exit, and
+nothing else touches it. Around the slot it owns the session's ASR stream
+and oracle loop. It never blocks the caller: audio goes to the engine
+thread and the recogniser through non-blocking calls, LLM requests run in
+their own tasks, and everything that happens comes out of :meth:`events`
+as :mod:`kame.session.events` dataclasses, in the order it happened:
+assistant frames (with their text piece), user transcripts, LLM and
+oracle events, engine failures.
+
+Where things join: user audio enters at :meth:`Pipeline.feed`; the model
+steps in :class:`~kame.frontend.engine_thread.EngineThread` (the only
+thread touching it); the LLM is asked by :class:`~kame.oracle.loop.OracleLoop`;
+oracle tokens join the model in :meth:`~kame.frontend.engine.EngineCore.tick`
+(popped from the slot's FIFO, summed into the text embedding by
+:mod:`kame.frontend.oracle_input`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from kame.asr.events import AsrEvent, EventType
+from kame.frontend.engine import SlotOutput
+from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
+from kame.oracle.loop import OracleLoop
+from kame.session.events import (
+    AsrFailed,
+    AssistantFrame,
+    EngineFailed,
+    PipelineEvent,
+    SpeechStarted,
+    SpeechStopped,
+    UserFinal,
+    UserPartial,
+)
+from kame.session.settings import OracleChoice, SessionSettings
+from kame.vocab import MOSHI_VOCAB, TextVocab
+
+if TYPE_CHECKING:
+    from kame.asr.stream import AsrStream
+    from kame.backend.registry import BackendRegistry
+    from kame.frontend.engine_thread import EngineThread
+    from kame.oracle.config import OracleConfig
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+#: Output frames that may wait for a consumer before further frames are dropped (counted).
+MAX_QUEUED_FRAMES = 64
+#: How long a reset retries to get a slot when the engine took this session's away meanwhile.
+RESET_ATTACH_TIMEOUT_S = 2.0
+
+
+class Recognizer(Protocol):
+    """A recogniser shared by sessions (any of :mod:`kame.asr`, the shared Kyutai STT included)."""
+
+    def open_stream(self) -> AsrStream: ...
+
+
+class _FeedClock:
+    """When (wall clock) each sample count was fed, to measure ASR latency."""
+
+    def __init__(self, keep: int = 512) -> None:
+        self.samples: list[int] = []
+        self.times: list[float] = []
+        self.keep = keep
+        self.total = 0
+
+    def fed(self, n: int) -> None:
+        self.total += n
+        self.samples.append(self.total)
+        self.times.append(time.time())
+        if len(self.samples) > self.keep:
+            del self.samples[: self.keep // 2]
+            del self.times[: self.keep // 2]
+
+    def wall_at(self, audio_s: float) -> float | None:
+        i = bisect.bisect_left(self.samples, int(audio_s * SAMPLE_RATE))
+        return self.times[i] if i < len(self.times) else None
+
+
+class Pipeline:
+    """A session's engine slot, ASR stream and oracle loop; ``async with`` attaches and releases them.
+
+    Entering raises :class:`~kame.frontend.engine_thread.EngineFull` (no slot
+    free), :class:`~kame.frontend.engine_thread.EngineFailed` (the attach failed
+    or exceeded its bound; nothing stays reserved) or ``ValueError``/``KeyError``
+    (settings the server cannot honour, e.g. an unknown back-end).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: EngineThread,
+        oracle_config: OracleConfig,
+        registry: BackendRegistry | None,
+        recognizer: Recognizer | None,
+        encode: Callable[[str], Sequence[int]],
+        piece_of: Callable[[int], str] | None,
+        settings: SessionSettings = SessionSettings(),
+        timeout_s: float = COMMAND_TIMEOUT_S,
+        max_queued_frames: int = MAX_QUEUED_FRAMES,
+    ) -> None:
+        self.engine = engine
+        self.oracle_config = oracle_config
+        self.registry = registry if registry is not None and registry.names else None
+        self.recognizer = recognizer
+        self.encode = encode
+        self.piece_of = piece_of
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self.max_queued_frames = max_queued_frames
+        self.slot: AsyncSlot | None = None
+        self.asr: AsrStream | None = None
+        self.oracle: OracleLoop | None = None
+        #: Frames dropped because the consumer of :meth:`events` lagged.
+        self.dropped_frames = 0
+        #: Whether leaving the ``async with`` block flushes the ASR (the last words); False when draining.
+        self.flush_on_exit = True
+        self._events: asyncio.Queue[PipelineEvent] = asyncio.Queue()
+        self._frames_queued = 0
+        self._asr_task: asyncio.Task[None] | None = None
+        self._clock = _FeedClock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Pipeline:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose(flush_asr=self.flush_on_exit)
+
+    async def start(self) -> None:
+        """Attach a slot, then open the ASR stream and the oracle loop with the session's settings."""
+        self.slot = self._new_slot()
+        try:
+            await self.slot.attach()
+            self._open_parts()
+        except BaseException:
+            await self.aclose(flush_asr=False)
+            raise
+
+    @property
+    def slot_index(self) -> int | None:
+        return self.slot.slot if self.slot is not None else None
+
+    def _new_slot(self) -> AsyncSlot:
+        return AsyncSlot(self.engine, timeout_s=self.timeout_s, sink=self._on_slot)
+
+    def _open_parts(self) -> None:
+        """ASR stream and oracle loop for the attached slot, with the current settings applied."""
+        assert self.slot is not None
+        if self.registry is not None:
+            self.oracle = OracleLoop(
+                config=self.oracle_config,
+                registry=self.registry,
+                sink=self.slot,
+                encode=self.encode,
+                piece_of=self.piece_of,
+                emit=self._put,
+            )
+            self.oracle.apply(OracleChoice.resolve(self.settings, self.oracle_config))
+        if self.settings.sampling() != (None, None):
+            self.slot.set_sampling(*self.settings.sampling())
+        if self.recognizer is not None:
+            self.asr = self.recognizer.open_stream()
+            self.asr.bind_engine(self.slot)
+            self._asr_task = asyncio.get_running_loop().create_task(self._asr_events(self.asr), name="kame-asr-events")
+
+    async def _close_parts(self, flush_asr: bool) -> None:
+        asr, self.asr = self.asr, None
+        if asr is not None:
+            try:
+                await asr.aclose(flush=flush_asr, timeout=5.0)
+            except Exception:  # noqa: BLE001 - a broken recogniser must not keep the slot
+                log.exception("closing the ASR stream failed")
+        task, self._asr_task = self._asr_task, None
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(task, 2.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+                task.cancel()
+        oracle, self.oracle = self.oracle, None
+        if oracle is not None:
+            try:
+                await oracle.aclose()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the oracle loop failed")
+
+    async def aclose(self, flush_asr: bool = True) -> None:
+        """Stop the ASR (flushing its last words unless ``flush_asr`` is False), the oracle and its LLM
+        request, then release the slot (whatever failed before)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._close_parts(flush_asr)
+        finally:
+            if self.slot is not None:
+                self.dropped_frames += self.slot.dropped_outputs
+                self.slot.detach()
+
+    async def reset(self) -> None:
+        """Fresh Moshi, Mimi and oracle state and a fresh transcript on the slot this session keeps
+        (same settings). Events not yet read are discarded. Raises ``EngineFull`` when the engine took the
+        slot away meanwhile and none is free again within a short wait, ``EngineFailed`` when the reset
+        fails or exceeds its bound."""
+        assert self.slot is not None and not self._closed
+        await self._close_parts(flush_asr=False)
+        self._drain()
+        try:
+            await self.slot.reset()
+        except EngineFull:
+            self.slot = await self._attach_again()
+        self._drain()
+        self._open_parts()
+
+    async def _attach_again(self) -> AsyncSlot:
+        deadline = time.monotonic() + RESET_ATTACH_TIMEOUT_S
+        while True:
+            slot = self._new_slot()
+            try:
+                await slot.attach()
+                return slot
+            except EngineFull:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    def _drain(self) -> None:
+        while not self._events.empty():
+            self._events.get_nowait()
+        self._frames_queued = 0
+
+    # ------------------------------------------------------------------ in
+    def feed(self, pcm: np.ndarray) -> None:
+        """24 kHz mono float32 user audio, any length. Never blocks."""
+        if self.slot is None:
+            return
+        self.slot.feed(pcm)
+        if self.asr is not None and not self.asr.done:
+            self.asr.feed(pcm)
+            self._clock.fed(int(np.asarray(pcm).size))
+
+    def update(self, settings: SessionSettings) -> None:
+        """New session settings: applied as a whole, or not at all (``KeyError`` for an unknown back-end)."""
+        old = self.settings
+        if self.oracle is not None and settings.oracle_part() != old.oracle_part():
+            self.oracle.apply(OracleChoice.resolve(settings, self.oracle_config))
+        if self.slot is not None and settings.sampling() != old.sampling():
+            self.slot.set_sampling(*settings.sampling())
+        self.settings = settings
+
+    def inject_answer(self, ids: list[int]) -> None:
+        """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``)."""
+        if self.slot is not None and ids:
+            self.slot.oracle_reset(list(ids))
+
+    # ------------------------------------------------------------------ out
+    def _put(self, event: PipelineEvent) -> None:
+        self._events.put_nowait(event)
+
+    async def next_event(self) -> PipelineEvent:
+        event = await self._events.get()
+        if isinstance(event, AssistantFrame):
+            self._frames_queued -= 1
+        return event
+
+    async def events(self) -> AsyncIterator[PipelineEvent]:
+        """Everything the pipeline reports, in order (runs until the consumer stops)."""
+        while True:
+            yield await self.next_event()
+
+    def _on_slot(self, item: SlotOutput | Exception) -> None:
+        """An engine output (or failure) of this session's slot, in the event loop."""
+        if isinstance(item, Exception):
+            self._put(EngineFailed(message=str(item)))
+            return
+        if self.oracle is not None:
+            self.oracle.on_assistant_token(item.text_id)
+        if self._frames_queued >= self.max_queued_frames:  # a consumer that does not read loses frames
+            self.dropped_frames += 1
+            return
+        text_id = item.text_id
+        piece = None
+        if text_id is not None and self.vocab.is_text(text_id) and self.piece_of is not None:
+            piece = self.piece_of(text_id)
+        self._frames_queued += 1
+        self._put(AssistantFrame(step=item.step, pcm=item.pcm, text_id=text_id, piece=piece, oracle_id=item.oracle_id))
+
+    async def _asr_events(self, asr: AsrStream) -> None:
+        async for ev in asr.events():
+            try:
+                self._on_asr(ev)
+            except Exception:  # noqa: BLE001 - a bug here must not stop the session
+                log.exception("handling ASR event %s failed", ev.type)
+
+    def _on_asr(self, ev: AsrEvent) -> None:
+        utt, audio_s = ev.utterance, ev.audio_s
+        if ev.type is EventType.PARTIAL:
+            fed_at = self._clock.wall_at(audio_s)
+            latency = None if fed_at is None else max(0.0, time.time() - fed_at)
+            self._put(UserPartial(utterance=utt, audio_s=audio_s, text=ev.text, stable=ev.stable, latency_s=latency))
+            if self.oracle is not None:
+                self.oracle.on_user_partial(ev.text)
+        elif ev.type is EventType.FINAL:
+            self._put(UserFinal(utterance=utt, audio_s=audio_s, text=ev.text))
+            if self.oracle is not None:
+                self.oracle.on_user_final(ev.text)
+        elif ev.type is EventType.SPEECH_STARTED:
+            self._put(SpeechStarted(utterance=utt, audio_s=audio_s))
+        elif ev.type is EventType.SPEECH_STOPPED:
+            self._put(SpeechStopped(utterance=utt, audio_s=audio_s))
+        elif ev.type is EventType.ERROR:
+            self._put(AsrFailed(utterance=utt, audio_s=audio_s, message=ev.text))
+
+
+def piece_lookup(tokenizer: Any) -> Callable[[int], str]:
+    """``piece_of`` for a SentencePiece tokenizer (ids outside its vocabulary shown as ``<id>``)."""
+    from kame.frontend.runner import piece_of as lookup
+
+    def piece_of(text_id: int) -> str:
+        return lookup(tokenizer, int(text_id))
+
+    return piece_of
+

@@ -1,0 +1,74 @@
+"""The settings a client may choose for its session: one model that every wire parses into. No I/O.
+
+``/api/chat`` fills it from the URL's query string, ``/v1/realtime`` from
+``session.update``; the pipeline and the runtime read it. ``None`` means "the
+server's default" (``oracle.*`` of the config, the engine's sampling), so a
+client that sets a value back to null gets the default again. The policy
+names are the ``Literal`` types of :mod:`kame.oracle.switch`, defined there
+once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, get_args
+
+from kame.oracle.config import OracleConfig
+from kame.oracle.switch import BargeInPolicy, Policy
+
+#: Names of the answer-switch policies and of the barge-in policies, in the order they are documented.
+ORACLE_POLICIES: tuple[str, ...] = get_args(Policy)
+BARGE_IN_POLICIES: tuple[str, ...] = get_args(BargeInPolicy)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a client chose (None: the server's default)."""
+
+    backend: str | None = None
+    oracle_policy: Policy | None = None
+    barge_in: BargeInPolicy | None = None
+    instructions: str | None = None
+    oracle_delay_s: float | None = None
+    text_temperature: float | None = None
+    text_topk: int | None = None
+    #: Record this session (only where the server has a ``server.record_dir``).
+    record: bool = False
+    #: ``/v1/realtime``: send the output frames outside responses (``kame.output_audio.delta``).
+    silence_audio: bool = True
+
+    def sampling(self) -> tuple[float | None, int | None]:
+        """The per-session text sampling (temperature, top-k); always changed as a pair."""
+        return self.text_temperature, self.text_topk
+
+    def oracle_part(self) -> tuple[Any, ...]:
+        """What the oracle loop reads (a change of it is applied to the loop)."""
+        return self.backend, self.oracle_policy, self.barge_in, self.instructions, self.oracle_delay_s
+
+    def for_log(self) -> dict[str, Any]:
+        """For recordings and logs (instructions shortened: they may be long)."""
+        out = asdict(self)
+        if out.get("instructions"):
+            out["instructions"] = out["instructions"][:200]
+        return out
+
+
+@dataclass(frozen=True)
+class OracleChoice:
+    """A session's oracle settings with the defaults filled in from the config."""
+
+    backend: str | None
+    policy: Policy
+    barge_in: BargeInPolicy
+    instructions: str | None
+    oracle_delay_s: float
+
+    @classmethod
+    def resolve(cls, settings: SessionSettings, config: OracleConfig) -> OracleChoice:
+        return cls(
+            backend=settings.backend,
+            policy=settings.oracle_policy or config.policy,
+            barge_in=settings.barge_in or config.barge_in,
+            instructions=settings.instructions if settings.instructions is not None else config.instructions,
+            oracle_delay_s=config.oracle_delay_s if settings.oracle_delay_s is None else settings.oracle_delay_s,
+        )

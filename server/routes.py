@@ -1,0 +1,65 @@
+"""The websocket endpoints: one :class:`~kame.server.runtime.route.WireRoute` per wire.
+
+Adding a protocol: write its wire (a pure module under :mod:`kame.server.wires`),
+describe it here, list it in :data:`WIRES`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import WebSocket
+from kame.server.admission import Admitted
+from kame.server.runtime.route import WireRoute
+from kame.server.runtime.wire import Wire
+from kame.server.wires import moshi
+from kame.server.wires.realtime import wire as realtime
+
+from kame.session.settings import SessionSettings
+from kame.vocab import MOSHI_VOCAB
+
+if TYPE_CHECKING:
+    from kame.server.app import AppState
+
+
+def _recording(state: AppState) -> bool:
+    return state.cfg.server.record_dir is not None
+
+
+def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
+    from dataclasses import replace
+
+    from kame.server.server_info import session_server_info
+
+    settings = replace(admitted.params.settings, record=_recording(state))
+    info = session_server_info(state.host, settings)
+    vocab = state.host.models.vocab if state.host.models is not None else MOSHI_VOCAB
+    wire = moshi.MoshiWire(state.host.sample_rate, state.host.frame_size, server_info=info,
+                           max_duration_s=state.cfg.server.max_duration_s, vocab=vocab)
+    return wire, settings
+
+
+def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
+    from dataclasses import replace
+
+    host = state.host
+    registry = host.backends
+    model = (ws.query_params.get("model") or "kame")[:64]
+    info = realtime.server_info(
+        admitted.session_id, model, backends=host.backend_names(),
+        default_backend=registry.default_name if registry is not None and registry.names else None, cfg=state.cfg,
+    )
+    settings = replace(admitted.params.settings, record=_recording(state))
+    return realtime.RealtimeWire(info, settings, host.frame_size), settings
+
+
+CHAT = WireRoute(protocol=moshi.PROTOCOL, path=moshi.PATH, open=open_chat, refusal=moshi.refusal, send_reason=True)
+REALTIME = WireRoute(
+    protocol=realtime.PROTOCOL,
+    path=realtime.PATH,
+    open=open_realtime,
+    refusal=realtime.refusal,
+    input_buffer_s=lambda state: state.cfg.server.input_buffer_s,
+)
+#: Every websocket endpoint, in the order docs/protocol.md describes them.
+WIRES = (CHAT, REALTIME)

@@ -1,0 +1,71 @@
+"""How a session ends: the typed reason, and last words to a client that may be gone.
+
+Why one place: a session's end must not wait on a vanished or non-reading
+client (each send and the close get ``timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kame.server import protocol
+from starlette.websockets import WebSocket
+
+if TYPE_CHECKING:
+    from kame.server.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """Why a session ended and how the socket is closed.
+
+    ``label``: the metrics label (client_closed, idle, max_duration, protocol, bad_audio, audio_flood,
+    slow_client, engine_error, draining, ...); ``code``: the close code, None when the client is gone
+    already; ``error``: a message the wire sends before the close frame; ``error_code`` and
+    ``error_type``: how a wire with typed errors (``/v1/realtime``) classifies it.
+    """
+
+    label: str
+    code: int | None
+    reason: str = ""
+    error: str | None = None
+    error_code: str = "server_error"
+    error_type: str = "server_error"
+
+
+ENGINE_ERROR = "engine error, please reconnect"
+
+
+def engine_error_end() -> SessionEnd:
+    """The engine failed this session (a step, a command, an attach or reset beyond its bound, a dead thread)."""
+    return SessionEnd("engine_error", protocol.CLOSE_INTERNAL_ERROR, "engine error", ENGINE_ERROR, "engine_error")
+
+
+def internal_error_end(exc: BaseException) -> SessionEnd:
+    return SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error",
+                      f"internal error ({exc.__class__.__name__})", "internal_error")
+
+
+async def quietly(send: Awaitable[None], timeout: float = 1.0) -> None:
+    """Await a send to the client for at most ``timeout``, ignoring failure: the client may be gone or
+    not reading."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(send, timeout)
+
+
+async def close_quietly(ws: WebSocket, code: int, reason: str, timeout: float = 1.0) -> None:
+    """Send the close frame (``reason`` trimmed to what fits in it), as :func:`quietly`."""
+    await quietly(ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
+
+
+def count_end(metrics: ServerMetrics, label: str, started: float) -> float:
+    """Count the ended session by reason and observe its length; returns the length in seconds."""
+    duration = time.monotonic() - started
+    metrics.sessions_ended.labels(reason=label).inc()
+    metrics.session_seconds.observe(duration)
+    return duration

@@ -1,0 +1,97 @@
+"""A websocket endpoint for a wire: admission, then one :class:`~kame.server.runtime.session.SessionRuntime`.
+
+Every wire's endpoint is this code: the checks of :mod:`kame.server.admission`
+(origin, token, draining, readiness, query parameters, capacity; a refusal's
+message worded by the wire), the wire and the session settings built by the
+wire's ``open``, then the runtime until the socket closes. :func:`add_wire`
+registers a :class:`WireRoute` on an app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, WebSocket
+from kame.server.admission import Admitted, admit
+from kame.server.runtime.session import SessionRuntime
+from kame.server.runtime.wire import Outgoing, Wire
+
+from kame.session.settings import SessionSettings
+
+if TYPE_CHECKING:
+    from kame.server.app import AppState
+    from kame.server.recording import SessionRecorder
+
+
+@dataclass(frozen=True)
+class WireRoute:
+    """How a wire is served.
+
+    ``open(state, admitted, ws)`` builds the session's wire and its settings from what admission found
+    (the query string's settings are in ``admitted.params``); ``refusal(message)`` words an admission
+    refusal; ``input_buffer_s(state)`` is how much audio ahead of real time waits instead of being
+    dropped (0 for clients that pace themselves).
+    """
+
+    protocol: str
+    path: str
+    open: Callable[[AppState, Admitted, WebSocket], tuple[Wire, SessionSettings]]
+    refusal: Callable[[str], Outgoing]
+    input_buffer_s: Callable[[AppState], float] = lambda state: 0.0
+    #: Every refusal's reason goes out through ``refusal`` before the close, not only errors.
+    send_reason: bool = False
+
+
+async def serve(ws: WebSocket, route: WireRoute) -> None:
+    state: AppState = ws.app.state.kame
+    cfg = state.cfg.server
+    host = state.host
+
+    async def send_error(sock: WebSocket, error: str) -> None:
+        out = route.refusal(error)
+        await (sock.send_bytes(out.data) if isinstance(out.data, bytes) else sock.send_text(out.data))
+
+    admitted = await admit(ws, state, send_error, send_reason=route.send_reason)
+    if admitted is None:
+        return
+    wire, settings = route.open(state, admitted, ws)
+    session_id, log = admitted.session_id, admitted.log
+
+    def new_recorder(current: SessionSettings) -> SessionRecorder | None:
+        if cfg.record_dir is None:
+            return None
+        from kame.server.recording import SessionRecorder
+
+        return SessionRecorder(cfg.record_dir, session_id, host.sample_rate, {"protocol": route.protocol, **current.for_log()})
+
+    log.info("session accepted", extra={"peer": admitted.peer, "protocol": route.protocol,
+                                        "ignored_params": ",".join(admitted.params.ignored) or "-"})
+    runtime = SessionRuntime(
+        ws,
+        wire,
+        session_id=session_id,
+        new_pipeline=host.new_pipeline,
+        settings=settings,
+        metrics=state.metrics,
+        protocol_metrics=state.protocols,
+        cfg=cfg,
+        log=log,
+        input_buffer_s=route.input_buffer_s(state),
+        new_recorder=new_recorder,
+    )
+    state.sessions.add(runtime)
+    try:
+        await runtime.run()
+    finally:
+        state.sessions.remove(runtime)
+
+
+def add_wire(app: FastAPI, route: WireRoute) -> None:
+    """Serve ``route`` on ``app``."""
+
+    async def endpoint(ws: WebSocket) -> None:
+        await serve(ws, route)
+
+    app.add_api_websocket_route(route.path, endpoint, name=route.protocol)

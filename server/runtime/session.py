@@ -1,0 +1,484 @@
+"""One websocket session, whatever its wire: the pipeline, the tasks, the send queue, the watchdog, the end.
+
+The lifecycle is written here once for every protocol (``/api/chat``,
+``/v1/realtime``, ...); the protocol itself is a pure
+:class:`~kame.server.runtime.wire.Wire`. Five tasks run per session, none
+waiting on another's work:
+
+- *receive*: websocket -> ``wire.decode`` -> commands; user audio goes
+  through the real-time guard (:class:`~kame.server.runtime.pacing.InputPacer`:
+  audio far ahead of real time is queued up to the wire's buffer, then
+  dropped; a client that floods is closed) -> ``pipeline.feed`` (never
+  blocks);
+- *feed*: releases audio the pacer queued, at real time;
+- *pump*: pipeline events -> ``wire.frame`` / ``wire.event`` -> send queue
+  (audio dropped before encoding when the client lags, counted);
+- *send*: send queue -> websocket, the only task that waits on the client;
+- *watch*: idle timeout, maximum duration (warned first), slow client.
+
+The first of them to decide the session is over calls :meth:`SessionRuntime.end`;
+``run`` then cancels the rest, sends the wire's last words and the close
+frame, leaves the pipeline (which releases the engine slot) and counts the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from kame.server import protocol
+from kame.server.runtime.end import SessionEnd, close_quietly, count_end, engine_error_end, internal_error_end, quietly
+from kame.server.runtime.pacing import InputPacer
+from kame.server.runtime.send import FRAME_S, SendQueue
+from kame.server.runtime.watchdog import watch, watch_period
+from kame.server.runtime.wire import (
+    AudioIn,
+    Command,
+    Fault,
+    Ignored,
+    Outgoing,
+    Reply,
+    ResetIn,
+    SettingsIn,
+    Wire,
+)
+from starlette.websockets import WebSocketDisconnect
+
+from kame.frontend.engine_thread import EngineFailed, EngineFull
+from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineFailed as EngineFailedEvent, LlmError, PipelineEvent
+
+if TYPE_CHECKING:
+    from kame.server.config import ServerConfig
+    from kame.server.logs import SessionLogger
+    from kame.server.metrics import ServerMetrics
+    from kame.server.protocol_metrics import ProtocolMetrics
+    from kame.server.recording import SessionRecorder
+    from starlette.websockets import WebSocket
+
+    from kame.session.pipeline import Pipeline
+    from kame.session.settings import SessionSettings
+
+#: Client faults logged at info level before the rest go to debug.
+LOGGED_FAULTS = 5
+
+NewPipeline = Callable[["SessionSettings"], "Pipeline"]
+NewRecorder = Callable[["SessionSettings"], "SessionRecorder | None"]
+
+
+class SessionRuntime:
+    """Owns one accepted websocket until it closes."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        wire: Wire,
+        *,
+        session_id: str,
+        new_pipeline: NewPipeline,
+        settings: SessionSettings,
+        metrics: ServerMetrics,
+        protocol_metrics: ProtocolMetrics | None,
+        cfg: ServerConfig,
+        log: SessionLogger,
+        input_buffer_s: float = 0.0,
+        new_recorder: NewRecorder | None = None,
+    ) -> None:
+        self.ws = ws
+        self.wire = wire
+        self.id = session_id
+        self.new_pipeline = new_pipeline
+        self.settings = settings
+        self.metrics = metrics
+        self.pmetrics = protocol_metrics
+        self.cfg = cfg
+        self.log = log
+        self.input_buffer_s = input_buffer_s
+        self.new_recorder = new_recorder
+        self.recorder: SessionRecorder | None = None
+        self.pipeline: Pipeline | None = None
+        self.done = asyncio.Event()
+        self.ended: SessionEnd | None = None
+        self._end_event = asyncio.Event()
+        self.send_q = SendQueue(cfg.send_queue_frames, observe_lateness=metrics.frame_lateness.observe)
+        now = time.monotonic()
+        self._pacer: InputPacer[np.ndarray] = InputPacer(
+            frame_s=FRAME_S, burst_s=cfg.input_burst_s, buffer_s=input_buffer_s, now=now
+        )
+        self._feed_wake = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.started = self.last_audio = now
+        self.faults = 0
+        self.frames_in = 0
+        self.frames_out = 0
+        self.frames_dropped = 0
+
+    @property
+    def protocol(self) -> str:
+        return self.wire.protocol
+
+    # ------------------------------------------------------------------ ending
+    def end(
+        self,
+        label: str,
+        code: int | None,
+        reason: str = "",
+        error: str | None = None,
+        *,
+        error_code: str = "server_error",
+        error_type: str = "server_error",
+    ) -> None:
+        """Decide the session is over (first call wins; safe from any task of the loop)."""
+        self.end_with(SessionEnd(label, code, protocol.close_reason(reason), error, error_code, error_type))
+
+    def notify_draining(self, seconds_left: float) -> None:
+        """The server drains (:class:`~kame.server.sessions.DrainAware`): the wire tells the client how long
+        the session has left."""
+        self._queue(self.wire.draining(seconds_left))
+        self.log.info("server draining: session ends in %.1f s", seconds_left)
+
+    def end_with(self, end: SessionEnd) -> None:
+        if self.ended is not None:
+            return
+        self.ended = end
+        self._end_event.set()
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.done.set()
+
+    async def _run(self) -> None:
+        pipeline = self.new_pipeline(self.settings)
+        entered = False
+        try:
+            async with pipeline:
+                entered = True
+                self.pipeline = pipeline
+                try:
+                    await self._serve(pipeline)
+                finally:
+                    end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
+                    self.ended = end
+                    # a draining server does not wait for the ASR to flush the last words
+                    pipeline.flush_on_exit = end.label != "draining"
+                    await self._goodbye(end)
+        except EngineFull:
+            if entered:
+                raise
+            self.metrics.sessions_rejected.labels(reason="full").inc()
+            self.ended = SessionEnd("rejected_full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+            await self._goodbye(self.ended)
+            return
+        except EngineFailed as exc:
+            if entered:
+                raise
+            self.log.error("the engine could not attach this session: %s", exc)
+            self.end_with(engine_error_end())
+            await self._goodbye(self.ended)  # type: ignore[arg-type]
+        except (ValueError, KeyError) as exc:
+            if entered:
+                raise
+            self.end("bad_params", protocol.CLOSE_POLICY, "invalid session settings", error=str(exc),
+                     error_code="invalid_value", error_type="invalid_request_error")
+            await self._goodbye(self.ended)  # type: ignore[arg-type]
+        self._count_end(pipeline)
+
+    async def _serve(self, pipeline: Pipeline) -> None:
+        self.log.info("session started", extra={"slot": pipeline.slot_index, "protocol": self.protocol})
+        self.metrics.sessions_total.inc()
+        if self.pmetrics is not None:
+            self.pmetrics.sessions.labels(protocol=self.protocol).inc()
+        if self.settings.record:
+            self._start_recording()
+        try:
+            for out in self.wire.opening(self.settings):
+                try:
+                    await self._write(out.data)
+                except (WebSocketDisconnect, OSError, RuntimeError):
+                    self.end("client_closed", None)
+            if self.ended is None:
+                now = time.monotonic()
+                self.started = self.last_audio = self.send_q.last_send = now
+                self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
+                for name, work in (
+                    ("receive", self._receive),
+                    ("feed", self._feed_loop),
+                    ("pump", self._pump),
+                    ("send", self._send),
+                    ("watch", self._watch),
+                ):
+                    self._tasks[name] = asyncio.create_task(self._guard(work, name))
+                await self._end_event.wait()
+        except Exception as exc:
+            self.log.exception("session failed")
+            self.end_with(internal_error_end(exc))
+        finally:
+            tasks = list(self._tasks.values())
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _guard(self, work: Callable[[], Awaitable[None]], name: str) -> None:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self.ended is None:
+                self.log.exception("session task %s failed", name)
+                self.end_with(internal_error_end(exc))
+
+    async def _goodbye(self, end: SessionEnd) -> None:
+        """The wire's last words and the close frame, each bounded (the client may be gone or not reading)."""
+        if end.code is None:
+            return
+        for out in self.wire.closing(end):
+            await quietly(self._write(out.data))
+        await close_quietly(self.ws, end.code, end.reason)
+
+    def _count_end(self, pipeline: Pipeline) -> None:
+        end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
+        if pipeline.dropped_frames:
+            self.metrics.frames_dropped.labels(direction="engine").inc(pipeline.dropped_frames)
+        duration = count_end(self.metrics, end.label, self.started)
+        self._stop_recording(end.label, end.code)
+        self.log.info(
+            "session ended",
+            extra={
+                "protocol": self.protocol,
+                "reason": end.label,
+                "code": end.code,
+                "seconds": round(duration, 2),
+                "frames_in": self.frames_in,
+                "frames_out": self.frames_out,
+                "dropped_out": self.frames_dropped,
+                "dropped_in_s": round(self._pacer.dropped_s, 2),
+                "client_errors": self.faults,
+            },
+        )
+
+    # ------------------------------------------------------------------ sending
+    def _write(self, data: bytes | str) -> Awaitable[None]:
+        return self.ws.send_bytes(data) if isinstance(data, bytes) else self.ws.send_text(data)
+
+    def _queue(self, messages: list[Outgoing] | tuple[Outgoing, ...]) -> None:
+        if self.ended is not None:
+            return
+        for out in messages:
+            if not self.send_q.put(out):
+                self.end("slow_client", protocol.CLOSE_POLICY, "client is not reading")
+                return
+
+    async def _send(self) -> None:
+        while True:
+            out = await self.send_q.get()
+            try:
+                await self._write(out.data)
+            except (WebSocketDisconnect, OSError, RuntimeError):  # the client vanished mid-send
+                self.end("client_closed", None)
+                return
+            self.send_q.sent(out, time.monotonic())
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                self.end("client_closed", None)
+                return
+            for command in self.wire.decode(message, time.monotonic()):
+                await self._apply(command)
+                if self.ended is not None:
+                    return
+
+    async def _apply(self, command: Command) -> None:
+        if isinstance(command, AudioIn):
+            self._audio(command)
+        elif isinstance(command, SettingsIn):
+            self._update(command)
+        elif isinstance(command, ResetIn):
+            await self._reset()
+        elif isinstance(command, Reply):
+            self._queue(list(command.messages))
+        elif isinstance(command, Fault):
+            self._fault(command)
+        elif isinstance(command, Ignored):
+            self.log.debug("ignored: %s", command.what)
+
+    def _fault(self, fault: Fault) -> None:
+        self.faults += 1
+        self.metrics.protocol_errors.labels(kind=fault.kind).inc()
+        if fault.code is not None and self.pmetrics is not None:
+            self.pmetrics.client_error(fault.code)
+        if fault.end is not None:
+            self.log.warning("closing: %s", fault.message)
+            self.end_with(fault.end)
+            return
+        if self.faults <= LOGGED_FAULTS:
+            self.log.info("client message refused (%s): %s", fault.code or fault.kind, fault.message)
+        self._queue(list(fault.reply))
+
+    def _audio(self, command: AudioIn) -> None:
+        now = time.monotonic()
+        self.last_audio = now
+        if not command.frames:
+            return
+        pushed = self._pacer.push(command.frames, now)
+        for frame in pushed.released:
+            self._feed(frame)
+        if self._pacer.queued:
+            self._feed_wake.set()
+        if not pushed.dropped:
+            return
+        self.metrics.frames_dropped.labels(direction="in").inc(pushed.dropped)
+        if self.pmetrics is not None:
+            self.pmetrics.audio_dropped_s.labels(protocol=self.protocol).inc(pushed.dropped * FRAME_S)
+        if self._pacer.dropped_s > self.cfg.flood_close_s:
+            self.log.warning("closing: %.1f s of audio sent ahead of real time dropped", self._pacer.dropped_s)
+            self.end("audio_flood", protocol.CLOSE_POLICY, "audio faster than real time",
+                     error=f"audio sent faster than real time: {self._pacer.dropped_s:.1f} s dropped",
+                     error_code="audio_flood", error_type="invalid_request_error")
+        elif pushed.overflow_started:
+            self.log.warning("client sends audio faster than real time: dropping what is ahead by more than %.1f s",
+                             self.input_buffer_s + self.cfg.input_burst_s)
+            for follow in self.wire.audio_overflow(self.input_buffer_s, command.event_id):
+                if isinstance(follow, Fault):
+                    self._fault(follow)
+                elif isinstance(follow, Reply):
+                    self._queue(list(follow.messages))
+
+    def _feed(self, frame: np.ndarray) -> None:
+        if self.pipeline is None:
+            return
+        self.frames_in += 1
+        self.pipeline.feed(frame)
+        if self.recorder is not None:
+            self.recorder.user_audio(frame)
+
+    async def _feed_loop(self) -> None:
+        while True:
+            delay = self._pacer.next_release_in(time.monotonic())
+            if delay is None:
+                self._feed_wake.clear()
+                await self._feed_wake.wait()
+                continue
+            await asyncio.sleep(delay)
+            for frame in self._pacer.release(time.monotonic()):
+                self._feed(frame)
+
+    def _update(self, command: SettingsIn) -> None:
+        assert self.pipeline is not None
+        try:
+            self.pipeline.update(command.settings)
+        except (ValueError, KeyError) as exc:
+            for follow in self.wire.settings_rejected(str(exc), command):
+                if isinstance(follow, Fault):
+                    self._fault(follow)
+                elif isinstance(follow, Reply):
+                    self._queue(list(follow.messages))
+            return
+        old, new = self.settings, command.settings
+        self.settings = new
+        if new.record != old.record:
+            if new.record:
+                self._start_recording()
+            else:
+                self._stop_recording("client", None)
+        if new != old:
+            self.log.info("settings changed", extra={k: v for k, v in new.for_log().items() if k != "instructions"})
+        if command.ignored:
+            self.log.debug("settings: ignored %s", ",".join(command.ignored))
+        self._queue(self.wire.settings_applied(new, command))
+
+    async def _reset(self) -> None:
+        """Fresh model state and transcript, same settings and socket; the slot is kept throughout."""
+        assert self.pipeline is not None
+        self._queue(self.wire.reset_starting())
+        pump = self._tasks.pop("pump", None)
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+        try:
+            await self.pipeline.reset()
+        except EngineFull:
+            self.end("reset_failed", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later",
+                     error="the session lost its engine slot during the reset", error_code="server_full")
+            return
+        except EngineFailed as exc:
+            self.log.error("reset failed: %s", exc)
+            self.end_with(engine_error_end())
+            return
+        self._tasks["pump"] = asyncio.create_task(self._guard(self._pump, "pump"))
+        self.log.info("session reset by the client")
+        self._queue(self.wire.reset_done())
+
+    # ------------------------------------------------------------------ output
+    async def _pump(self) -> None:
+        assert self.pipeline is not None
+        pipeline = self.pipeline
+        while True:
+            event = await pipeline.next_event()
+            if isinstance(event, AssistantFrame):
+                self._frame(event)
+            elif isinstance(event, EngineFailedEvent):
+                self.log.error("engine failed this session: %s", event.message)
+                self.end_with(engine_error_end())
+                return
+            else:
+                self._event(event)
+
+    def _frame(self, frame: AssistantFrame) -> None:
+        index = self.frames_out
+        self.frames_out += 1
+        if self.recorder is not None:
+            self.recorder.assistant_audio(frame.pcm)
+            if frame.piece is not None:
+                self.recorder.event("assistant.text", {"id": frame.text_id, "piece": frame.piece})
+        send_audio = self.send_q.audio_ok()
+        if not send_audio:
+            self.frames_dropped += 1
+            self.metrics.frames_dropped.labels(direction="out").inc()
+        self._queue(self.wire.frame(frame, index, send_audio))
+
+    def _event(self, event: PipelineEvent) -> None:
+        self.metrics.on_event(event)
+        if self.recorder is not None:
+            self.recorder.event(event.name, event.fields())
+        self._queue(self.wire.event(event))
+        if event.has_text:
+            self.log.debug("%s %s", event.name, event.fields())
+        elif isinstance(event, (LlmError, AsrFailed, BackendDown)):
+            extra: dict[str, Any] = {k: v for k, v in event.fields().items() if k in ("backend", "error")}
+            self.log.warning("%s", event.name, extra=extra)
+        elif event.name.startswith(("llm.", "backend.")):
+            self.log.info("%s", event.name, extra={k: v for k, v in event.fields().items() if k in ("backend", "ttft_s")})
+
+    async def _watch(self) -> None:
+        warned = False
+        while True:
+            await asyncio.sleep(watch_period(self.cfg))
+            verdict = watch(self.cfg, now=time.monotonic(), started=self.started, last_audio=self.last_audio,
+                            last_send=self.send_q.last_send, send_pending=self.send_q.pending, warned=warned)
+            if verdict.end is not None:
+                self.end(*verdict.end)
+                return
+            if verdict.warn_s is not None:
+                warned = True
+                self._queue(self.wire.expiring(verdict.warn_s))
+                self.log.info("session ends in %.1f s (maximum duration)", verdict.warn_s)
+
+    # ------------------------------------------------------------------ recording
+    def _start_recording(self) -> None:
+        if self.recorder is None and self.new_recorder is not None:
+            self.recorder = self.new_recorder(self.settings)
+
+    def _stop_recording(self, reason: str, code: int | None) -> None:
+        if self.recorder is not None:
+            self.recorder.close({"reason": reason, "code": code})
+            self.recorder = None

@@ -1,0 +1,135 @@
+"""What a wire is: the pure half of a websocket protocol, and the typed commands it hands the runtime.
+
+A wire decodes each client message into :data:`Command` objects and encodes
+pipeline events into :class:`Outgoing` messages. It keeps protocol state
+(ids, open responses, codec state) but does no I/O, owns no task and never
+touches the pipeline: :class:`~kame.server.runtime.session.SessionRuntime`
+does all of that, once, for every wire. Adding a protocol = one module
+implementing :class:`Wire` plus a :class:`~kame.server.runtime.route.WireRoute`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, Union
+
+import numpy as np
+
+from kame.server.runtime.end import SessionEnd
+from kame.session.events import AssistantFrame, PipelineEvent
+from kame.session.settings import SessionSettings
+
+if TYPE_CHECKING:
+    from starlette.types import Message
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One websocket message: ``bytes`` go as a binary frame, ``str`` as a text frame.
+
+    ``audio_index``: the output frame it carries (audio may be dropped for a client that lags, and
+    its lateness is measured); ``droppable``: a non-audio message that may be dropped too (Moshi's text
+    pieces) rather than count against the client.
+    """
+
+    data: bytes | str
+    audio_index: int | None = None
+    droppable: bool = False
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    """User audio: 80 ms float32 frames (possibly none: the message still counts as audio activity)."""
+
+    frames: list[np.ndarray]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SettingsIn:
+    """The client's new settings (validated as a whole); ``ignored`` names what had no meaning here."""
+
+    settings: SessionSettings
+    event_id: str | None = None
+    ignored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResetIn:
+    """Fresh model state and transcript on the same socket and settings."""
+
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Messages to send back (nothing else happens)."""
+
+    messages: Sequence[Outgoing]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A client message the wire refused: counted as ``kame_protocol_errors_total{kind}`` (and, with
+    ``code``, as a per-protocol client error); ``end`` ends the session, else ``reply`` is sent."""
+
+    kind: str
+    message: str
+    code: str | None = None
+    reply: Sequence[Outgoing] = field(default_factory=tuple)
+    end: SessionEnd | None = None
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A message that asks for nothing (logged at debug level)."""
+
+    what: str
+
+
+Command = Union[AudioIn, SettingsIn, ResetIn, Reply, Fault, Ignored]
+
+
+class Wire(Protocol):
+    """One session's protocol state. Every method is pure: it returns what to do or to send."""
+
+    #: Metrics label and log field (``chat``, ``realtime``, ...).
+    protocol: str
+
+    def opening(self, settings: SessionSettings) -> list[Outgoing]:
+        """What the client gets once its pipeline is ready (handshake, ``session.created``)."""
+
+    def decode(self, message: Message, now: float) -> list[Command]:
+        """One websocket message (``websocket.receive``) -> commands."""
+
+    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+        """An output frame (``index`` counts every frame of the session); with ``send_audio`` False its
+        audio is dropped (the client lags) but its text and the protocol's lifecycle go on."""
+
+    def event(self, event: PipelineEvent) -> list[Outgoing]:
+        """Any other pipeline event."""
+
+    def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
+        """The pipeline took new settings."""
+
+    def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
+        """The pipeline refused new settings (e.g. a back-end that went away); nothing changed."""
+
+    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
+        """Audio arrived so far ahead of real time that some was dropped (the first time in a row)."""
+
+    def reset_starting(self) -> list[Outgoing]:
+        """Before a reset: close what is open."""
+
+    def reset_done(self) -> list[Outgoing]:
+        """After a reset: the new conversation begins."""
+
+    def expiring(self, seconds_left: float) -> list[Outgoing]:
+        """The session reaches its maximum duration in ``seconds_left``."""
+
+    def draining(self, seconds_left: float) -> list[Outgoing]:
+        """The server drains: the session has ``seconds_left`` before it is closed (1001)."""
+
+    def closing(self, end: SessionEnd) -> list[Outgoing]:
+        """Last messages before the close frame (not sent when the client is gone)."""

@@ -1,0 +1,115 @@
+"""The ``/api/chat`` wire: Moshi's binary protocol over the session runtime. No I/O.
+
+Client messages (:func:`kame.server.protocol.decode_client_message`): 0x01
+Ogg/Opus audio is decoded to 80 ms frames; 0x03 control, 0x04 metadata, 0x06
+ping and a client 0x00 are accepted and ignored; anything else breaks the
+protocol and ends the session (1002/1003, a 0x05 error first), as does
+corrupt audio (1007). Server messages: 0x00 handshake once the pipeline is
+ready, then one 0x04 server-info message (:mod:`kame.server.server_info`),
+0x02 text piece then 0x01 Ogg/Opus audio per output frame (text may be
+dropped, audio dropped before encoding, for a client that lags), a 0x05
+notice before the maximum duration and when the server drains, and the reason (or the error) of every
+close as a 0x05 text message before the close frame. The message formats are
+in :mod:`kame.server.protocol`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kame.server import protocol
+from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
+from kame.server.runtime.end import SessionEnd
+from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, SettingsIn
+
+from kame.session.events import AssistantFrame, PipelineEvent
+from kame.session.settings import SessionSettings
+from kame.vocab import MOSHI_VOCAB, TextVocab
+
+if TYPE_CHECKING:
+    from starlette.types import Message
+
+PROTOCOL = "chat"
+PATH = "/api/chat"
+
+
+class MoshiWire:
+    """One ``/api/chat`` session's codec state."""
+
+    protocol = PROTOCOL
+
+    def __init__(self, sample_rate: int = 24000, frame_size: int = 1920, *,
+                 server_info: protocol.ServerInfo | None = None, max_duration_s: float = 600.0) -> None:
+        self._opus_in = OpusIn(sample_rate, frame_size)
+        self._opus_out = OpusOut(sample_rate)
+        self.server_info = server_info
+        self.max_duration_s = max_duration_s
+
+    def opening(self, settings: SessionSettings) -> list[Outgoing]:
+        out = [Outgoing(protocol.encode_handshake())]
+        if self.server_info is not None:
+            out.append(Outgoing(protocol.encode_server_info(self.server_info)))
+        return out
+
+    def decode(self, message: Message, now: float) -> list[Command]:
+        data = message.get("bytes")
+        payload: bytes | str | None = data if data is not None else message.get("text")
+        try:
+            parsed = protocol.decode_client_message(payload)
+        except protocol.ProtocolError as exc:
+            end = SessionEnd("protocol", exc.close_code, "protocol error", f"protocol error: {exc}")
+            return [Fault(kind=exc.kind, message=f"protocol error: {exc}", end=end)]
+        if isinstance(parsed, protocol.ClientAudio):
+            try:
+                frames = self._opus_in.decode(parsed.payload)
+            except AudioDecodeError as exc:
+                end = SessionEnd("bad_audio", protocol.CLOSE_INVALID_PAYLOAD, "corrupt audio", str(exc))
+                return [Fault(kind="bad_audio", message=f"bad audio: {exc}", end=end)]
+            return [AudioIn(frames)]
+        if isinstance(parsed, protocol.ClientControl):
+            return [Ignored(f"control message {parsed.action}")]
+        return [Ignored(type(parsed).__name__)]
+
+    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        if frame.piece is not None:
+            text = protocol.text_message(frame.text_id, frame.piece, self.vocab)
+            if text is not None:
+                out.append(Outgoing(text, droppable=True))
+        if send_audio:
+            ogg = self._opus_out.encode(frame.pcm)
+            if ogg:
+                out.append(Outgoing(protocol.encode_audio(ogg), audio_index=index))
+        return out
+
+    def event(self, event: PipelineEvent) -> list[Outgoing]:
+        return []  # Moshi's protocol has no transcript or back-end messages
+
+    def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
+        return []
+
+    def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
+        return []  # settings come only with the URL, checked before the session starts
+
+    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
+        return []  # no message for it in Moshi's protocol (the runtime logs and counts it)
+
+    def reset_starting(self) -> list[Outgoing]:
+        return []
+
+    def reset_done(self) -> list[Outgoing]:
+        return []
+
+    def expiring(self, seconds_left: float) -> list[Outgoing]:
+        return [Outgoing(protocol.encode_notice(protocol.expiring_notice(seconds_left, self.max_duration_s)))]
+
+    def draining(self, seconds_left: float) -> list[Outgoing]:
+        return [Outgoing(protocol.encode_notice(protocol.draining_notice(seconds_left)))]
+
+    def closing(self, end: SessionEnd) -> list[Outgoing]:
+        return [Outgoing(protocol.encode_notice(protocol.close_notice(end.reason, end.error)))]
+
+
+def refusal(error: str) -> Outgoing:
+    """How an admission refusal's message goes on this wire (a 0x05 error before the close)."""
+    return Outgoing(protocol.encode_error(error))
