@@ -137,17 +137,19 @@ def test_engine_with_shared_stt_encodes_once(stt_ckpt: Path, tiny_kame_ckpt: Pat
             own._mimi_mask = None
 
 
-def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_ckpt: Path) -> None:
-    """A session on an engine with a shared STT gets the same ASR events as the
-    standalone recogniser on the same audio, and closing flushes the last turn."""
+def test_shared_stt_through_the_pipeline_matches_standalone(stt_ckpt: Path, tiny_kame_ckpt: Path) -> None:
+    """A session's pipeline on an engine with a shared STT gets the same ASR events as the
+    standalone recogniser on the same audio, and leaving it flushes the last turn (an engine command)."""
     import asyncio
 
     from kame.asr.kyutai_shared import SharedKyutaiAsr
     from kame.frontend.config import FrontendConfig
     from kame.frontend.engine import EngineCore
-    from kame.frontend.engine_thread import AsyncSlot, EngineThread
+    from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import load_frontend
-    from kame.tandem import Tandem, TandemEvent
+    from kame.oracle.config import OracleConfig
+    from kame.session.events import AssistantFrame, PipelineEvent
+    from kame.session.root import SessionRoot
 
     cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=2)
     stt = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2, own_mimi=False)
@@ -155,24 +157,27 @@ def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_
     eng.start()
     asr_cfg = AsrConfig(kind="kyutai", model=str(stt_ckpt), device="cpu")
     shared = SharedKyutaiAsr(asr_cfg, stt.piece_of, delay_frames=stt.delay_frames, vocab=stt.vocab)
+    root = SessionRoot(engine=eng, oracle_config=OracleConfig(), registry=None, recognizer=shared,
+                       encode=lambda text: [], piece_of=None)
     rng = np.random.default_rng(5)
     audio = (0.2 * rng.standard_normal(1920 * 30)).astype(np.float32)
 
-    async def session() -> list[TandemEvent]:
-        events: list[TandemEvent] = []
-        slot = AsyncSlot(eng)
-        await slot.attach()
-        tandem = Tandem(slot, events.append, asr_stream=shared.open_stream())
-        await tandem.start()
-        for i in range(30):
-            tandem.feed_user_audio(audio[i * 1920 : (i + 1) * 1920])
-            while True:
-                out = await asyncio.wait_for(slot.outputs.get(), 5)
-                tandem.on_output(out)
-                if out.step == i:
-                    break
-        await tandem.aclose()
+    async def session() -> list[PipelineEvent]:
+        events: list[PipelineEvent] = []
+        async with root.pipeline() as pipeline:
+            for i in range(30):
+                pipeline.feed(audio[i * 1920 : (i + 1) * 1920])
+                while True:
+                    event = await asyncio.wait_for(pipeline.next_event(), 5)
+                    if not isinstance(event, AssistantFrame):
+                        events.append(event)
+                    elif event.step == i:
+                        break
         await asyncio.sleep(0.05)
+        while not pipeline._events.empty():  # what the flush at the end produced
+            event = pipeline._events.get_nowait()
+            if not isinstance(event, AssistantFrame):
+                events.append(event)
         return events
 
     try:
@@ -189,7 +194,7 @@ def test_shared_stt_through_tandem_matches_standalone(stt_ckpt: Path, tiny_kame_
     ref.core._mimi_mask = None
     ems += ref.push(audio[1920:]) + ref.finish()
     want = [(e.type.value, e.text) for e in ems]
-    have = [(e.type.removeprefix("asr."), e.data.get("text", "")) for e in got if e.type.startswith("asr.")]
+    have = [(e.name.removeprefix("asr."), getattr(e, "text", "")) for e in got if e.name.startswith("asr.")]
     assert want, "the tiny STT produced no events at all"
     assert have == want
 

@@ -65,7 +65,7 @@ def make_loop(reg: BackendRegistry, sp: spm.SentencePieceProcessor, events: list
               **cfg: Any) -> OracleLoop:
     config = OracleConfig(**cfg)
     return OracleLoop(config=config, registry=reg, sink=sink, encode=sp.encode, piece_of=sp.id_to_piece,
-                      emit=lambda k, d: events.append((k, d)),
+                      emit=lambda e: events.append((e.name, e.fields())),
                       settings=SessionOracleSettings(policy=config.policy, barge_in=config.barge_in))
 
 

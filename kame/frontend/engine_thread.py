@@ -269,20 +269,32 @@ class EngineThread:
 
     def stt_flush(self, slot: int, frames: int, done: Callable[[], None]) -> None:
         """End of a session with the shared STT: step ``frames`` frames of silence on the slot (its text
-        lags the audio by the STT's delay), then call ``done`` (engine thread). The front-end's output of
-        those frames is not delivered. ``done`` is called at once when the slot is gone."""
+        lags the audio by the STT's delay), then call ``done`` (engine thread). An engine command, so it
+        starts between two ticks; the front-end's output of those frames is not delivered. ``done`` is
+        called at once when the slot is gone."""
         with self._wake:
             io = self._io.get(slot)
             if io is None or frames <= 0:
                 done()
                 return
-            io.on_output = _ignore_output
-            io.flush_left = frames
-            io.flush_done = done
-            silence = np.zeros(frames * self.frame_size, np.float32)
-            io.buffer = [silence]
-            io.buffered = silence.size
-            io.first_ready_t = io.last_feed_t = time.monotonic()
+
+            def do_flush() -> None:
+                with self._lock:
+                    if self._io.get(slot) is not io:
+                        stale = True
+                    else:
+                        stale = False
+                        io.on_output = _ignore_output
+                        io.flush_left = frames
+                        io.flush_done = done
+                        silence = np.zeros(frames * self.frame_size, np.float32)
+                        io.buffer = [silence]
+                        io.buffered = silence.size
+                        io.first_ready_t = io.last_feed_t = time.monotonic()
+                if stale:
+                    done()
+
+            self._commands.put(do_flush)
             self._wake.notify_all()
 
     # ------------------------------------------------------------------ engine thread

@@ -1,4 +1,5 @@
-"""ChatSession in isolation (fake socket, fake engine slot): slow clients, engine failures, recording."""
+"""The session runtime with the Moshi wire, in isolation (fake socket, fake pipeline): slow clients, engine
+failures, recording, floods, a client that vanishes."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from kame.frontend.engine import SlotOutput
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics
-from kame.server.params import SessionParams
 from kame.server.recording import SessionRecorder
-from kame.server.session import ChatSession
-from kame.tandem import Tandem
+from kame.server.runtime.session import SessionRuntime
+from kame.server.wires.moshi import MoshiWire
+from kame.session.events import AssistantFrame, EngineFailed, PipelineEvent
+from kame.session.settings import SessionSettings
 
 
 class FakeWebSocket:
@@ -49,17 +51,26 @@ class FakeWebSocket:
         self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
 
 
-class FakeSlot:
+class FakePipeline:
+    """Stands in for :class:`kame.session.pipeline.Pipeline`: the test pushes its events."""
+
     def __init__(self) -> None:
-        self.outputs: asyncio.Queue[Any] = asyncio.Queue()
+        self.events: asyncio.Queue[PipelineEvent] = asyncio.Queue()
         self.fed: list[np.ndarray] = []
+        self.entered = False
         self.detached = False
         self.resets = 0
-        self.dropped_outputs = 0
-        self.slot = 0
+        self.dropped_frames = 0
+        self.slot_index = 0
+        self.flush_on_exit = True
+        self.settings: list[SessionSettings] = []
 
-    async def attach(self) -> int:
-        return 0
+    async def __aenter__(self) -> FakePipeline:
+        self.entered = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.detached = True
 
     async def reset(self) -> None:
         self.resets += 1
@@ -67,11 +78,14 @@ class FakeSlot:
     def feed(self, pcm: np.ndarray) -> None:
         self.fed.append(pcm)
 
-    def detach(self) -> None:
-        self.detached = True
+    def update(self, settings: SessionSettings) -> None:
+        self.settings.append(settings)
 
-    def set_sampling(self, temp: float | None, topk: int | None) -> None:
-        pass
+    async def next_event(self) -> PipelineEvent:
+        return await self.events.get()
+
+    def put(self, event: PipelineEvent) -> None:
+        self.events.put_nowait(event)
 
 
 class FakeHost:
@@ -79,28 +93,30 @@ class FakeHost:
     frame_size = 1920
 
     def __init__(self) -> None:
-        self.slot = FakeSlot()
+        self.pipeline = FakePipeline()
+        self.slot = self.pipeline  # what the tests look at
 
-    def new_slot(self) -> FakeSlot:
-        return self.slot
-
-    def new_tandem(self, slot: Any, emit: Any) -> Tandem:
-        return Tandem(slot, emit, piece_of=lambda i: "\u2581word" if i % 2 else "s")
+    def new_pipeline(self, settings: SessionSettings) -> FakePipeline:
+        self.pipeline.settings.append(settings)
+        return self.pipeline
 
 
-def _output(step: int, text_id: int | None = 5) -> SlotOutput:
+def _output(step: int, text_id: int | None = 5) -> AssistantFrame:
     pcm = (0.1 * np.sin(np.arange(1920) / 24000 * 2 * np.pi * 300)).astype(np.float32)
-    return SlotOutput(slot=0, step=step, pcm=pcm, text_id=text_id, oracle_id=3)
+    piece = None if text_id is None or text_id in (0, 3) else ("\u2581word" if text_id % 2 else "s")
+    return AssistantFrame(step=step, pcm=pcm, text_id=text_id, piece=piece, oracle_id=3)
 
 
-def _session(ws: FakeWebSocket, host: FakeHost, metrics: ServerMetrics, cfg: ServerConfig, **kw: Any) -> ChatSession:
-    return ChatSession(
+def _session(ws: FakeWebSocket, host: FakeHost, metrics: ServerMetrics, cfg: ServerConfig, **kw: Any) -> SessionRuntime:
+    return SessionRuntime(
         ws,  # type: ignore[arg-type]
+        MoshiWire(),
         session_id="test",
-        host=host,  # type: ignore[arg-type]
+        new_pipeline=host.new_pipeline,  # type: ignore[arg-type]
+        settings=SessionSettings(record=cfg.record_dir is not None),
         metrics=metrics,
+        protocol_metrics=None,
         cfg=cfg,
-        params=SessionParams(),
         log=session_logger("test"),
         **kw,
     )
@@ -112,13 +128,13 @@ def test_a_client_that_never_reads_gets_frames_dropped_then_closed() -> None:
     host = FakeHost()
     ws = FakeWebSocket(stall=True)
 
-    async def main() -> ChatSession:
+    async def main() -> SessionRuntime:
         session = _session(ws, host, metrics, cfg)
         task = asyncio.create_task(session.run())
         for step in range(60):  # 4.8 s of output produced faster than it can leave
-            host.slot.outputs.put_nowait(_output(step, text_id=None))
+            host.pipeline.put(_output(step, text_id=None))
             await asyncio.sleep(0.01)
-            assert session._send_q.qsize() <= 3 * cfg.send_queue_frames  # bounded
+            assert session.send_q.qsize() <= 3 * cfg.send_queue_frames  # bounded
         await asyncio.wait_for(task, 5)
         return session
 
@@ -134,11 +150,11 @@ def test_engine_failure_ends_the_session_with_an_error() -> None:
     host = FakeHost()
     ws = FakeWebSocket()
 
-    async def main() -> ChatSession:
+    async def main() -> SessionRuntime:
         session = _session(ws, host, metrics, ServerConfig())
         task = asyncio.create_task(session.run())
-        host.slot.outputs.put_nowait(_output(0))
-        host.slot.outputs.put_nowait(RuntimeError("engine step failed (RuntimeError)"))
+        host.pipeline.put(_output(0))
+        host.pipeline.put(EngineFailed(message="engine step failed (RuntimeError)"))
         await asyncio.wait_for(task, 5)
         return session
 
@@ -160,19 +176,25 @@ def test_recording_writes_both_voices_and_the_event_log(tmp_path: Path) -> None:
     pcm = (0.2 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 200)).astype(np.float32)
 
     async def main() -> SessionRecorder:
-        recorder = SessionRecorder(tmp_path, "rec", 24000, {"backend": None})
-        session = _session(ws, host, metrics, ServerConfig(record_dir=tmp_path), recorder=recorder)
+        made: list[SessionRecorder] = []
+
+        def new_recorder(settings: SessionSettings) -> SessionRecorder:
+            made.append(SessionRecorder(tmp_path, "rec", 24000, {"backend": settings.backend}))
+            return made[-1]
+
+        session = _session(ws, host, metrics, ServerConfig(record_dir=tmp_path), new_recorder=new_recorder)
         task = asyncio.create_task(session.run())
         for i in range(0, pcm.size, 1920):
             ogg = bytes(writer.append_pcm(pcm[i : i + 1920]))
             if ogg:
                 ws.push_audio(ogg)
-            host.slot.outputs.put_nowait(_output(i // 1920, text_id=7))
+            host.pipeline.put(_output(i // 1920, text_id=7))
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.1)
         ws.disconnect()
         await asyncio.wait_for(task, 5)
-        return recorder
+        assert len(made) == 1
+        return made[0]
 
     recorder = asyncio.run(main())
     recorder.join(5)
@@ -201,7 +223,7 @@ def test_audio_sent_far_ahead_of_real_time_is_dropped_then_the_session_closed() 
     writer = sphn.OpusStreamWriter(24000)
     pcm = (0.1 * np.random.default_rng(0).standard_normal(24000 * 8)).astype(np.float32)
 
-    async def main() -> ChatSession:
+    async def main() -> SessionRuntime:
         session = _session(ws, host, metrics, cfg)
         task = asyncio.create_task(session.run())
         await asyncio.sleep(0.05)
@@ -231,10 +253,10 @@ def test_a_client_that_vanishes_mid_send_ends_as_client_closed() -> None:
     host = FakeHost()
     ws = Vanishing()
 
-    async def main() -> ChatSession:
+    async def main() -> SessionRuntime:
         session = _session(ws, host, metrics, ServerConfig())
         task = asyncio.create_task(session.run())
-        host.slot.outputs.put_nowait(_output(0, text_id=None))
+        host.pipeline.put(_output(0, text_id=None))
         await asyncio.wait_for(task, 5)
         return session
 

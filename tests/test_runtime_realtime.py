@@ -1,5 +1,6 @@
-"""RealtimeSession in isolation (fake socket, fake engine slot): output as responses, a client that never
-reads, engine failure, recording on and off, kame.session.reset while audio keeps coming."""
+"""The session runtime with the Realtime wire, in isolation (fake socket, fake pipeline): output as
+responses, a client that never reads, engine failure, recording on and off, kame.session.reset while audio
+keeps coming."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics
 from kame.server.protocol_metrics import ProtocolMetrics
-from kame.server.realtime_session import RealtimeSession
-from kame.server.wires.realtime.settings import RealtimeSettings, ServerInfo
 from kame.server.recording import SessionRecorder
-from kame.tandem import TandemEvent
+from kame.server.runtime.session import SessionRuntime
+from kame.server.wires.realtime.settings import ServerInfo
+from kame.server.wires.realtime.wire import RealtimeWire
+from kame.session.events import EngineFailed, SpeechStarted, SpeechStopped
+from kame.session.settings import SessionSettings
+from test_runtime_chat import FakeHost, FakeWebSocket, _output
 
 
 class FakeTextSocket(FakeWebSocket):
@@ -41,16 +45,20 @@ class FakeTextSocket(FakeWebSocket):
         return [e["type"] for e in self.events()]
 
 
-def _session(ws: FakeTextSocket, host: FakeHost, metrics: ServerMetrics, cfg: ServerConfig, **kw: Any) -> RealtimeSession:
-    return RealtimeSession(
+def _session(ws: FakeTextSocket, host: FakeHost, metrics: ServerMetrics, cfg: ServerConfig, *,
+             settings: SessionSettings, **kw: Any) -> SessionRuntime:
+    info = ServerInfo(session_id="abcdef123456", record_available=True)
+    return SessionRuntime(
         ws,  # type: ignore[arg-type]
+        RealtimeWire(info, settings),
         session_id="abcdef123456",
-        host=host,  # type: ignore[arg-type]
+        new_pipeline=host.new_pipeline,  # type: ignore[arg-type]
+        settings=settings,
         metrics=metrics,
         protocol_metrics=ProtocolMetrics(metrics.registry),
         cfg=cfg,
-        info=ServerInfo(session_id="abcdef123456", record_available=True),
         log=session_logger("test"),
+        input_buffer_s=cfg.input_buffer_s,
         **kw,
     )
 
@@ -66,17 +74,17 @@ def test_output_frames_become_responses_and_a_user_turn_ends_one() -> None:
     host = FakeHost()
     ws = FakeTextSocket()
 
-    async def main() -> RealtimeSession:
-        session = _session(ws, host, metrics, cfg, settings=RealtimeSettings())
+    async def main() -> SessionRuntime:
+        session = _session(ws, host, metrics, cfg, settings=SessionSettings())
         task = asyncio.create_task(session.run())
         _append(ws, 0.5)
         for step in range(3):
-            host.slot.outputs.put_nowait(_output(step, text_id=3))  # silent pad: loud audio still speaks
+            host.pipeline.put(_output(step, text_id=3))  # silent pad: loud audio still speaks
         await asyncio.sleep(0.1)
-        session._on_event(TandemEvent("asr.speech_started", {"utterance": 0, "audio_s": 0.2}))
-        session._on_event(TandemEvent("asr.speech_stopped", {"utterance": 0, "audio_s": 0.9}))
+        host.pipeline.put(SpeechStarted(utterance=0, audio_s=0.2))
+        host.pipeline.put(SpeechStopped(utterance=0, audio_s=0.9))
         for step in range(3, 5):
-            host.slot.outputs.put_nowait(_output(step, text_id=7))
+            host.pipeline.put(_output(step, text_id=7))
         await asyncio.sleep(0.1)
         ws.disconnect()
         await asyncio.wait_for(task, 5)
@@ -101,13 +109,13 @@ def test_a_client_that_never_reads_loses_audio_not_events_then_is_closed() -> No
     host = FakeHost()
     ws = FakeTextSocket(stall=True)
 
-    async def main() -> RealtimeSession:
-        session = _session(ws, host, metrics, cfg, settings=RealtimeSettings())
+    async def main() -> SessionRuntime:
+        session = _session(ws, host, metrics, cfg, settings=SessionSettings())
         task = asyncio.create_task(session.run())
         for step in range(60):
-            host.slot.outputs.put_nowait(_output(step))
+            host.pipeline.put(_output(step))
             await asyncio.sleep(0.01)
-            assert session._send_q.qsize() <= cfg.send_queue_frames + 2 * 60  # audio capped, events bounded
+            assert session.send_q.qsize() <= cfg.send_queue_frames + 2 * 60  # audio capped, events bounded
         await asyncio.wait_for(task, 5)
         return session
 
@@ -132,11 +140,11 @@ def test_a_client_that_vanishes_mid_send_ends_as_closed_not_as_an_internal_error
     host = FakeHost()
     ws = VanishingSocket()
 
-    async def main() -> RealtimeSession:
-        session = _session(ws, host, metrics, ServerConfig(idle_timeout_s=30), settings=RealtimeSettings())
+    async def main() -> SessionRuntime:
+        session = _session(ws, host, metrics, ServerConfig(idle_timeout_s=30), settings=SessionSettings())
         task = asyncio.create_task(session.run())
         for step in range(5):
-            host.slot.outputs.put_nowait(_output(step))
+            host.pipeline.put(_output(step))
         await asyncio.wait_for(task, 5)
         return session
 
@@ -152,10 +160,10 @@ def test_engine_failure_sends_an_error_event_then_closes_1011() -> None:
     ws = FakeTextSocket()
 
     async def main() -> None:
-        session = _session(ws, host, ServerMetrics(), cfg, settings=RealtimeSettings())
+        session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings())
         task = asyncio.create_task(session.run())
-        host.slot.outputs.put_nowait(_output(0))
-        host.slot.outputs.put_nowait(RuntimeError("engine step failed (boom)"))
+        host.pipeline.put(_output(0))
+        host.pipeline.put(EngineFailed(message="engine step failed (boom)"))
         await asyncio.wait_for(task, 5)
 
     asyncio.run(main())
@@ -171,15 +179,15 @@ def test_recording_follows_kame_record(tmp_path: Path) -> None:
     ws = FakeTextSocket()
     made: list[SessionRecorder] = []
 
-    def new_recorder(settings: RealtimeSettings) -> SessionRecorder:
+    def new_recorder(settings: SessionSettings) -> SessionRecorder:
         made.append(SessionRecorder(tmp_path, f"s{len(made)}", 24000, {"protocol": "realtime"}))
         return made[-1]
 
     async def main() -> None:
-        session = _session(ws, host, ServerMetrics(), cfg, settings=RealtimeSettings(record=True), new_recorder=new_recorder)
+        session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings(record=True), new_recorder=new_recorder)
         task = asyncio.create_task(session.run())
         _append(ws, 0.2)
-        host.slot.outputs.put_nowait(_output(0))
+        host.pipeline.put(_output(0))
         await asyncio.sleep(0.1)
         ws.push_event({"type": "session.update", "session": {"kame": {"record": False}}})
         await asyncio.sleep(0.1)
@@ -201,13 +209,13 @@ def test_reset_while_audio_keeps_coming() -> None:
     host = FakeHost()
     ws = FakeTextSocket()
 
-    async def main() -> RealtimeSession:
-        session = _session(ws, host, ServerMetrics(), cfg, settings=RealtimeSettings(text_topk=5))
+    async def main() -> SessionRuntime:
+        session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings(text_topk=5))
         task = asyncio.create_task(session.run())
         _append(ws, 1.0)  # ahead of real time: most of it waits in the pacer and trickles in during the reset
         ws.push_event({"type": "kame.session.reset"})
         await asyncio.sleep(0.5)
-        host.slot.outputs.put_nowait(_output(0))
+        host.pipeline.put(_output(0))
         await asyncio.sleep(0.1)
         ws.disconnect()
         await asyncio.wait_for(task, 5)
