@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 from starlette.websockets import WebSocketDisconnect
-from test_server_session import FakeHost, FakeWebSocket, _output
 
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
