@@ -1,10 +1,12 @@
 """The send queue between a session and its client, with audio dropping. No I/O.
 
 Only the send task waits on the network. Everything else queues here
-without waiting: audio beyond ``audio_limit`` frames is refused (the caller
-drops the frame before encoding it, counted), droppable messages are refused
-beyond ``2 * audio_limit``, and any other message beyond ``max_events``
-means the client is not reading at all (the caller ends the session).
+without waiting: once ``audio_limit`` messages wait (audio or not: whatever
+waits delays the audio behind it), output frames are refused (the caller
+drops the frame before encoding it, counted); droppable messages are refused
+beyond ``3 * audio_limit`` waiting messages; and any other message beyond
+``max_events`` waiting non-audio messages means the client is not reading at
+all (the caller ends the session).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ class SendQueue:
 
     def audio_ok(self) -> bool:
         """Whether an output frame's audio may be queued now (else it is dropped before encoding)."""
-        return self.audio_queued < self.audio_limit
+        return self._q.qsize() < self.audio_limit
 
     def put(self, out: Outgoing) -> bool:
         """Queue ``out``; False when the client is not reading (too many events waiting)."""
         if out.audio_index is not None:
             self.audio_queued += 1
         elif out.droppable:
-            if self.events_queued >= 2 * self.audio_limit:
+            if self._q.qsize() >= 3 * self.audio_limit:
                 self.dropped_messages += 1
                 return True
             self.events_queued += 1
