@@ -31,13 +31,13 @@ from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
 
 if TYPE_CHECKING:
     import torch
-    from kame.server.metrics import ServerMetrics
 
     from kame.backend.registry import BackendRegistry
     from kame.config import KameConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import FrontendModels
+    from kame.server.metrics import ServerMetrics
     from kame.session.pipeline import Pipeline
     from kame.session.root import SessionRoot
     from kame.session.settings import SessionSettings

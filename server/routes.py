@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastapi import WebSocket
+
 from kame.server.admission import Admitted
 from kame.server.runtime.route import WireRoute
 from kame.server.runtime.wire import Wire
 from kame.server.wires import moshi
 from kame.server.wires.realtime import wire as realtime
-
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
 

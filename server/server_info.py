@@ -14,7 +14,6 @@ from kame.server import protocol
 
 if TYPE_CHECKING:
     from kame.server.host import ModelHost
-
     from kame.session.settings import SessionSettings
 
 INSTANCE_NAME = "kame"

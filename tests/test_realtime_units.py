@@ -28,7 +28,6 @@ from kame.server.wires.realtime.settings import (
     session_object,
 )
 from kame.server.wires.realtime.turns import AssistantTurns, Conversation, UserTurns
-
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from kame.frontend.engine import SlotOutput
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
 from kame.server.metrics import ServerMetrics

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from starlette.websockets import WebSocketDisconnect
+from test_runtime_chat import FakeHost, FakeWebSocket, _output
 
 from kame.server.config import ServerConfig
 from kame.server.logs import session_logger
@@ -23,7 +24,6 @@ from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session.events import EngineFailed, SpeechStarted, SpeechStopped
 from kame.session.settings import SessionSettings
-from test_runtime_chat import FakeHost, FakeWebSocket, _output
 
 
 class FakeTextSocket(FakeWebSocket):

@@ -514,9 +514,13 @@ class AsyncSlot:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(failed, msg)
 
+        def ready_now(slot: int) -> None:
+            if not ready.done():
+                ready.set_result(slot)
+
         def on_ready(slot: int) -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(slot))
+                loop.call_soon_threadsafe(ready_now, slot)
 
         return on_output, on_error, on_ready
 

@@ -263,7 +263,7 @@ class OracleLoop:
         messages = build_messages_from_config(self.transcript.view(), self.config, instructions=self.settings.instructions)
         self.counters["requests"] += 1
         use_tools = self.tools is not None and bool(self.tools.specs) and self.registry.tools_allowed(backend)
-        self.emit(LlmRequestStarted(request_id=req.id, backend=backend, turn_id=req.turn_id, reason=trigger.reason,
+        self.emit(LlmRequestStarted(request_id=req.id, backend=backend, turn_id=req.turn_id, reason=trigger.reason or "words",
                                     tools=use_tools))
         work = self._consume_tools(req, messages) if use_tools else self._consume(req, messages)
         req.task = asyncio.get_running_loop().create_task(work, name=f"kame-llm-{req.id}")

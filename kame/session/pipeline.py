@@ -107,7 +107,7 @@ class Pipeline:
         recognizer: Recognizer | None,
         encode: Callable[[str], Sequence[int]],
         piece_of: Callable[[int], str] | None,
-        settings: SessionSettings = SessionSettings(),
+        settings: SessionSettings | None = None,
         timeout_s: float = COMMAND_TIMEOUT_S,
         max_queued_frames: int = MAX_QUEUED_FRAMES,
     ) -> None:
@@ -117,7 +117,7 @@ class Pipeline:
         self.recognizer = recognizer
         self.encode = encode
         self.piece_of = piece_of
-        self.settings = settings
+        self.settings = settings or SessionSettings()
         self.timeout_s = timeout_s
         self.max_queued_frames = max_queued_frames
         self.slot: AsyncSlot | None = None

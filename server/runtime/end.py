@@ -13,8 +13,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kame.server import protocol
 from starlette.websockets import WebSocket
+
+from kame.server import protocol
 
 if TYPE_CHECKING:
     from kame.server.metrics import ServerMetrics

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, WebSocket
+
 from kame.server.admission import Admitted, admit
 from kame.server.runtime.session import SessionRuntime
 from kame.server.runtime.wire import Outgoing, Wire
-
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:

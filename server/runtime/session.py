@@ -29,6 +29,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from starlette.websockets import WebSocketDisconnect
+
+from kame.frontend.engine_thread import EngineFailed, EngineFull
 from kame.server import protocol
 from kame.server.runtime.end import SessionEnd, close_quietly, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer
@@ -45,19 +48,17 @@ from kame.server.runtime.wire import (
     SettingsIn,
     Wire,
 )
-from starlette.websockets import WebSocketDisconnect
-
-from kame.frontend.engine_thread import EngineFailed, EngineFull
-from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineFailed as EngineFailedEvent, LlmError, PipelineEvent
+from kame.session.events import AsrFailed, AssistantFrame, BackendDown, LlmError, PipelineEvent
+from kame.session.events import EngineFailed as EngineFailedEvent
 
 if TYPE_CHECKING:
+    from starlette.websockets import WebSocket
+
     from kame.server.config import ServerConfig
     from kame.server.logs import SessionLogger
     from kame.server.metrics import ServerMetrics
     from kame.server.protocol_metrics import ProtocolMetrics
     from kame.server.recording import SessionRecorder
-    from starlette.websockets import WebSocket
-
     from kame.session.pipeline import Pipeline
     from kame.session.settings import SessionSettings
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Union
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class Ignored:
     what: str
 
 
-Command = Union[AudioIn, SettingsIn, ResetIn, Reply, Fault, Ignored]
+Command = AudioIn | SettingsIn | ResetIn | Reply | Fault | Ignored
 
 
 class Wire(Protocol):

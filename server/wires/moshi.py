@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from kame.server import protocol
 from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
+from kame.server.protocol import ServerInfo
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, SettingsIn
-
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
@@ -39,7 +39,7 @@ class MoshiWire:
     protocol = PROTOCOL
 
     def __init__(self, sample_rate: int = 24000, frame_size: int = 1920, *,
-                 server_info: protocol.ServerInfo | None = None, max_duration_s: float = 600.0) -> None:
+                 server_info: ServerInfo | None = None, max_duration_s: float = 600.0) -> None:
         self._opus_in = OpusIn(sample_rate, frame_size)
         self._opus_out = OpusOut(sample_rate)
         self.server_info = server_info

@@ -18,7 +18,6 @@ import numpy as np
 
 from kame.media import SAMPLE_RATE
 from kame.server.auth import redact
-
 from kame.session import events as pe
 from kame.session.events import PipelineEvent
 

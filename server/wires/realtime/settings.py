@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kame.server.wires.realtime.events import AUDIO_FORMAT, SAMPLE_RATE, VOICE, ClientError
-
 from kame.session.settings import BARGE_IN_POLICIES, ORACLE_POLICIES, SessionSettings
 
 MAX_INSTRUCTIONS_CHARS = 20_000

@@ -21,7 +21,6 @@ from kame.server.wires.realtime.decode import AppendAudio, SessionReset, Session
 from kame.server.wires.realtime.events import ClientError, Event, EventEncoder, Ids
 from kame.server.wires.realtime.settings import ServerInfo, parse_session_update, session_object
 from kame.server.wires.realtime.turns import AssistantTurns, Conversation, UserTurns
-
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 
