@@ -39,8 +39,8 @@ class AssistantFrame(PipelineEvent):
     """One 80 ms output frame of the front-end, with the text piece sampled at that step.
 
     ``text_id`` is None inside the acoustic delay; ``piece`` is the SentencePiece piece of an id
-    that carries text (:meth:`kame.vocab.TextVocab.is_text`: never pad or end of padding), else None. ``oracle_id`` is the oracle token fed at
-    this step.
+    that carries text (:meth:`kame.vocab.TextVocab.is_text`: never pad or end of padding), else
+    None. ``oracle_id`` is the oracle token fed at this step.
     """
 
     name: ClassVar[str] = "assistant.frame"

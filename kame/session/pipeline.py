@@ -108,6 +108,7 @@ class Pipeline:
         encode: Callable[[str], Sequence[int]],
         piece_of: Callable[[int], str] | None,
         settings: SessionSettings | None = None,
+        vocab: TextVocab = MOSHI_VOCAB,
         timeout_s: float = COMMAND_TIMEOUT_S,
         max_queued_frames: int = MAX_QUEUED_FRAMES,
     ) -> None:
@@ -118,6 +119,7 @@ class Pipeline:
         self.encode = encode
         self.piece_of = piece_of
         self.settings = settings or SessionSettings()
+        self.vocab = vocab
         self.timeout_s = timeout_s
         self.max_queued_frames = max_queued_frames
         self.slot: AsyncSlot | None = None

@@ -38,8 +38,9 @@ class MoshiWire:
 
     protocol = PROTOCOL
 
-    def __init__(self, sample_rate: int = 24000, frame_size: int = 1920, *,
-                 server_info: ServerInfo | None = None, max_duration_s: float = 600.0) -> None:
+    def __init__(self, sample_rate: int = 24000, frame_size: int = 1920, *, server_info: ServerInfo | None = None,
+                 max_duration_s: float = 600.0, vocab: TextVocab = MOSHI_VOCAB) -> None:
+        self.vocab = vocab
         self._opus_in = OpusIn(sample_rate, frame_size)
         self._opus_out = OpusOut(sample_rate)
         self.server_info = server_info
