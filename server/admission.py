@@ -84,7 +84,7 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         await no("draining", status.WS_1001_GOING_AWAY, DRAIN_REASON)
         return None
     if host.failed:
-        await no("failed", protocol.CLOSE_TRY_AGAIN_LATER, "server failed, retry later")
+        await no("failed", status.WS_1013_TRY_AGAIN_LATER, "server failed, retry later")
         return None
     if not host.ready:
         await no("starting", status.WS_1013_TRY_AGAIN_LATER, "server starting, retry later")

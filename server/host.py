@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import FrontendModels
+    from kame.server.config import AppConfig
     from kame.server.metrics import ServerMetrics
     from kame.session.pipeline import Pipeline
     from kame.session.root import SessionRoot
@@ -78,7 +79,7 @@ def choose_device(cfg: KameConfig) -> torch.device:
     return device
 
 
-def engine_batch_size(cfg: KameConfig) -> int:
+def engine_batch_size(cfg: AppConfig) -> int:
     """Slots of the server's engine: ``server.max_sessions`` when set, else ``frontend.batch_size``."""
     return int(cfg.server.max_sessions or cfg.frontend.batch_size)
 
@@ -88,7 +89,7 @@ class ModelHost:
 
     def __init__(
         self,
-        cfg: KameConfig,
+        cfg: AppConfig,
         device: torch.device | str,
         metrics: ServerMetrics,
         *,

@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from starlette import status
 from starlette.websockets import WebSocket
 
 from kame.server import protocol
@@ -44,11 +45,11 @@ ENGINE_ERROR = "engine error, please reconnect"
 
 def engine_error_end() -> SessionEnd:
     """The engine failed this session (a step, a command, an attach or reset beyond its bound, a dead thread)."""
-    return SessionEnd("engine_error", protocol.CLOSE_INTERNAL_ERROR, "engine error", ENGINE_ERROR, "engine_error")
+    return SessionEnd("engine_error", status.WS_1011_INTERNAL_ERROR, "engine error", ENGINE_ERROR, "engine_error")
 
 
 def internal_error_end(exc: BaseException) -> SessionEnd:
-    return SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error",
+    return SessionEnd("internal", status.WS_1011_INTERNAL_ERROR, "internal error",
                       f"internal error ({exc.__class__.__name__})", "internal_error")
 
 

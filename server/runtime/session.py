@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from starlette import status
 from starlette.websockets import WebSocketDisconnect
 
 from kame.frontend.engine_thread import EngineFailed, EngineFull
@@ -163,7 +164,7 @@ class SessionRuntime:
                 try:
                     await self._serve(pipeline)
                 finally:
-                    end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
+                    end = self.ended or SessionEnd("internal", status.WS_1011_INTERNAL_ERROR, "internal error")
                     self.ended = end
                     # a draining server does not wait for the ASR to flush the last words
                     pipeline.flush_on_exit = end.label != "draining"
@@ -172,7 +173,7 @@ class SessionRuntime:
             if entered:
                 raise
             self.metrics.sessions_rejected.labels(reason="full").inc()
-            self.ended = SessionEnd("rejected_full", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later")
+            self.ended = SessionEnd("rejected_full", status.WS_1013_TRY_AGAIN_LATER, "server full, retry later")
             await self._goodbye(self.ended)
             return
         except EngineFailed as exc:
@@ -184,7 +185,7 @@ class SessionRuntime:
         except (ValueError, KeyError) as exc:
             if entered:
                 raise
-            self.end("bad_params", protocol.CLOSE_POLICY, "invalid session settings", error=str(exc),
+            self.end("bad_params", status.WS_1008_POLICY_VIOLATION, "invalid session settings", error=str(exc),
                      error_code="invalid_value", error_type="invalid_request_error")
             await self._goodbye(self.ended)  # type: ignore[arg-type]
         self._count_end(pipeline)
@@ -244,7 +245,7 @@ class SessionRuntime:
         await close_quietly(self.ws, end.code, end.reason)
 
     def _count_end(self, pipeline: Pipeline) -> None:
-        end = self.ended or SessionEnd("internal", protocol.CLOSE_INTERNAL_ERROR, "internal error")
+        end = self.ended or SessionEnd("internal", status.WS_1011_INTERNAL_ERROR, "internal error")
         if pipeline.dropped_frames:
             self.metrics.frames_dropped.labels(direction="engine").inc(pipeline.dropped_frames)
         duration = count_end(self.metrics, end.label, self.started)
@@ -273,7 +274,7 @@ class SessionRuntime:
             return
         for out in messages:
             if not self.send_q.put(out):
-                self.end("slow_client", protocol.CLOSE_POLICY, "client is not reading")
+                self.end("slow_client", status.WS_1008_POLICY_VIOLATION, "client is not reading")
                 return
 
     async def _send(self) -> None:
@@ -342,7 +343,7 @@ class SessionRuntime:
             self.pmetrics.audio_dropped_s.labels(protocol=self.protocol).inc(pushed.dropped * FRAME_S)
         if self._pacer.dropped_s > self.cfg.flood_close_s:
             self.log.warning("closing: %.1f s of audio sent ahead of real time dropped", self._pacer.dropped_s)
-            self.end("audio_flood", protocol.CLOSE_POLICY, "audio faster than real time",
+            self.end("audio_flood", status.WS_1008_POLICY_VIOLATION, "audio faster than real time",
                      error=f"audio sent faster than real time: {self._pacer.dropped_s:.1f} s dropped",
                      error_code="audio_flood", error_type="invalid_request_error")
         elif pushed.overflow_started:
@@ -408,7 +409,7 @@ class SessionRuntime:
         try:
             await self.pipeline.reset()
         except EngineFull:
-            self.end("reset_failed", protocol.CLOSE_TRY_AGAIN_LATER, "server full, retry later",
+            self.end("reset_failed", status.WS_1013_TRY_AGAIN_LATER, "server full, retry later",
                      error="the session lost its engine slot during the reset", error_code="server_full")
             return
         except EngineFailed as exc:

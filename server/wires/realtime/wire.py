@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kame.server import protocol
+from starlette import status
+
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Outgoing, ResetIn, SettingsIn
 from kame.server.wires.realtime import events as ev
@@ -75,7 +76,8 @@ class RealtimeWire:
         self._rate_count += 1
         if self._rate_count > MAX_MESSAGES_PER_S:
             error = f"more than {MAX_MESSAGES_PER_S} messages in one second"
-            end = SessionEnd("protocol", protocol.CLOSE_POLICY, "too many messages", error, "rate_limited", "invalid_request_error")
+            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many messages", error, "rate_limited",
+                             "invalid_request_error")
             return [Fault(kind="realtime_rate", message=error, end=end)]
         text = message.get("text")
         payload: str | bytes | None = text if text is not None else message.get("bytes")
@@ -100,7 +102,7 @@ class RealtimeWire:
         self.client_errors += 1
         if self.client_errors >= MAX_CLIENT_ERRORS:
             error = f"{self.client_errors} invalid client events; last: {exc.message}"
-            end = SessionEnd("protocol", protocol.CLOSE_POLICY, "too many invalid events", error, "too_many_errors",
+            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many invalid events", error, "too_many_errors",
                              "invalid_request_error")
             return Fault(kind="realtime", message=error, code=exc.code, end=end)
         return Fault(kind="realtime", message=exc.message, code=exc.code, reply=self._out([exc.to_event()]))
