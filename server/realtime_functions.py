@@ -149,7 +149,7 @@ def session_tools(specs: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def session_tool_choice(choice: str) -> Any:
+def session_tool_choice(choice: str) -> str | dict[str, str]:
     if choice in ("auto", "none", "required"):
         return choice
     return {"type": "function", "name": choice}

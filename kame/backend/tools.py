@@ -266,7 +266,7 @@ def round_messages(calls: Sequence[ToolCall], results: Sequence[ToolResult], tex
     return out
 
 
-def tool_choice_value(choice: str | None, tools: Sequence[ToolSpec]) -> Any:
+def tool_choice_value(choice: str | None, tools: Sequence[ToolSpec]) -> str | dict[str, Any] | None:
     """The chat-completions ``tool_choice`` for kame's names: auto, none, required or a tool name."""
     if choice is None or choice in ("auto", "none", "required"):
         return choice

@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from kame.frontend.config import FrontendConfig
 from kame.frontend.models import FrontendModels
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
+
+if TYPE_CHECKING:
+    from kame.asr.kyutai_core import SttCore, SttStep
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class SlotOutput:
     text_id: int | None  # sampled text token, None while inside the acoustic delay
     oracle_id: int  # the oracle token fed at this step
     audio_codes: tuple[int, ...] | None = None  # the LM's audio tokens (None while ungenerated)
-    stt: Any = None  # kame.asr.kyutai_core.SttStep when a shared Kyutai STT listens to this slot
+    stt: SttStep | None = None  # when a shared Kyutai STT listens to this slot
 
 
 class EngineStepError(RuntimeError):
@@ -89,7 +92,7 @@ class EngineCore:
     """Mimi + LM in streaming mode for ``batch_size`` slots, plus their oracle FIFOs."""
 
     def __init__(
-        self, models: FrontendModels, cfg: FrontendConfig, batch_size: int | None = None, *, stt: Any = None
+        self, models: FrontendModels, cfg: FrontendConfig, batch_size: int | None = None, *, stt: SttCore | None = None
     ) -> None:
         """``stt``: an optional :class:`~kame.asr.kyutai_core.SttCore` (``own_mimi=False``)
         stepped in the same tick with the same Mimi codes; Mimi must then encode

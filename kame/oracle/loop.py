@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Literal, Protocol
 
 from kame.backend.errors import BackendError, UnknownBackend
 from kame.backend.registry import BackendRegistry
@@ -37,7 +37,7 @@ from kame.backend.tools import ToolCall
 from kame.oracle.config import OracleConfig
 from kame.oracle.debounce import Debouncer, Trigger
 from kame.oracle.prompt import build_messages_from_config
-from kame.oracle.sanitize import settled_words, spoken_words
+from kame.oracle.sanitize import SanitizeOptions, settled_words, spoken_words
 from kame.oracle.session_tools import SessionTools
 from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
 from kame.oracle.transcript import Transcript
@@ -426,10 +426,12 @@ class OracleLoop:
         self._push(req, seg.tokenizer, seg.tokenizer.flush())
         return True
 
-    def _options(self) -> Any:
+    def _options(self) -> SanitizeOptions:
         return self.config.sanitize.options()
 
-    def _decide(self, req: _Request, words: list[str], *, complete: bool, built_on_tools: bool = False) -> Any:
+    def _decide(
+        self, req: _Request, words: list[str], *, complete: bool, built_on_tools: bool = False
+    ) -> tuple[str, int] | Literal["ignore"] | None:
         """None: wait for more; "ignore"; or ("reset"|"append", skip_words)."""
         d = decide_switch(
             self.settings.policy,  # type: ignore[arg-type]
