@@ -476,6 +476,9 @@ def test_voice_conversation_in_chromium(
     wait_until(page, "() => !document.getElementById('notice').hidden"
                " && /offline/.test(document.getElementById('notice-text').textContent)",
                20, "the back-end-down message", dump)
+    # held until the server has heard speech from it (how long the notice took says nothing about that)
+    wait_until(page, "() => window.kame.events.some((e) => e.type === 'input_audio_buffer.speech_started'"
+               f" && e.audio_start_ms >= {pressed_ms})", 15, "speech_started while the key is down", dump)
     page.keyboard.up("Space")
     held = kame(page, "k.counters")
     assert held["micFramesSent"] > during["micFramesSent"], (during, held)
