@@ -24,6 +24,7 @@ clear reason instead of an exception somewhere deeper.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -177,7 +178,9 @@ def text_message(text_id: int | None, piece: str, vocab: TextVocab = MOSHI_VOCAB
 
 
 def encode_metadata(data: Any) -> bytes:
-    return bytes([Kind.METADATA]) + json.dumps(data, separators=(",", ":")).encode("utf-8")
+    """A 0x04 message. Strict JSON (``allow_nan=False``): browsers' ``JSON.parse`` throws on
+    ``NaN``/``Infinity``, which Kyutai's web client would raise once per message listener."""
+    return bytes([Kind.METADATA]) + json.dumps(data, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def encode_error(message: str) -> bytes:
@@ -238,14 +241,21 @@ class ServerInfo:
     version: str  # kame's version, where the client expects build strings
 
 
+def _finite(value: float) -> float:
+    """A number JSON can carry; a non-finite one (an infinite temperature read from a
+    checkpoint's ``lm_gen_config``) shows as 0 rather than breaking the client's parse."""
+    value = float(value)
+    return value if math.isfinite(value) else 0.0
+
+
 def server_info(info: ServerInfo) -> dict[str, Any]:
     """The JSON object of the 0x04 server-info message."""
     build = {name: info.version for name in BUILD_INFO_FIELDS}
     return {
-        "text_temperature": float(info.text_temperature),
-        "text_topk": int(info.text_topk),
-        "audio_temperature": float(info.audio_temperature),
-        "audio_topk": int(info.audio_topk),
+        "text_temperature": _finite(info.text_temperature),
+        "text_topk": int(_finite(info.text_topk)),
+        "audio_temperature": _finite(info.audio_temperature),
+        "audio_topk": int(_finite(info.audio_topk)),
         "pad_mult": 0.0,
         "repetition_penalty_context": 0,
         "repetition_penalty": 1.0,

@@ -242,6 +242,15 @@ def assert_kyutai_server_info(data: object) -> None:
     assert set(build) == set(KYUTAI_BUILD_INFO_FIELDS)
 
 
+def browser_json(payload: bytes) -> object:
+    """``JSON.parse`` as browsers do it: ``NaN``/``Infinity``/``-Infinity`` are syntax errors."""
+
+    def refuse(token: str) -> object:
+        raise ValueError(f"{token} is not JSON: a browser's JSON.parse throws on it")
+
+    return json.loads(payload.decode("utf-8"), parse_constant=refuse)
+
+
 def test_server_info_has_the_shape_kyutais_client_validates() -> None:
     info = protocol.ServerInfo(
         text_temperature=0.6, text_topk=20, audio_temperature=0.8, audio_topk=250,
@@ -249,11 +258,38 @@ def test_server_info_has_the_shape_kyutais_client_validates() -> None:
     )
     message = protocol.encode_server_info(info)
     assert message[0] == 0x04
-    data = json.loads(message[1:])
+    data = browser_json(message[1:])
     assert_kyutai_server_info(data)
     assert (data["text_temperature"], data["text_topk"], data["audio_temperature"], data["audio_topk"]) == (0.6, 20, 0.8, 250)
     assert (data["pad_mult"], data["repetition_penalty_context"], data["repetition_penalty"]) == (0, 0, 1)
     assert data["build_info"]["git_describe"] == "kame 0.1.0"
+
+
+def test_server_info_is_json_a_browser_parses_even_for_infinite_sampling() -> None:
+    # Found by running Kyutai's web client against kame: with an infinite audio temperature
+    # the 0x04 carried `Infinity`, and the client's JSON.parse threw in each of its message
+    # listeners (its server-info panel never showed).
+    info = protocol.ServerInfo(
+        text_temperature=float("inf"), text_topk=25, audio_temperature=float("nan"), audio_topk=250,
+        lm_model_file="tiny:0", instance_name="kame", version="kame 0.1.0",
+    )
+    data = browser_json(protocol.encode_server_info(info)[1:])
+    assert_kyutai_server_info(data)
+    assert isinstance(data, dict) and (data["text_temperature"], data["audio_temperature"]) == (0.0, 0.0)
+    with pytest.raises(ValueError):  # no other 0x04 can carry a non-JSON number either
+        protocol.encode_metadata({"x": float("inf")})
+
+
+def test_sampling_temperatures_must_be_finite() -> None:
+    from pydantic import ValidationError
+
+    from kame.frontend.config import SamplingConfig
+
+    for field_name in ("temp", "temp_text"):
+        for bad in (float("inf"), float("nan")):
+            with pytest.raises(ValidationError, match="finite"):
+                SamplingConfig(**{field_name: bad})
+    assert SamplingConfig(temp=0.8, temp_text=0.0).temp == 0.8
 
 
 def test_model_file_label_never_gives_an_absolute_path() -> None:

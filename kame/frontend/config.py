@@ -15,8 +15,9 @@ class SamplingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temp: float | None = Field(None, ge=0, description="Audio sampling temperature (batch-wide).")
-    temp_text: float | None = Field(None, ge=0, description="Text sampling temperature.")
+    # finite: a temperature is a divisor of the logits, and clients are told it as JSON
+    temp: float | None = Field(None, ge=0, allow_inf_nan=False, description="Audio sampling temperature (batch-wide; finite, >= 0).")
+    temp_text: float | None = Field(None, ge=0, allow_inf_nan=False, description="Text sampling temperature (finite, >= 0).")
     top_k: int | None = Field(None, ge=1, description="Audio top-k (batch-wide).")
     top_k_text: int | None = Field(None, ge=1, description="Text top-k.")
     use_sampling: bool = Field(True, description="False decodes greedily (argmax).")
