@@ -75,6 +75,7 @@ class Seen:
     server_info_panel: str = ""
     text_panel: str = ""
     stats_panel: str = ""
+    audio_arrivals: list[float] = field(default_factory=list)  # monotonic seconds of each 0x01 received
     disconnect_clicked: bool = False
     server_log_errors: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -154,6 +155,10 @@ def read_metrics(worker: str) -> dict[str, float]:
                 continue
             total += float(value)
         out[want] = total
+    for line in lines:  # every end reason, for the report
+        if line.startswith("kame_sessions_ended_total{"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
     return out
 
 
@@ -185,6 +190,8 @@ def run_browser(page_url: str, seconds: float, wav: Path | None, seen: Seen, chr
                 return
             name = KIND_NAMES.get(payload[0], f"0x{payload[0]:02x}")
             seen.received[name] = seen.received.get(name, 0) + 1
+            if payload[0] == 1:
+                seen.audio_arrivals.append(time.monotonic())
             if payload[0] == 4:
                 try:
                     seen.metadata.append(json.loads(payload[1:].decode("utf-8")))
@@ -335,8 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         run_browser(f"http://127.0.0.1:{http_port}/?worker_addr={worker}", seconds, wav, seen, args.chromium)
     finally:
         httpd.shutdown()
-        time.sleep(1.0)  # the session's end is counted once its tasks are done
-        seen.metrics = read_metrics(worker)
+        # The session's end is counted once its tasks are done (seconds on a loaded machine).
+        deadline = time.monotonic() + 15
+        while True:
+            seen.metrics = read_metrics(worker)
+            ended = sum(v for k, v in seen.metrics.items() if k.startswith("kame_sessions_ended_total{"))
+            if ended >= 1 or time.monotonic() > deadline or not seen.ws_url:
+                break
+            time.sleep(0.5)
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
@@ -350,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"query sent by the client: {seen.query}")
     print(f"received by kind: {seen.received}; sent by kind: {seen.sent}")
     print(f"server metrics: {seen.metrics}")
+    gaps = sorted(b - a for a, b in zip(seen.audio_arrivals, seen.audio_arrivals[1:]))
+    if gaps:
+        print(
+            f"0x01 inter-arrival: median {1000 * gaps[len(gaps) // 2]:.0f} ms, "
+            f"p95 {1000 * gaps[int(0.95 * (len(gaps) - 1))]:.0f} ms, max {1000 * gaps[-1]:.0f} ms; "
+            f"client stats: {' '.join(seen.stats_panel.split())}"
+        )
     if args.json:
         args.json.write_text(json.dumps(asdict(seen), indent=2, ensure_ascii=False))
     return 0 if all(ok for ok, _ in results) else 1
