@@ -1,0 +1,246 @@
+"""The ``/v1/live/sessions`` wire over the session runtime. No I/O.
+
+:class:`LiveEndpointWire` is the :class:`~kame.server.runtime.wire.Wire` of
+the Live API: it hands client messages and pipeline events to the
+protocol's state (:class:`~kame.server.wires.live.wire.LiveWire`) and turns
+what that returns into the runtime's commands and messages:
+
+- user audio -> ``AudioIn`` (paced and fed by the runtime, as on every wire);
+- ``session.start`` / ``session.update`` -> ``SettingsIn`` (Moshi's text
+  sampling, recording); ``session.started`` / ``updated`` go out once the
+  pipeline took them;
+- ``session.commentary.append`` -> ``AnswerIn``: the answer's oracle
+  sequence goes to the FIFO at once (the runtime measures how fast), and
+  ``kame.oracle.reset`` tells the client what reached Moshi;
+- ``session.close`` -> ``EndIn`` (``session.closed``, ``close_requested``);
+- refused commands -> ``Fault`` with the ``error`` event (a client that keeps
+  sending bad events, or floods messages, is closed as on ``/v1/realtime``).
+
+Sessions on this wire ask no LLM (``SessionSettings.llm`` is False): in
+client delegation the application's appends are the oracle's only source.
+docs/protocol.md section 4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from kame.server import protocol
+from kame.server.runtime.end import SessionEnd
+from kame.server.runtime.wire import (
+    AnswerIn,
+    AudioIn,
+    Command,
+    EndIn,
+    Fault,
+    Outgoing,
+    Reply,
+    SettingsIn,
+)
+from kame.server.wires.live.commentary import Encode
+from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
+from kame.server.wires.live.events import (
+    ErrorEvent,
+    KameEvent,
+    LiveEncoder,
+    LiveError,
+    LiveEvent,
+    LiveIds,
+    OutputAudioDelta,
+    SessionStarted,
+    SessionUpdated,
+)
+from kame.server.wires.live.wire import LiveWire
+
+from kame.oracle.config import OracleConfig
+from kame.session import events as pe
+from kame.session.settings import SessionSettings
+
+if TYPE_CHECKING:
+    from starlette.types import Message
+
+PROTOCOL = "live"
+PATH = "/v1/live/sessions"
+#: Errors caused by a client's events before it is closed (1008), as on /v1/realtime.
+MAX_CLIENT_ERRORS = 50
+#: Messages per second (any kind) beyond which a client is closed (1008).
+MAX_MESSAGES_PER_S = 1000
+
+
+def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSettings:
+    """The session settings a Live session runs with: no LLM, the extension's sampling and recording."""
+    return replace(base, llm=False, text_temperature=kame.text_temperature, text_topk=kame.text_topk,
+                   record=kame.record)
+
+
+class LiveEndpointWire:
+    """One ``/v1/live/sessions`` session's protocol state, as the runtime sees it."""
+
+    protocol = PROTOCOL
+
+    def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
+                 oracle_config: OracleConfig, frame_size: int = 1920) -> None:
+        self.settings = settings
+        self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=LiveIds(info.session_id[:8]),
+                             frame_size=frame_size)
+        self.encoder = LiveEncoder(self.live.ids)
+        self._rate_window = -1e9
+        self._rate_count = 0
+        self.client_errors = 0
+        self._now = 0.0
+        self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
+        self._close_event_id: str | None = None
+
+    def _out(self, events: list[LiveEvent], index: int | None = None) -> list[Outgoing]:
+        return [Outgoing(self.encoder.encode(e), audio_index=index if isinstance(e, OutputAudioDelta) else None)
+                for e in events]
+
+    # ------------------------------------------------------------------ client -> server
+    def opening(self, settings: SessionSettings) -> list[Outgoing]:
+        return []  # the client speaks first: session.start
+
+    def decode(self, message: Message, now: float) -> list[Command]:
+        self._now = max(self._now, now)
+        if now - self._rate_window >= 1.0:
+            self._rate_window = now
+            self._rate_count = 0
+        self._rate_count += 1
+        if self._rate_count > MAX_MESSAGES_PER_S:
+            error = f"more than {MAX_MESSAGES_PER_S} messages in one second"
+            end = SessionEnd("protocol", protocol.CLOSE_POLICY, "too many messages", error, "rate_limited",
+                             "invalid_request_error")
+            return [Fault(kind="live_rate", message=error, end=end)]
+        text = message.get("text")
+        payload: str | bytes | None = text if text is not None else message.get("bytes")
+        out = self.live.message(payload, now)
+        commands: list[Command] = []
+        events = [e for e in out.events if not isinstance(e, ErrorEvent)]
+        if out.settings is not None:  # started or updated: answered once the pipeline took the settings
+            self._held += events
+            events = []
+            commands.append(SettingsIn(live_settings(self.settings, out.settings)))
+        if events:
+            commands.append(Reply(self._out(events)))
+        for error in out.errors:
+            commands.append(self._client_error(error))
+        if out.audio:
+            commands.append(AudioIn(out.frames))
+        for answer in out.answers:
+            commands.append(AnswerIn(answer.ids, now))
+            fed = KameEvent("kame.oracle.reset", {"delegation_id": answer.delegation_id, "text": answer.text,
+                                                  "tokens": answer.steps})
+            commands.append(Reply(self._out([fed])))
+        if out.close is not None:
+            self._close_event_id = out.close.event_id
+            commands.append(EndIn(SessionEnd("close_requested", protocol.CLOSE_NORMAL, "session closed by the client")))
+        return commands
+
+    def _client_error(self, exc: LiveError) -> Fault:
+        self.client_errors += 1
+        if self.client_errors >= MAX_CLIENT_ERRORS:
+            error = f"{self.client_errors} invalid client events; last: {exc.message}"
+            end = SessionEnd("protocol", protocol.CLOSE_POLICY, "too many invalid events", error, "too_many_errors",
+                             "invalid_request_error")
+            return Fault(kind="live", message=error, code=exc.code, end=end)
+        return Fault(kind="live", message=exc.message, code=exc.code, reply=self._out([exc.event()]))
+
+    def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
+        self.settings = settings
+        held, self._held = self._held, []
+        return self._out(held)
+
+    def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
+        held, self._held = self._held, []
+        commands: list[Command] = []
+        started = [e for e in held if isinstance(e, SessionStarted)]
+        if started:  # the session is started all the same (with the server's sampling)
+            commands.append(Reply(self._out(started)))
+        ids = [e.client_event_id for e in held if isinstance(e, (SessionStarted, SessionUpdated))]
+        error = LiveError("invalid_value", f"session.kame: {message[:200]}", param="session.kame",
+                          client_event_id=ids[0] if ids else None)
+        commands.append(self._client_error(error))
+        return commands
+
+    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
+        error = LiveError(
+            "input_audio_buffer_overflow",
+            f"audio arrived more than {buffer_s:g} s ahead of real time; the excess was dropped (send audio at real time)",
+            client_event_id=event_id,
+        )
+        return [self._client_error(error)]
+
+    def reset_starting(self) -> list[Outgoing]:
+        return []  # the Live API has no reset
+
+    def reset_done(self) -> list[Outgoing]:
+        return []
+
+    # ------------------------------------------------------------------ server -> client
+    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+        self._now = max(self._now, frame.t)
+        if not self.live.started:
+            return []  # before session.start the format is unknown: nothing to send yet
+        events = self.live.assistant_frame(frame.pcm, frame.piece, index, send_audio=send_audio)
+        events += self.live.tick(self._now)
+        return self._out(events, index)
+
+    def event(self, event: pe.PipelineEvent) -> list[Outgoing]:
+        self._now = max(self._now, event.t)
+        if not self.live.started:
+            return []
+        return self._out(self._map(event))
+
+    def _map(self, event: pe.PipelineEvent) -> list[LiveEvent]:
+        if isinstance(event, pe.SpeechStarted):
+            return self.live.speech_started(event.utterance, event.audio_s)
+        if isinstance(event, pe.UserPartial):
+            return self.live.partial(event.utterance, event.audio_s, event.stable, event.t, text=event.text,
+                                     latency_s=event.latency_s)
+        if isinstance(event, pe.UserFinal):
+            return self.live.final(event.utterance, event.audio_s, event.text, event.t)
+        if isinstance(event, pe.AsrFailed):
+            return [KameEvent("kame.asr.error", {"message": _client_safe(event.message or "speech recognition failed")})]
+        if isinstance(event, pe.OracleCleared):
+            return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
+        return []
+
+    def expiring(self, seconds_left: float) -> list[Outgoing]:
+        if not self.live.started:
+            return []
+        return self._out([KameEvent("kame.session.ending", {"reason": "max_duration",
+                                                            "seconds_left": round(seconds_left, 1)})])
+
+    def closing(self, end: SessionEnd) -> list[Outgoing]:
+        if not self.live.started:  # never started: only an error, if there is one
+            if end.error:
+                return self._out([ErrorEvent(end.error_code, end.error, error_type=end.error_type)])
+            return []
+        message = end.error or end.reason or end.label
+        return self._out(self.live.ending(end.label, message, self._now, self._close_event_id))
+
+
+def _client_safe(message: str, limit: int = 300) -> str:
+    from kame.server.wires.realtime.events import client_safe
+
+    return client_safe(message, limit)
+
+
+def refusal(error: str) -> Outgoing:
+    """An admission refusal's message on this wire: an ``error`` event before the close."""
+    return Outgoing(LiveEncoder(LiveIds()).encode(ErrorEvent("invalid_value", error)))
+
+
+def server_info(session_id: str, model: str, cfg: Any, admitted_at: float) -> LiveServerInfo:
+    """What ``session.kame.server`` shows (``cfg``: the KameConfig)."""
+    return LiveServerInfo(
+        session_id=session_id,
+        model=model,
+        asr=cfg.asr.kind,
+        max_duration_s=cfg.server.max_duration_s,
+        idle_timeout_s=cfg.server.idle_timeout_s,
+        record_available=cfg.server.record_dir is not None,
+        default_backchannel_words=getattr(cfg.oracle, "tool_backchannel_words", 3),
+        usage_interval_s=cfg.server.live_usage_interval_s,
+        admitted_at=admitted_at,
+    )
