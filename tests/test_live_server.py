@@ -111,7 +111,7 @@ def test_sdk_question_delegation_commentary_mute_close(server: ServerProcess) ->
         assert muted[0] == heard_before
         await c.conn.session.input_audio.unmute(event_id="unmute-1")
         await mic
-        await c.drain_output(1.0, until_complete=True)
+        await c.drain_output(3.0, until_complete=True)
         closed = await c.close_session()
         await asyncio.wait_for(c.closed.wait(), 5)
         return c, fed, closed, t0, muted
@@ -177,7 +177,7 @@ def test_audio_formats_both_ways(server: ServerProcess, fmt: dict[str, Any], byt
         assert await c.start({"model": "gpt-live-1", "audio": {"format": fmt}}) is not None, c.events
         await c.send_pcm(question_audio())
         await c.wait_for_type("session.delegation.created", 15)
-        await c.drain_output(1.0, until_complete=True)
+        await c.drain_output(3.0, until_complete=True)
         await c.close_session()
         await c.close()
         return c
@@ -214,7 +214,9 @@ def test_every_ignored_and_refused_field(server: ServerProcess) -> None:
         ("e3", {"type": "decision.item.delete", "event_id": "e3", "item_id": "i"}, "unsupported_event"),
         ("e4", {"type": "session.output_audio.fixture.play", "event_id": "e4", "audio": ""}, "unsupported_event"),
         ("e5", {"type": "response.create", "event_id": "e5"}, "unsupported_event"),
-        ("e6", {"type": "response.item.create", "event_id": "e6", "item": {"type": "message"}}, "unsupported_event"),
+        ("e6", {"type": "response.item.create", "event_id": "e6",
+                 "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+         "unsupported_event"),
         ("e7", {"type": "session.commentary.append", "event_id": "e7", "content": "hi", "delegation_id": "dlg_x"},
          "unknown_delegation"),
         ("e8", {"type": "session.update", "event_id": "e8", "session": {"model": "other"}}, "immutable_parameter"),
