@@ -23,6 +23,7 @@ docs/protocol.md section 4.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +93,7 @@ class LiveEndpointWire:
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
 
-    def _out(self, events: list[LiveEvent], index: int | None = None) -> list[Outgoing]:
+    def _out(self, events: Sequence[LiveEvent], index: int | None = None) -> list[Outgoing]:
         return [Outgoing(self.encoder.encode(e), audio_index=index if isinstance(e, OutputAudioDelta) else None)
                 for e in events]
 
@@ -122,8 +123,8 @@ class LiveEndpointWire:
             commands.append(SettingsIn(live_settings(self.settings, out.settings)))
         if events:
             commands.append(Reply(self._out(events)))
-        for error in out.errors:
-            commands.append(self._client_error(error))
+        for refused in out.errors:
+            commands.append(self._client_error(refused))
         if out.audio:
             commands.append(AudioIn(out.frames))
         for answer in out.answers:
