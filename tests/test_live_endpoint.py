@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from kame.oracle.config import OracleConfig
 from kame.server import protocol
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AnswerIn, AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.endpoint import MAX_CLIENT_ERRORS, LiveEndpointWire
-
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 
@@ -28,6 +28,7 @@ INFO = LiveServerInfo(session_id="feedbeef0001", asr="whisper", admitted_at=1_80
 @pytest.fixture(scope="module")
 def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int]]:
     import sentencepiece as spm
+
     from kame.frontend.tiny import train_tokenizer
 
     path: Path = tmp_path_factory.mktemp("sp") / "tok.model"

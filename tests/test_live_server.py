@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from moshi_client import ServerProcess
+from speech import silence, synthesize
+
 from kame.client.live_client import LiveClient
 from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
-from moshi_client import ServerProcess
-from speech import silence, synthesize
 
 TOKEN = "live-secret-41c7aa"
 CONFIG = """

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kame.oracle.config import OracleConfig
 from kame.server import protocol
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
@@ -53,8 +54,6 @@ from kame.server.wires.live.events import (
     SessionUpdated,
 )
 from kame.server.wires.live.wire import LiveWire
-
-from kame.oracle.config import OracleConfig
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 
