@@ -322,6 +322,28 @@ def test_maximum_duration_expires(short_server: ServerProcess) -> None:
     assert 3.0 <= c.stats.audio_sent_s < 7.0, c.stats.audio_sent_s  # the audio stopped at the expiry, not at 8 s
 
 
+def test_drain_tells_why_then_closes(short_server: ServerProcess) -> None:
+    """SIGTERM while a session streams: an info with kame's reason, session.closed connection_lost, 1001
+    (the last test on this server: it stops it)."""
+
+    async def main() -> LiveClient:
+        c = await LiveClient.connect(short_server.http_url)
+        assert await c.start({"model": "gpt-live-1"}) is not None
+        mic = asyncio.create_task(c.send_silence(4.0))
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(short_server.stop)
+        await asyncio.wait_for(c.closed.wait(), 10)
+        mic.cancel()
+        return c
+
+    c = asyncio.run(main())
+    info = [e for e in c.of_type("info") if e["code"].startswith("kame.")]
+    assert info and info[-1]["code"] == "kame.draining", c.of_type("info")
+    closed = c.of_type("session.closed")
+    assert closed and closed[0]["reason"] == "connection_lost"
+    assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+
+
 def test_auth_and_idle_end(server: ServerProcess) -> None:
     async def main() -> tuple[LiveClient, LiveClient, float]:
         anon = await LiveClient.connect(server.http_url, token="wrong")
