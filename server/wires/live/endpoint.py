@@ -40,6 +40,7 @@ from kame.server.runtime.wire import (
     Reply,
     SettingsIn,
 )
+from kame.server.wires.live import decode
 from kame.server.wires.live.commentary import Encode
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
 from kame.server.wires.live.events import (
@@ -54,11 +55,14 @@ from kame.server.wires.live.events import (
     SessionUpdated,
 )
 from kame.server.wires.live.wire import LiveWire
+from kame.server.wires.realtime.events import client_safe
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
     from starlette.types import Message
+
+decode.warm_up()  # the SDK validators are built when the server starts, not during a session
 
 PROTOCOL = "live"
 PATH = "/v1/live/sessions"
@@ -221,8 +225,6 @@ class LiveEndpointWire:
 
 
 def _client_safe(message: str, limit: int = 300) -> str:
-    from kame.server.wires.realtime.events import client_safe
-
     return client_safe(message, limit)
 
 
