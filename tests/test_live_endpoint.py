@@ -146,6 +146,8 @@ def test_every_end_has_its_last_words(encode: Callable[[str], list[int]], label:
         assert last[0]["type"] == "info" and last[0]["code"] == info_code and last[0]["message"]
     warning = sent(wire.expiring(12.0))[0]
     assert (warning["type"], warning["reason"], warning["seconds_left"]) == ("kame.session.ending", "max_duration", 12.0)
+    drain = sent(wire.draining(2.0))[0]
+    assert (drain["type"], drain["reason"], drain["seconds_left"]) == ("kame.session.ending", "draining", 2.0)
     gone = wire.closing(SessionEnd("client_closed", None))
     assert gone == []
 

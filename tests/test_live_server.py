@@ -337,6 +337,8 @@ def test_drain_tells_why_then_closes(short_server: ServerProcess) -> None:
         return c
 
     c = asyncio.run(main())
+    ending = c.of_type("kame.session.ending")
+    assert ending and ending[0]["reason"] == "draining"  # told first, during the grace period
     info = [e for e in c.of_type("info") if e["code"].startswith("kame.")]
     assert info and info[-1]["code"] == "kame.draining", c.of_type("info")
     closed = c.of_type("session.closed")

@@ -215,6 +215,12 @@ class LiveEndpointWire:
         return self._out([KameEvent("kame.session.ending", {"reason": "max_duration",
                                                             "seconds_left": round(seconds_left, 1)})])
 
+    def draining(self, seconds_left: float) -> list[Outgoing]:
+        if not self.live.started:
+            return []
+        return self._out([KameEvent("kame.session.ending", {"reason": "draining",
+                                                            "seconds_left": round(seconds_left, 1)})])
+
     def closing(self, end: SessionEnd) -> list[Outgoing]:
         if not self.live.started:  # never started: only an error, if there is one
             if end.error:
