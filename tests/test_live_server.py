@@ -12,6 +12,7 @@ and event an ``error`` with the client's event id, and the session goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -344,6 +345,24 @@ def test_drain_tells_why_then_closes(short_server: ServerProcess) -> None:
     closed = c.of_type("session.closed")
     assert closed and closed[0]["reason"] == "connection_lost"
     assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+
+
+def test_a_client_that_keeps_sending_bad_events_is_closed(server: ServerProcess) -> None:
+    async def main() -> LiveClient:
+        c = await LiveClient.connect(server.http_url, token=TOKEN)
+        assert await c.start({"model": "gpt-live-1"}) is not None
+        for i in range(60):
+            with contextlib.suppress(Exception):
+                await c.conn.send({"type": "decision.create", "event_id": f"bad{i}"})
+        await asyncio.wait_for(c.closed.wait(), 10)
+        return c
+
+    c = asyncio.run(main())
+    assert len(c.errors) == 49  # the 50th ends the session instead
+    info = c.of_type("info")[-1]
+    assert info["code"] == "kame.protocol" and "invalid client events" in info["message"]
+    assert c.of_type("session.closed")[0]["reason"] == "connection_lost"
+    assert (c.close_code, c.close_reason) == (1008, "too many invalid events")
 
 
 def test_auth_and_idle_end(server: ServerProcess) -> None:
