@@ -118,8 +118,12 @@ class ServerConfig(BaseModel):
         10.0,
         ge=0,
         le=60,
-        description="/v1/realtime: audio a client may send ahead of real time; it is queued and fed at real "
+        description="/v1/realtime and /v1/live/sessions: audio a client may send ahead of real time; it is queued and fed at real "
         "time, audio beyond it is dropped (counted).",
+    )
+    live_usage_interval_s: float = Field(
+        5.0, ge=0, le=3600, description="/v1/live/sessions: how often session.usage.updated is sent (0: never, only "
+        "in session.closed)."
     )
     input_burst_s: float = Field(
         2.0, ge=0.1, le=10, description="Audio that passes at once when it arrives early (network jitter) before pacing applies."

@@ -8,9 +8,9 @@ docs/protocol.md (anything else is counted as ``other``).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-PROTOCOLS = ("chat", "realtime")
+PROTOCOLS = ("chat", "realtime", "live")
 CLIENT_ERROR_CODES = frozenset(
     {
         "invalid_json",
@@ -26,6 +26,14 @@ CLIENT_ERROR_CODES = frozenset(
         "unknown_backend",
         "recording_disabled",
         "input_audio_buffer_overflow",
+        # /v1/live/sessions
+        "session_not_started",
+        "session_already_started",
+        "unsupported_delegation",
+        "unsupported_parameter",
+        "immutable_parameter",
+        "unknown_delegation",
+        "content_too_long",
     }
 )
 
@@ -45,7 +53,16 @@ class ProtocolMetrics:
             registry=registry,
         )
         self.client_errors = Counter(
-            "kame_realtime_client_errors", "/v1/realtime client events answered with an error, by code.", ["code"],
+            "kame_realtime_client_errors", "/v1/realtime and /v1/live/sessions client events answered with an error, by code.",
+            ["code"],
+            registry=registry,
+        )
+        self.answer_fifo_seconds = Histogram(
+            "kame_answer_fifo_seconds",
+            "A client's answer (Live session.commentary.append) from its message's arrival to its oracle sequence in "
+            "the engine's FIFO.",
+            ["protocol"],
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.08, 0.12, 0.25, 0.5),
             registry=registry,
         )
         for protocol in PROTOCOLS:  # export zeros from the start

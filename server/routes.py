@@ -14,6 +14,7 @@ from kame.server.admission import Admitted
 from kame.server.runtime.route import WireRoute
 from kame.server.runtime.wire import Wire
 from kame.server.wires import moshi
+from kame.server.wires.live import endpoint as live
 from kame.server.wires.realtime import wire as realtime
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
@@ -61,5 +62,26 @@ REALTIME = WireRoute(
     refusal=realtime.refusal,
     input_buffer_s=lambda state: state.cfg.server.input_buffer_s,
 )
+
+
+def open_live(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
+    host = state.host
+    assert host.root is not None, "host not ready"
+    import time
+
+    info = live.server_info(admitted.session_id, f"kame:{state.cfg.frontend.checkpoint}"[:128], state.cfg, time.time())
+    settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
+    wire = live.LiveEndpointWire(info, settings, encode=host.root.encode, oracle_config=state.cfg.oracle,
+                                 frame_size=host.frame_size)
+    return wire, settings
+
+
+LIVE = WireRoute(
+    protocol=live.PROTOCOL,
+    path=live.PATH,
+    open=open_live,
+    refusal=live.refusal,
+    input_buffer_s=lambda state: state.cfg.server.input_buffer_s,
+)
 #: Every websocket endpoint, in the order docs/protocol.md describes them.
-WIRES = (CHAT, REALTIME)
+WIRES = (CHAT, REALTIME, LIVE)

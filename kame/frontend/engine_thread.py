@@ -240,16 +240,33 @@ class EngineThread:
 
         return run
 
-    def oracle_reset(self, slot: int, first_ids: list[int]) -> None:
+    def _oracle(self, slot: int, fn: Callable[[], None], what: str) -> bool:
+        """Oracle writes go to the slot's FIFO at once, not through the command queue: an answer must not
+        wait for the step in progress (the FIFO has its own lock; the engine thread pops one token per
+        step). Writes are ordered as they are made; attach, detach and reset stay commands and are
+        awaited before a session writes, so none of its writes can be cleared by them."""
+        with self._lock:
+            if slot not in self._io:
+                return False
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a bad write is that session's problem, not the engine's
+                log.exception("oracle %s of slot %d failed", what, slot)
+                return False
+        return True
+
+    def oracle_reset(self, slot: int, first_ids: list[int], done: Callable[[float], None] | None = None) -> None:
+        """A new oracle sequence, in the FIFO when this returns; ``done(t)`` then says when."""
         ids = list(first_ids)
-        self._command(slot, lambda: self.core.oracle_reset(slot, ids), "oracle_reset")
+        if self._oracle(slot, lambda: self.core.oracle_reset(slot, ids), "reset") and done is not None:
+            done(time.monotonic())
 
     def oracle_push(self, slot: int, ids: list[int]) -> None:
         ids = list(ids)
-        self._command(slot, lambda: self.core.oracle_push(slot, ids), "oracle_push")
+        self._oracle(slot, lambda: self.core.oracle_push(slot, ids), "push")
 
     def oracle_clear(self, slot: int) -> None:
-        self._command(slot, lambda: self.core.oracle_clear(slot), "oracle_clear")
+        self._oracle(slot, lambda: self.core.oracle_clear(slot), "clear")
 
     def set_sampling(self, slot: int, temp_text: float | None, top_k_text: int | None) -> None:
         self._command(slot, lambda: self.core.set_slot_sampling(slot, temp_text, top_k_text), "set_sampling")
@@ -566,9 +583,9 @@ class AsyncSlot:
             self.engine.detach(self.slot)
             self.slot = None
 
-    def oracle_reset(self, first_ids: list[int]) -> None:
+    def oracle_reset(self, first_ids: list[int], done: Callable[[float], None] | None = None) -> None:
         if self.slot is not None:
-            self.engine.oracle_reset(self.slot, first_ids)
+            self.engine.oracle_reset(self.slot, first_ids, done)
 
     def oracle_push(self, ids: list[int]) -> None:
         if self.slot is not None:

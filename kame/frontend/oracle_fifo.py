@@ -9,6 +9,7 @@ step), so tokens that arrive "late" are delayed, never lost.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ class OracleFifo:
     dropped: int = 0
     resets: int = 0
     _queue: deque[int] = field(default_factory=deque)
+    #: Writers (the event loop) and the reader (the engine thread, one pop per step) may run at once.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -31,20 +34,25 @@ class OracleFifo:
         ids = list(first_ids)
         if not ids:
             raise ValueError("an oracle reset needs the first word's tokens (the start id never goes alone)")
-        self._queue.clear()
-        self.resets += 1
-        self._extend([self.start_id, *ids])
+        with self._lock:
+            self._queue.clear()
+            self.resets += 1
+            self._extend([self.start_id, *ids])
 
     def push(self, ids: Iterable[int]) -> None:
         """Append the next tokens of the current sequence."""
-        self._extend(ids)
+        ids = list(ids)
+        with self._lock:
+            self._extend(ids)
 
     def clear(self) -> None:
-        self._queue.clear()
+        with self._lock:
+            self._queue.clear()
 
     def pop(self) -> int:
         """The token for this step: the next queued one, else the idle id."""
-        return self._queue.popleft() if self._queue else self.idle_id
+        with self._lock:
+            return self._queue.popleft() if self._queue else self.idle_id
 
     def _extend(self, ids: Iterable[int]) -> None:
         for tok in ids:

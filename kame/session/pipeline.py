@@ -163,7 +163,7 @@ class Pipeline:
     def _open_parts(self) -> None:
         """ASR stream and oracle loop for the attached slot, with the current settings applied."""
         assert self.slot is not None
-        if self.registry is not None:
+        if self.registry is not None and self.settings.llm:
             self.oracle = OracleLoop(
                 config=self.oracle_config,
                 registry=self.registry,
@@ -264,10 +264,11 @@ class Pipeline:
             self.slot.set_sampling(*settings.sampling())
         self.settings = settings
 
-    def inject_answer(self, ids: list[int]) -> None:
-        """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``)."""
+    def inject_answer(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
+        """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``, a Live
+        commentary); ``done(t)`` is called in the engine thread once the sequence is in the FIFO."""
         if self.slot is not None and ids:
-            self.slot.oracle_reset(list(ids))
+            self.slot.oracle_reset(list(ids), done)
 
     # ------------------------------------------------------------------ out
     def _put(self, event: PipelineEvent) -> None:

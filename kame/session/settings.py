@@ -36,6 +36,9 @@ class SessionSettings:
     record: bool = False
     #: ``/v1/realtime``: send the output frames outside responses (``kame.output_audio.delta``).
     silence_audio: bool = True
+    #: False: kame asks no LLM for this session; the client's answers are the oracle's only source
+    #: (``/v1/live/sessions`` in client delegation). Fixed for the session's life.
+    llm: bool = True
 
     def sampling(self) -> tuple[float | None, int | None]:
         """The per-session text sampling (temperature, top-k); always changed as a pair."""

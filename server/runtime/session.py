@@ -39,8 +39,10 @@ from kame.server.runtime.pacing import InputPacer
 from kame.server.runtime.send import FRAME_S, SendQueue
 from kame.server.runtime.watchdog import watch, watch_period
 from kame.server.runtime.wire import (
+    AnswerIn,
     AudioIn,
     Command,
+    EndIn,
     Fault,
     Ignored,
     Outgoing,
@@ -310,8 +312,27 @@ class SessionRuntime:
             self._queue(list(command.messages))
         elif isinstance(command, Fault):
             self._fault(command)
+        elif isinstance(command, AnswerIn):
+            self._answer(command)
+        elif isinstance(command, EndIn):
+            self.end_with(command.end)
         elif isinstance(command, Ignored):
             self.log.debug("ignored: %s", command.what)
+
+    def _answer(self, command: AnswerIn) -> None:
+        """A client's answer goes to the oracle FIFO at once (not behind the step in progress), timed."""
+        if self.pipeline is None or not command.ids:
+            return
+        observe = self.pmetrics.answer_fifo_seconds.labels(protocol=self.protocol).observe if self.pmetrics else None
+        received = command.received_t
+
+        def done(at: float) -> None:
+            if observe is not None:
+                observe(max(0.0, at - received))
+
+        self.pipeline.inject_answer(list(command.ids), done=done)
+        self.metrics.oracle_resets.inc()
+        self.metrics.oracle_tokens.inc(len(command.ids) + 1)
 
     def _fault(self, fault: Fault) -> None:
         self.faults += 1

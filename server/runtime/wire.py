@@ -82,13 +82,29 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class AnswerIn:
+    """An answer the client wrote (a Live ``session.commentary.append``): a new oracle sequence of these
+    token ids, now, without any LLM; ``received_t`` (monotonic) is when its message arrived."""
+
+    ids: tuple[int, ...]
+    received_t: float
+
+
+@dataclass(frozen=True)
+class EndIn:
+    """The client asked to end the session (Live ``session.close``)."""
+
+    end: SessionEnd
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A message that asks for nothing (logged at debug level)."""
 
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | Reply | Fault | Ignored
+Command = AudioIn | SettingsIn | ResetIn | Reply | Fault | AnswerIn | EndIn | Ignored
 
 
 class Wire(Protocol):
