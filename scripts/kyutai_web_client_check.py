@@ -25,7 +25,8 @@ checks what a user of that client sees:
 
 It starts ``kame serve --config cpu-demo`` on a free port unless
 ``--server HOST:PORT`` names a running one, serves the build with Python's
-HTTP server, drives Debian's ``/usr/bin/chromium`` with Playwright, prints
+HTTP server (or, with ``--from-kame``, lets kame serve it: ``kame serve
+--client-dir``, opened at ``/`` with no ``worker_addr``), drives Debian's ``/usr/bin/chromium`` with Playwright, prints
 one line per check and exits 1 if any failed. ``--json FILE`` writes
 everything it saw (frames by kind, console, metadata) for a report.
 
@@ -100,13 +101,15 @@ def serve_dist(dist: Path) -> tuple[ThreadingHTTPServer, int]:
     return httpd, int(httpd.server_address[1])
 
 
-def start_kame(port: int, max_duration: float | None, log: Path) -> subprocess.Popen[bytes]:
+def start_kame(port: int, max_duration: float | None, log: Path, client_dir: Path | None) -> subprocess.Popen[bytes]:
     env = dict(os.environ, NO_TORCH_COMPILE="1")
     if max_duration is not None:
         env["KAME_SERVER__MAX_DURATION_S"] = str(max_duration)
         env["KAME_SERVER__DURATION_WARNING_S"] = str(max(1.0, max_duration / 2))
     kame = shutil.which("kame") or str(Path(sys.executable).with_name("kame"))
     cmd = [kame, "serve", "--config", "cpu-demo", "--port", str(port)]
+    if client_dir is not None:
+        cmd += ["--client-dir", str(client_dir)]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -317,13 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-duration", type=float, help="start kame with this server.max_duration_s and check the end notices")
     ap.add_argument("--say", help="text espeak-ng speaks into the fake microphone")
     ap.add_argument("--speech-wav", type=Path, help="WAV for the fake microphone")
+    ap.add_argument(
+        "--from-kame", action="store_true",
+        help="let kame serve the build (kame serve --client-dir) and open it at / with no worker_addr",
+    )
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     ap.add_argument("--json", type=Path, help="write what was seen here")
     args = ap.parse_args(argv)
     if not (args.client_dist / "index.html").is_file():
         raise SystemExit(f"{args.client_dist}: no index.html (build Kyutai's client first: npx vite build)")
-    if args.max_duration is not None and args.server:
-        raise SystemExit("--max-duration starts its own server; drop --server")
+    if (args.max_duration is not None or args.from_kame) and args.server:
+        raise SystemExit("--max-duration and --from-kame start their own server; drop --server")
 
     tmp = Path(tempfile.mkdtemp(prefix="kame-kyutai-client-"))
     wav = args.speech_wav or (speech_wav(args.say, tmp / "speech.wav") if args.say else None)
@@ -333,13 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         worker = args.server
     else:
         port = free_port()
-        proc = start_kame(port, args.max_duration, log)
+        proc = start_kame(port, args.max_duration, log, args.client_dist if args.from_kame else None)
         worker = f"127.0.0.1:{port}"
     httpd, http_port = serve_dist(args.client_dist)
+    page_url = f"http://{worker}/" if args.from_kame else f"http://127.0.0.1:{http_port}/?worker_addr={worker}"
     seen = Seen()
     try:
         seconds = args.seconds if args.max_duration is None else args.max_duration + 10
-        run_browser(f"http://127.0.0.1:{http_port}/?worker_addr={worker}", seconds, wav, seen, args.chromium)
+        run_browser(page_url, seconds, wav, seen, args.chromium)
     finally:
         httpd.shutdown()
         # The session's end is counted once its tasks are done (seconds on a loaded machine).

@@ -73,7 +73,7 @@ def create_app(
     from kame.server.http_routes import router as http_router
     from kame.server.routes import WIRES
     from kame.server.runtime.route import add_wire
-    from kame.server.static_routes import router as static_router
+    from kame.server.static_routes import install as install_static
     from kame.versions import runtime_versions
 
     metrics = ServerMetrics()
@@ -113,5 +113,5 @@ def create_app(
     app.include_router(http_router)
     for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
         add_wire(app, route)
-    app.include_router(static_router)  # the browser page at /, docs/browser.md
+    install_static(app, cfg.server.client_dir)  # the browser page (or a client build) at /, docs/browser.md
     return app

@@ -140,6 +140,12 @@ class ServerConfig(BaseModel):
     )
     ssl_certfile: Path | None = Field(None, description="TLS certificate (PEM); together with ssl_keyfile the server speaks https/wss.")
     ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM).")
+    client_dir: Path | None = Field(
+        None,
+        description="A built web client to serve at / instead of kame's page (kame serve --client-dir; "
+        "like moshi.server --static): e.g. the dist/ folder of Kyutai's Moshi web client, which then "
+        "talks to this server without ?worker_addr. kame's page then moves to /kame.",
+    )
 
 
 class LogConfig(BaseModel):

@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=None, help="Concurrent sessions = engine slots (frontend.batch_size).")
     p.add_argument("--ssl-certfile", type=Path, default=None, help="TLS certificate (PEM), with --ssl-keyfile.")
     p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
+    p.add_argument(
+        "--client-dir", "--static", dest="client_dir", type=Path, default=None,
+        help="Serve this built web client at / (e.g. Kyutai's Moshi client's dist/; server.client_dir).",
+    )
 
 
 def _secrets(cfg: AppConfig, environ: dict[str, str]) -> list[str]:
@@ -58,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             "frontend.batch_size": args.max_sessions,
             "server.ssl_certfile": args.ssl_certfile,
             "server.ssl_keyfile": args.ssl_keyfile,
+            "server.client_dir": args.client_dir,
         },
     )
     s = cfg.server
@@ -66,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
     for path in (s.ssl_certfile, s.ssl_keyfile):
         if path is not None and not Path(path).is_file():
             raise UserError(f"TLS file {path}: not found")
+    if s.client_dir is not None:
+        from kame.server.static_routes import ClientDirError, check_client_dir
+
+        try:
+            check_client_dir(s.client_dir)
+        except ClientDirError as e:
+            raise UserError(str(e)) from None
 
     from kame.server.logs import configure_logging
 
