@@ -251,7 +251,7 @@ def _ending_text(ev: dict[str, Any]) -> str:
     """The notice that a session ends soon: maximum duration, or the server draining for a restart."""
     left = ev.get("seconds_left")
     when = f" in {float(left):.0f} s" if isinstance(left, (int, float)) else " soon"
-    if ev.get("reason") == "server_draining":
+    if ev.get("reason") == "draining":
         return f"the server is shutting down: this conversation ends{when}, then kame mic reconnects (a new conversation)"
     return f"the session ends{when} (maximum duration)"
 

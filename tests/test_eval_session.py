@@ -255,7 +255,7 @@ class DrainingPeer(ScriptedPeer):
                 elif ev["type"] == "input_audio_buffer.append":
                     frames += 1
                     if frames >= self.drain_after:
-                        await ws.send(json.dumps({"type": "kame.session.ending", "reason": "server_draining",
+                        await ws.send(json.dumps({"type": "kame.session.ending", "reason": "draining",
                                                   "seconds_left": 0.0}))
                         await ws.close(1001, "server shutting down")
                         return

@@ -546,7 +546,7 @@ function onServerEvent(event) {
       notice("warn", `Speech recognition stopped (${event.message}); the conversation goes on without transcripts.`);
       break;
     case "kame.session.ending":
-      if (event.reason === "server_draining") {
+      if (event.reason === "draining") {
         notice("warn", `The server is shutting down for an update: this conversation ends in ${Math.round(event.seconds_left)} s, ` +
           "then the page reconnects (a new conversation).");
       } else notice("info", `This conversation reaches its maximum length in ${Math.round(event.seconds_left)} s.`);
