@@ -119,6 +119,7 @@ def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> Non
         during["late"] = await late.wait_closed(5)
         during["late_handshake"] = late.handshake.is_set()
         during["live_then"] = [c.closed.is_set() for c in clients]
+        during["told"] = [list(c.errors) for c in clients]
         closed_at: list[float] = []
         for c in clients:
             await c.wait_closed(8)
@@ -131,6 +132,8 @@ def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> Non
     assert during["ready_k8s"] == 503 and during["health"] == "draining"
     assert during["late"] == (1001, "server shutting down") and during["late_handshake"] is False
     assert during["live_then"] == [False, False]  # still running 0.3 s into the drain
+    for told in during["told"]:  # type: ignore[attr-defined]
+        assert told == [f"the server is shutting down: this session ends in {grace:.0f} s"], told  # 0x05, at once
     for c in clients:
         assert (c.close_code, c.close_reason) == (1001, "server shutting down")
         # 0x05: the drain notice at once, then the close reason before the close frame
