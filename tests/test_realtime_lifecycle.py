@@ -120,7 +120,15 @@ def test_sigterm_drains_realtime_sessions(server: ServerProcess) -> None:
         return clients, t0
 
     clients, t0 = asyncio.run(main())
+    grace = 2.0  # server.drain_grace_s by default
     for c in clients:
         assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+        # told at once, then the session ran on for the grace
+        endings = [(t, e) for t, e in c.events if e.get("type") == "kame.session.ending" and e.get("reason") == "draining"]
+        assert len(endings) == 1, [(round(t - t0, 2), e) for t, e in endings]
+        (told_at, ending), = endings
+        assert grace - 0.3 <= ending["seconds_left"] <= grace, ending
+        assert told_at - t0 < 1.0
+        assert c.stats.frame_arrivals[-1] - t0 > grace - 0.5  # audio flowed through the grace
     server.proc.wait(timeout=max(0.1, 8.0 - (time.monotonic() - t0)))
     assert time.monotonic() - t0 < 8.0
