@@ -49,6 +49,9 @@ def test_client_build_is_served_at_root_and_kame_routes_win(tmp_path: Path) -> N
     assert page.status_code == 200 and 'src="static/app.js"' in page.text
     assert http.get("/static/app.js").status_code == 200
     assert http.get("/ready").status_code == 503  # kame's routes are not shadowed (not loaded yet)
+    with http.websocket_connect("/api/chat") as ws:  # nor its websockets: kame's refusal, not a file
+        notice = ws.receive_bytes()
+    assert notice[0] == 0x05 and b"starting" in notice
 
 
 def test_default_root_is_kames_page(tmp_path: Path) -> None:
