@@ -586,12 +586,14 @@ def test_speculative_delegations_supersede_each_other(encode: Callable[[str], li
 
 def test_append_limit_is_500_tokens(encode: Callable[[str], list[int]]) -> None:
     wire = started_wire(encode)
-    text = " ".join(["zebra"] * 300)
-    assert len(encode(text)) > 500
+    ok = "x" * 2000  # 500 tokens, estimated as clients estimate them (4 characters a token)
+    assert not wire.message(json.dumps({"type": "session.thinking.append", "content": ok, "delegation_id": None}),
+                            0.5).errors
+    text = " ".join(["zebra"] * 350)  # 2099 characters: 525 tokens
     out = wire.message(json.dumps({"type": "session.thinking.append", "content": text, "delegation_id": None,
                                    "event_id": "big"}), 1.0)
     assert out.errors[0].code == "content_too_long" and out.events[0].client_event_id == "big"
-    assert not wire.context
+    assert [c.text for c in wire.context] == [ok]  # the refused one was not kept
 
 
 def test_mute_feeds_silence_and_is_acknowledged(encode: Callable[[str], list[int]]) -> None:

@@ -36,9 +36,20 @@ class OracleAnswer:
         return len(self.ids) + 1
 
 
-def check_length(content: str, encode: Encode, kind: str, event_id: str | None) -> None:
-    """The contract's 500-token limit, counted with Moshi's own tokenizer."""
-    if len(encode(content)) > MAX_APPEND_TOKENS:
+def estimated_tokens(text: str) -> int:
+    """The contract's tokens, estimated as GPT-Live clients estimate them before they split a long append:
+    about four ASCII characters a token, a whole token for any other character.
+
+    The limit is OpenAI's tokenizer's, not Moshi's: SentencePiece with a 32k vocabulary cuts English into
+    more pieces, so counting Moshi's tokens would refuse appends the contract allows (Pipecat splits
+    answers into 450-token pieces by this same estimate, and treats any ``error`` as a failure)."""
+    quarters = sum(1 if ch.isascii() else 4 for ch in text)
+    return (quarters + 3) // 4
+
+
+def check_length(content: str, kind: str, event_id: str | None) -> None:
+    """The contract's limit on one append: 500 tokens (:func:`estimated_tokens`)."""
+    if estimated_tokens(content) > MAX_APPEND_TOKENS:
         raise LiveError("content_too_long", f"session.{kind}.append: content is limited to {MAX_APPEND_TOKENS} tokens",
                         param="content", client_event_id=event_id)
 

@@ -263,7 +263,7 @@ class LiveWire:
         self.book.backchannel_words = config.backchannel_words(self.info)
 
     def _append(self, command: AppendContext, out: WireOut) -> None:
-        check_length(command.content, self.encode, command.kind, command.event_id)
+        check_length(command.content, command.kind, command.event_id)
         if self.responses is not None and command.delegation_id is not None:
             raise LiveError("invalid_value",
                             f"session.{command.kind}.append: delegation_id must be null with Responses delegation",
