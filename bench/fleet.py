@@ -117,6 +117,7 @@ async def main_async(args: argparse.Namespace, lb: HAProxy, replicas: list[Serve
     # ---- the restart, per displaced client
     print(f"\nrolling restart of {names[victim]}:")
     displaced = 0
+    untold = 0
     worst_gap = 0.0
     for c in clients:
         for k, s in enumerate(c.sessions):
@@ -130,16 +131,19 @@ async def main_async(args: argparse.Namespace, lb: HAProxy, replicas: list[Serve
                 continue
             gap = nxt.ws.stats.handshake_t - s.closed_t
             worst_gap = max(worst_gap, gap)
-            print(f"  client {c.index}: {s.close_code} from {s.replica} {s.closed_t - sigterm_t:.1f} s after SIGTERM, "
+            told = [t for t, text in zip(s.ws.error_times, s.ws.errors) if "shutting down: this session ends" in text]
+            told_s = f"told {told[0] - sigterm_t:+.2f} s, " if told else "NOT told, "
+            untold += 0 if told else 1
+            print(f"  client {c.index}: {told_s}{s.close_code} from {s.replica} {s.closed_t - sigterm_t:.1f} s after SIGTERM, "
                   f"reconnected to {nxt.replica} in {gap:.2f} s")
     gave_up = [c for c in clients if c.gave_up]
     late_lands = [s for c in clients for s in c.sessions
                   if s.replica == names[victim] and sigterm_t < s.opened_t < exited_t]
-    print(f"displaced clients: {displaced}; slowest reconnect {worst_gap:.2f} s (target < 3 s); "
+    print(f"displaced clients: {displaced} ({displaced - untold} told first); slowest reconnect {worst_gap:.2f} s (target < 3 s); "
           f"gave up: {len(gave_up)}; sessions that landed on {names[victim]} while it drained: {len(late_lands)}")
     for c in gave_up:
         print(f"  client {c.index} gave up: {c.gave_up}")
-    ok = worst_rtf >= 0.98 and worst_gap < 3.0 and not gave_up and displaced > 0 and not late_lands
+    ok = worst_rtf >= 0.98 and worst_gap < 3.0 and not gave_up and displaced > 0 and not late_lands and not untold
     print(f"\nverdict: {'PASS' if ok else 'MISS'} (RTF >= 0.98 per session in the steady phase, reconnects < 3 s, "
           "none gave up, none landed on the draining replica)")
     return 0

@@ -50,7 +50,8 @@ class MoshiClient(AudioSessionBase):
         self.ws = ws
         self.stats = ClientStats(connected_t=time.monotonic())
         self.texts: list[str] = []
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # 0x05 texts: notices (end of session, drain) and close reasons
+        self.error_times: list[float] = []  # when each of them arrived (time.monotonic)
         self.metadata: list[Any] = []
         self.pcm_chunks: list[np.ndarray] = []
         self.handshake = asyncio.Event()
@@ -147,6 +148,7 @@ class MoshiClient(AudioSessionBase):
                     self.metadata.append(json.loads(payload.decode("utf-8")))
                 elif kind == 5:
                     self.errors.append(payload.decode("utf-8"))
+                    self.error_times.append(now)
         except ConnectionClosed:
             pass
         finally:

@@ -381,7 +381,8 @@ def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, l
     for c in displaced:
         first, second = c.sessions[0], c.sessions[1]
         assert (first.close_code, first.close_reason) == (1001, "server shutting down")
-        assert any(e.startswith("the server is shutting down: this session ends in") for e in first.ws.errors), first.ws.errors
+        told = [t for t, e in zip(first.ws.error_times, first.ws.errors) if e.startswith("the server is shutting down")]
+        assert told and told[0] - t_term < 1.0, first.ws.errors  # told at once (0x05)
         assert first.closed_t is not None and DRAIN_GRACE_S - 0.3 <= first.closed_t - t_term <= DRAIN_GRACE_S + 3.0
         assert first.ws.stats.frame_arrivals[-1] > t_term + DRAIN_GRACE_S - 0.5  # audio flowed through the grace
         assert second.replica not in (victim, "?")
