@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import FrontendModels
     from kame.server.config import AppConfig
-    from kame.server.metrics import ServerMetrics
+    from kame.server.telemetry.metrics import ServerMetrics
     from kame.session.pipeline import Pipeline
     from kame.session.root import SessionRoot
     from kame.session.settings import SessionSettings

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from kame.server.allocator import M_ARENA_MAX, M_MMAP_THRESHOLD, AllocatorSettings, planned_options
+from kame.server.app.allocator import M_ARENA_MAX, M_MMAP_THRESHOLD, AllocatorSettings, planned_options
 
 
 def test_defaults_plan_both_options() -> None:
@@ -33,7 +33,7 @@ def test_the_environment_and_zero_leave_glibc_alone() -> None:
 _PROBE = textwrap.dedent(
     """
     import ctypes, sys
-    from kame.server.allocator import AllocatorSettings, tune_allocator
+    from kame.server.app.allocator import AllocatorSettings, tune_allocator
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from kame.server.app import create_app
+from kame.server.app.factory import create_app
+from kame.server.app.static import ClientDirError, check_client_dir
 from kame.server.config import AppConfig
-from kame.server.static_routes import ClientDirError, check_client_dir
 
 
 def build(tmp_path: Path) -> Path:

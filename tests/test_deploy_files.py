@@ -60,7 +60,7 @@ def test_ports_and_health_match_the_server() -> None:
     m = re.search(r"HEALTHCHECK .*--start-period=(\d+)s.*\n\s*CMD curl -fsS http://127.0.0.1:(\d+)(/\w+)", df)
     assert m is not None
     assert int(m.group(1)) >= 300 and int(m.group(2)) == port and m.group(3) == "/health"
-    from kame.server.app import create_app
+    from kame.server.app.factory import create_app
 
     paths: set[str] = set()
     for route in create_app(AppConfig(), device="cpu", environ={}).routes:
@@ -81,7 +81,7 @@ def test_dockerfile_installs_like_the_readme() -> None:
     assert volume is not None
     for var in ("HF_HOME", "KAME_CACHE_DIR"):
         assert re.search(rf"{var}={volume.group(1)}/", df), f"{var} is not on the volume"
-    from kame.server.runner import shutdown_budget_s
+    from kame.server.app.runner import shutdown_budget_s
 
     server = AppConfig().server
     budget = shutdown_budget_s(server.drain_grace_s, server.drain_timeout_s)

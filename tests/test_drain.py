@@ -1,4 +1,4 @@
-"""The drain of the session manager (kame.server.sessions), with stand-in sessions and real asyncio time."""
+"""The drain of the session manager (kame.server.runtime.sessions), with stand-in sessions and real asyncio time."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kame.server.metrics import ServerMetrics
-from kame.server.sessions import DRAIN_REASON, DrainClock, SessionManager
+from kame.server.runtime.sessions import DRAIN_REASON, DrainClock, SessionManager
+from kame.server.telemetry.metrics import ServerMetrics
 
 
 @dataclass

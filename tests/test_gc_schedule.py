@@ -6,7 +6,7 @@ import asyncio
 import gc
 import weakref
 
-from kame.server.gc_schedule import GarbageCollector
+from kame.server.app.gc_schedule import GarbageCollector
 
 
 class Node:

@@ -82,7 +82,7 @@ def test_pods_have_a_gpu_and_no_service_links(docs: list[dict[str, Any]]) -> Non
 
 
 def _app_paths() -> set[str]:
-    from kame.server.app import create_app
+    from kame.server.app.factory import create_app
 
     paths: set[str] = set()
     for route in create_app(AppConfig(), device="cpu", environ={}).routes:
@@ -146,7 +146,7 @@ def test_grace_period_covers_the_drain(docs: list[dict[str, Any]], tmp_path: Pat
     path.write_text(yaml.safe_dump(data))
     cfg = load_app_config(path, environ={k: v for k, v in env.items() if k.startswith("KAME_") and k != "KAME_CONFIG"})
     grace = one(docs, "Deployment", "kame")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    from kame.server.runner import shutdown_budget_s
+    from kame.server.app.runner import shutdown_budget_s
 
     assert cfg.server.drain_grace_s >= 120  # sessions get minutes to finish on a rolling update
     assert grace >= shutdown_budget_s(cfg.server.drain_grace_s, cfg.server.drain_timeout_s) + 5
@@ -176,7 +176,7 @@ def test_prometheus_adapter_rule_makes_the_hpa_metric_from_exported_gauges() -> 
     (rule,) = values["rules"]["custom"]
     assert rule["name"]["as"] == "kame_session_occupancy"
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
-    from kame.server.metrics import ServerMetrics
+    from kame.server.telemetry.metrics import ServerMetrics
 
     exported = set(re.findall(r"^# TYPE (\w+) ", ServerMetrics().render().decode(), re.M))
     used = set(re.findall(r"\b(kame_\w+)\{", rule["metricsQuery"] + rule["seriesQuery"]))

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from starlette import status
 
 from kame.oracle.config import OracleConfig
-from kame.server import protocol
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AnswerIn, AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn
 from kame.server.wires.live.config import LiveServerInfo
@@ -90,7 +90,7 @@ def test_audio_commentary_and_close_become_commands(encode: Callable[[str], list
     assert ack["type"] == "session.commentary.appended" and ack["client_event_id"] == "c"
     assert fed == {**fed, "type": "kame.oracle.reset", "text": "Paris, of course.", "tokens": len(answer.ids) + 1}
     (end,) = wire.decode(msg({"type": "session.close", "event_id": "bye"}), 13.0)
-    assert isinstance(end, EndIn) and end.end.label == "close_requested" and end.end.code == protocol.CLOSE_NORMAL
+    assert isinstance(end, EndIn) and end.end.label == "close_requested" and end.end.code == status.WS_1000_NORMAL_CLOSURE
     last = sent(wire.closing(end.end))
     assert [e["type"] for e in last] == ["session.closed"]
     assert last[0]["reason"] == "close_requested" and last[0]["client_event_id"] == "bye"
@@ -137,7 +137,8 @@ def test_frames_and_transcripts(encode: Callable[[str], list[int]]) -> None:
 def test_every_end_has_its_last_words(encode: Callable[[str], list[int]], label: str, reason: str,
                                       info_code: str | None) -> None:
     wire = started(encode)
-    end = SessionEnd(label, protocol.CLOSE_NORMAL, f"why: {label}", "engine error, please reconnect" if label == "engine_error" else None)
+    error = "engine error, please reconnect" if label == "engine_error" else None
+    end = SessionEnd(label, status.WS_1000_NORMAL_CLOSURE, f"why: {label}", error)
     last = sent(wire.closing(end))
     assert last[-1]["type"] == "session.closed" and last[-1]["reason"] == reason
     if info_code is None:
@@ -154,6 +155,6 @@ def test_every_end_has_its_last_words(encode: Callable[[str], list[int]], label:
 
 def test_a_session_that_never_started_gets_only_its_error(encode: Callable[[str], list[int]]) -> None:
     wire = LiveEndpointWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
-    assert wire.closing(SessionEnd("idle", protocol.CLOSE_NORMAL, "idle timeout")) == []
+    assert wire.closing(SessionEnd("idle", status.WS_1000_NORMAL_CLOSURE, "idle timeout")) == []
     out = sent(wire.closing(SessionEnd("engine_error", 1011, "engine error", "engine error, please reconnect", "engine_error")))
     assert out[0]["type"] == "error" and out[0]["error"]["code"] == "engine_error"

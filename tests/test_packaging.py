@@ -1,4 +1,4 @@
-"""The wheel holds every package of the tree under its kame.* name (found, not listed), with its data files."""
+"""The wheel holds every module of the tree under its kame.* name (packages found, not listed), and its data files."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_wheel_ships_every_package_under_its_kame_name(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("kame-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
-        f"{name}/{init.relative_to(ROOT / folder).as_posix()}"
-        for folder, name in MAPPED.items() for init in (ROOT / folder).rglob("__init__.py")
+        f"{name}/{module.relative_to(ROOT / folder).as_posix()}"
+        for folder, name in MAPPED.items() for module in (ROOT / folder).rglob("*.py")
     }
     assert expected and expected <= names, sorted(expected - names)
     assert "kame/commands/serve.py" in names  # the CLI's sub-commands (once missing from a hand-written list)

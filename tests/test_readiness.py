@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kame.server.readiness import flag, readiness
+from kame.server.app.readiness import flag, readiness
 
 
 def verdict(**kw: object) -> tuple[bool, str]:

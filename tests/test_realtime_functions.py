@@ -9,7 +9,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from kame.backend.tools import ToolCall, ToolSpec
-from kame.server.realtime_functions import (
+from kame.server.wires.realtime.functions import (
     FunctionOutput,
     FunctionProtocolError,
     decode_function_output,
@@ -161,7 +161,7 @@ def test_client_functions_send_the_call_and_wait_for_its_output() -> None:
 
 def test_tool_metrics_count_outcomes_with_bounded_labels() -> None:
     from kame.backend.speculation import ToolCallEvent
-    from kame.server.metrics import CLIENT_FUNCTION_LABEL, ServerMetrics
+    from kame.server.telemetry.metrics import CLIENT_FUNCTION_LABEL, ServerMetrics
 
     m = ServerMetrics()
     m.on_tool_call(ToolCallEvent("started", "get_weather", "c1", True, "{}"), tool="get_weather")

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from kame.server.config import ServerConfig
-from kame.server.logs import session_logger
-from kame.server.metrics import ServerMetrics
-from kame.server.recording import SessionRecorder
+from kame.server.runtime.recording import SessionRecorder
 from kame.server.runtime.session import SessionRuntime
-from kame.server.wires.moshi import MoshiWire
+from kame.server.telemetry.logs import session_logger
+from kame.server.telemetry.metrics import ServerMetrics
+from kame.server.wires.moshi.wire import MoshiWire
 from kame.session.events import AssistantFrame, EngineFailed, PipelineEvent
 from kame.session.settings import SessionSettings
 

@@ -15,11 +15,11 @@ from starlette.websockets import WebSocketDisconnect
 from test_runtime_chat import FakeHost, FakeWebSocket, _output
 
 from kame.server.config import ServerConfig
-from kame.server.logs import session_logger
-from kame.server.metrics import ServerMetrics
-from kame.server.protocol_metrics import ProtocolMetrics
-from kame.server.recording import SessionRecorder
+from kame.server.runtime.recording import SessionRecorder
 from kame.server.runtime.session import SessionRuntime
+from kame.server.telemetry.logs import session_logger
+from kame.server.telemetry.metrics import ServerMetrics
+from kame.server.telemetry.protocol_metrics import ProtocolMetrics
 from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session.events import EngineFailed, SpeechStarted, SpeechStopped

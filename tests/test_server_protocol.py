@@ -8,13 +8,15 @@ import logging
 import numpy as np
 import pytest
 from pydantic import SecretStr
+from starlette import status
 
-from kame.server import protocol
-from kame.server.auth import origin_ok, redact, token_ok, websocket_credentials
-from kame.server.codec import AudioDecodeError, FrameChunker, OpusIn, OpusOut
-from kame.server.logs import KeyValueFormatter, RedactFilter
-from kame.server.metrics import ServerMetrics
-from kame.server.params import ParamError, parse_session_params
+from kame.server.access.auth import origin_ok, redact, token_ok, websocket_credentials
+from kame.server.access.params import ParamError, parse_session_params
+from kame.server.runtime.end import close_reason
+from kame.server.telemetry.logs import KeyValueFormatter, RedactFilter
+from kame.server.telemetry.metrics import ServerMetrics
+from kame.server.wires.codec import AudioDecodeError, FrameChunker, OpusIn, OpusOut
+from kame.server.wires.moshi import protocol
 from kame.session.settings import SessionSettings
 
 # --------------------------------------------------------------------------- protocol
@@ -52,16 +54,16 @@ def test_client_audio_control_ping_metadata_accepted() -> None:
 @pytest.mark.parametrize(
     ("message", "code", "fragment"),
     [
-        ("hello", protocol.CLOSE_UNSUPPORTED_DATA, "text websocket frames"),
-        (b"", protocol.CLOSE_PROTOCOL_ERROR, "empty message"),
-        (None, protocol.CLOSE_PROTOCOL_ERROR, "empty websocket message"),
-        (b"\x42abc", protocol.CLOSE_PROTOCOL_ERROR, "unknown message kind 0x42"),
-        (b"\x08", protocol.CLOSE_PROTOCOL_ERROR, "unknown message kind 0x08"),
-        (b"\x02hi", protocol.CLOSE_PROTOCOL_ERROR, "sent by the server only"),
-        (b"\x05oops", protocol.CLOSE_PROTOCOL_ERROR, "sent by the server only"),
-        (b"\x03", protocol.CLOSE_PROTOCOL_ERROR, "control message"),
-        (b"\x03\x09", protocol.CLOSE_PROTOCOL_ERROR, "control message"),
-        (b"\x04{not json", protocol.CLOSE_PROTOCOL_ERROR, "not UTF-8 JSON"),
+        ("hello", status.WS_1003_UNSUPPORTED_DATA, "text websocket frames"),
+        (b"", status.WS_1002_PROTOCOL_ERROR, "empty message"),
+        (None, status.WS_1002_PROTOCOL_ERROR, "empty websocket message"),
+        (b"\x42abc", status.WS_1002_PROTOCOL_ERROR, "unknown message kind 0x42"),
+        (b"\x08", status.WS_1002_PROTOCOL_ERROR, "unknown message kind 0x08"),
+        (b"\x02hi", status.WS_1002_PROTOCOL_ERROR, "sent by the server only"),
+        (b"\x05oops", status.WS_1002_PROTOCOL_ERROR, "sent by the server only"),
+        (b"\x03", status.WS_1002_PROTOCOL_ERROR, "control message"),
+        (b"\x03\x09", status.WS_1002_PROTOCOL_ERROR, "control message"),
+        (b"\x04{not json", status.WS_1002_PROTOCOL_ERROR, "not UTF-8 JSON"),
     ],
 )
 def test_bad_client_messages_raise_clear_errors(message: bytes | str | None, code: int, fragment: str) -> None:
@@ -73,9 +75,9 @@ def test_bad_client_messages_raise_clear_errors(message: bytes | str | None, cod
 
 def test_close_reason_fits_a_close_frame() -> None:
     long = "\u00e9" * 200
-    out = protocol.close_reason(long)
+    out = close_reason(long)
     assert len(out.encode("utf-8")) <= 123
-    assert protocol.close_reason("short") == "short"
+    assert close_reason("short") == "short"
 
 
 # --------------------------------------------------------------------------- query parameters

@@ -72,18 +72,18 @@ def run(args: argparse.Namespace) -> int:
         if path is not None and not Path(path).is_file():
             raise UserError(f"TLS file {path}: not found")
     if s.client_dir is not None:
-        from kame.server.static_routes import ClientDirError, check_client_dir
+        from kame.server.app.static import ClientDirError, check_client_dir
 
         try:
             check_client_dir(s.client_dir)
         except ClientDirError as e:
             raise UserError(str(e)) from None
 
-    from kame.server.logs import configure_logging
+    from kame.server.telemetry.logs import configure_logging
 
     configure_logging(cfg.log.level, cfg.log.json_format, secrets=_secrets(cfg, environ))
 
-    from kame.server.allocator import AllocatorSettings, tune_allocator
+    from kame.server.app.allocator import AllocatorSettings, tune_allocator
 
     # Before torch and the server's threads exist: see kame/server/allocator.py.
     applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
@@ -96,6 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if applied:
         log.info("malloc: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
 
-    from kame.server.runner import run_server
+    from kame.server.app.runner import run_server
 
     return run_server(cfg, str(device), environ=environ)

@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING
 from starlette import status
 from starlette.websockets import WebSocket
 
-from kame.server import protocol
-
 if TYPE_CHECKING:
-    from kame.server.metrics import ServerMetrics
+    from kame.server.telemetry.metrics import ServerMetrics
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ async def quietly(send: Awaitable[None], timeout: float = 1.0) -> None:
 
 async def close_quietly(ws: WebSocket, code: int, reason: str, timeout: float = 1.0) -> None:
     """Send the close frame (``reason`` trimmed to what fits in it), as :func:`quietly`."""
-    await quietly(ws.close(code=code, reason=protocol.close_reason(reason)), timeout)
+    await quietly(ws.close(code=code, reason=close_reason(reason)), timeout)
 
 
 def count_end(metrics: ServerMetrics, label: str, started: float) -> float:
@@ -71,3 +69,11 @@ def count_end(metrics: ServerMetrics, label: str, started: float) -> float:
     metrics.sessions_ended.labels(reason=label).inc()
     metrics.session_seconds.observe(duration)
     return duration
+
+
+def close_reason(text: str, limit: int = 120) -> str:
+    """A close reason that fits the 123-byte limit of a close frame."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", errors="ignore") + "..."

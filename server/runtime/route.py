@@ -1,6 +1,6 @@
 """A websocket endpoint for a wire: admission, then one :class:`~kame.server.runtime.session.SessionRuntime`.
 
-Every wire's endpoint is this code: the checks of :mod:`kame.server.admission`
+Every wire's endpoint is this code: the checks of :mod:`kame.server.access.admission`
 (origin, token, draining, readiness, query parameters, capacity; a refusal's
 message worded by the wire), the wire and the session settings built by the
 wire's ``open``, then the runtime until the socket closes. :func:`add_wire`
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, WebSocket
 
-from kame.server.admission import Admitted, admit
+from kame.server.access.admission import Admitted, admit
 from kame.server.runtime.session import SessionRuntime
 from kame.server.runtime.wire import Outgoing, Wire
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
-    from kame.server.app import AppState
-    from kame.server.recording import SessionRecorder
+    from kame.server.app.factory import AppState
+    from kame.server.runtime.recording import SessionRecorder
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ async def serve(ws: WebSocket, route: WireRoute) -> None:
     def new_recorder(current: SessionSettings) -> SessionRecorder | None:
         if cfg.record_dir is None:
             return None
-        from kame.server.recording import SessionRecorder
+        from kame.server.runtime.recording import SessionRecorder
 
         return SessionRecorder(cfg.record_dir, session_id, host.sample_rate, {"protocol": route.protocol, **current.for_log()})
 

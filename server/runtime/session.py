@@ -33,8 +33,7 @@ from starlette import status
 from starlette.websockets import WebSocketDisconnect
 
 from kame.frontend.engine_thread import EngineFailed, EngineFull
-from kame.server import protocol
-from kame.server.runtime.end import SessionEnd, close_quietly, count_end, engine_error_end, internal_error_end, quietly
+from kame.server.runtime.end import SessionEnd, close_quietly, close_reason, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer
 from kame.server.runtime.send import FRAME_S, SendQueue
 from kame.server.runtime.watchdog import watch, watch_period
@@ -58,10 +57,10 @@ if TYPE_CHECKING:
     from starlette.websockets import WebSocket
 
     from kame.server.config import ServerConfig
-    from kame.server.logs import SessionLogger
-    from kame.server.metrics import ServerMetrics
-    from kame.server.protocol_metrics import ProtocolMetrics
-    from kame.server.recording import SessionRecorder
+    from kame.server.runtime.recording import SessionRecorder
+    from kame.server.telemetry.logs import SessionLogger
+    from kame.server.telemetry.metrics import ServerMetrics
+    from kame.server.telemetry.protocol_metrics import ProtocolMetrics
     from kame.session.pipeline import Pipeline
     from kame.session.settings import SessionSettings
 
@@ -135,10 +134,10 @@ class SessionRuntime:
         error_type: str = "server_error",
     ) -> None:
         """Decide the session is over (first call wins; safe from any task of the loop)."""
-        self.end_with(SessionEnd(label, code, protocol.close_reason(reason), error, error_code, error_type))
+        self.end_with(SessionEnd(label, code, close_reason(reason), error, error_code, error_type))
 
     def notify_draining(self, seconds_left: float) -> None:
-        """The server drains (:class:`~kame.server.sessions.DrainAware`): the wire tells the client how long
+        """The server drains (:class:`~kame.server.runtime.sessions.DrainAware`): the wire tells the client how long
         the session has left."""
         self._queue(self.wire.draining(seconds_left))
         self.log.info("server draining: session ends in %.1f s", seconds_left)

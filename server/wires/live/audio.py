@@ -25,7 +25,7 @@ import numpy as np
 import soxr
 
 from kame.media import SAMPLE_RATE
-from kame.server.codec import FRAME_SIZE, FrameChunker
+from kame.server.wires.codec import FRAME_SIZE, FrameChunker
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (removed in 3.13: audioop-lts)
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from starlette import status
+
 from kame.oracle.config import OracleConfig
-from kame.server import protocol
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
     AnswerIn,
@@ -112,7 +113,7 @@ class LiveEndpointWire:
         self._rate_count += 1
         if self._rate_count > MAX_MESSAGES_PER_S:
             error = f"more than {MAX_MESSAGES_PER_S} messages in one second"
-            end = SessionEnd("protocol", protocol.CLOSE_POLICY, "too many messages", error, "rate_limited",
+            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many messages", error, "rate_limited",
                              "invalid_request_error")
             return [Fault(kind="live_rate", message=error, end=end)]
         text = message.get("text")
@@ -137,14 +138,14 @@ class LiveEndpointWire:
             commands.append(Reply(self._out([fed])))
         if out.close is not None:
             self._close_event_id = out.close.event_id
-            commands.append(EndIn(SessionEnd("close_requested", protocol.CLOSE_NORMAL, "session closed by the client")))
+            commands.append(EndIn(SessionEnd("close_requested", status.WS_1000_NORMAL_CLOSURE, "session closed by the client")))
         return commands
 
     def _client_error(self, exc: LiveError) -> Fault:
         self.client_errors += 1
         if self.client_errors >= MAX_CLIENT_ERRORS:
             error = f"{self.client_errors} invalid client events; last: {exc.message}"
-            end = SessionEnd("protocol", protocol.CLOSE_POLICY, "too many invalid events", error, "too_many_errors",
+            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many invalid events", error, "too_many_errors",
                              "invalid_request_error")
             return Fault(kind="live", message=error, code=exc.code, end=end)
         return Fault(kind="live", message=exc.message, code=exc.code, reply=self._out([exc.event()]))

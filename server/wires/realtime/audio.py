@@ -3,7 +3,7 @@
 Clients append whatever their audio callback produced (128 samples from a
 browser worklet, 20 ms, a whole file, even an odd number of bytes when a
 buffer was split carelessly). Bytes are joined, an odd trailing byte waits
-for the next append, and :class:`~kame.server.codec.FrameChunker` cuts the
+for the next append, and :class:`~kame.server.wires.codec.FrameChunker` cuts the
 samples into the engine's frames.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kame.server.codec import FRAME_SIZE, FrameChunker
+from kame.server.wires.codec import FRAME_SIZE, FrameChunker
 
 
 class Pcm16In:

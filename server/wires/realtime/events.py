@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kame.media import SAMPLE_RATE
-from kame.server.auth import redact
+from kame.server.access.auth import redact
 from kame.session import events as pe
 from kame.session.events import PipelineEvent
 

@@ -29,17 +29,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from kame.vocab import MOSHI_VOCAB, TextVocab
+from starlette import status
 
-# Close codes (RFC 6455 section 7.4.1) used by this server.
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_INVALID_PAYLOAD = 1007
-CLOSE_POLICY = 1008
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_TRY_AGAIN_LATER = 1013
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
 
 class Kind(IntEnum):
@@ -63,14 +55,14 @@ _SERVER_ONLY = frozenset({Kind.TEXT, Kind.ERROR, Kind.COLORED_TEXT})
 class ProtocolError(ValueError):
     """A client message that breaks the protocol; ``close_code`` says how to close."""
 
-    def __init__(self, message: str, close_code: int = CLOSE_PROTOCOL_ERROR) -> None:
+    def __init__(self, message: str, close_code: int = status.WS_1002_PROTOCOL_ERROR) -> None:
         super().__init__(message)
         self.close_code = close_code
 
     @property
     def kind(self) -> str:
         """Short label for metrics."""
-        return {CLOSE_UNSUPPORTED_DATA: "unsupported_data", CLOSE_PROTOCOL_ERROR: "protocol"}.get(
+        return {status.WS_1003_UNSUPPORTED_DATA: "unsupported_data", status.WS_1002_PROTOCOL_ERROR: "protocol"}.get(
             self.close_code, "other"
         )
 
@@ -122,7 +114,7 @@ def decode_client_message(message: bytes | str | None) -> ClientMessage:
     if isinstance(message, str):
         raise ProtocolError(
             "text websocket frames are not part of the protocol: send binary messages (first byte = kind)",
-            CLOSE_UNSUPPORTED_DATA,
+            status.WS_1003_UNSUPPORTED_DATA,
         )
     if len(message) == 0:
         raise ProtocolError("empty message: the first byte must be the message kind")
@@ -194,14 +186,6 @@ def encode_notice(text: str) -> bytes:
 
 def encode_ping() -> bytes:
     return bytes([Kind.PING])
-
-
-def close_reason(text: str, limit: int = 120) -> str:
-    """A close reason that fits the 123-byte limit of a close frame."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
 # --------------------------------------------------------------------------- server info (0x04)

@@ -1,27 +1,29 @@
 """The ``/api/chat`` wire: Moshi's binary protocol over the session runtime. No I/O.
 
-Client messages (:func:`kame.server.protocol.decode_client_message`): 0x01
+Client messages (:func:`kame.server.wires.moshi.protocol.decode_client_message`): 0x01
 Ogg/Opus audio is decoded to 80 ms frames; 0x03 control, 0x04 metadata, 0x06
 ping and a client 0x00 are accepted and ignored; anything else breaks the
 protocol and ends the session (1002/1003, a 0x05 error first), as does
 corrupt audio (1007). Server messages: 0x00 handshake once the pipeline is
-ready, then one 0x04 server-info message (:mod:`kame.server.server_info`),
+ready, then one 0x04 server-info message (:mod:`kame.server.wires.moshi.server_info`),
 0x02 text piece then 0x01 Ogg/Opus audio per output frame (text may be
 dropped, audio dropped before encoding, for a client that lags), a 0x05
 notice before the maximum duration and when the server drains, and the reason (or the error) of every
 close as a 0x05 text message before the close frame. The message formats are
-in :mod:`kame.server.protocol`.
+in :mod:`kame.server.wires.moshi.protocol`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kame.server import protocol
-from kame.server.codec import AudioDecodeError, OpusIn, OpusOut
-from kame.server.protocol import ServerInfo
+from starlette import status
+
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, SettingsIn
+from kame.server.wires.codec import AudioDecodeError, OpusIn, OpusOut
+from kame.server.wires.moshi import protocol
+from kame.server.wires.moshi.protocol import ServerInfo
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
@@ -64,7 +66,7 @@ class MoshiWire:
             try:
                 frames = self._opus_in.decode(parsed.payload)
             except AudioDecodeError as exc:
-                end = SessionEnd("bad_audio", protocol.CLOSE_INVALID_PAYLOAD, "corrupt audio", str(exc))
+                end = SessionEnd("bad_audio", status.WS_1007_INVALID_FRAME_PAYLOAD_DATA, "corrupt audio", str(exc))
                 return [Fault(kind="bad_audio", message=f"bad audio: {exc}", end=end)]
             return [AudioIn(frames)]
         if isinstance(parsed, protocol.ClientControl):

@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 router = APIRouter()  # kame's page at /
 files_router = APIRouter()  # its files under /static/
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\.(html|js|css|svg)$")
 _TYPES = {
     "html": "text/html; charset=utf-8",

@@ -2,7 +2,7 @@
 
 Kept apart from the session runtime: it reads the host's resolved sampling
 and checkpoint and the session's own text sampling, and the wire shape is
-:func:`kame.server.protocol.server_info`.
+:func:`kame.server.wires.moshi.protocol.server_info`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kame.server import protocol
+from kame.server.wires.moshi import protocol
 
 if TYPE_CHECKING:
     from kame.server.host import ModelHost

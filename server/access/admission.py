@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 from fastapi import WebSocket
 from starlette import status
 
-from kame.server import protocol
-from kame.server.auth import origin_ok, token_ok, websocket_credentials
-from kame.server.logs import SessionLogger, session_logger
-from kame.server.params import ParamError, QueryParams, parse_session_params
-from kame.server.sessions import DRAIN_REASON
+from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
+from kame.server.access.params import ParamError, QueryParams, parse_session_params
+from kame.server.runtime.end import close_reason
+from kame.server.runtime.sessions import DRAIN_REASON
+from kame.server.telemetry.logs import SessionLogger, session_logger
 
 if TYPE_CHECKING:
-    from kame.server.app import AppState
+    from kame.server.app.factory import AppState
 
 SendError = Callable[[WebSocket, str], Awaitable[None]]
 
@@ -52,7 +52,7 @@ async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: 
     with contextlib.suppress(Exception):  # the client may have gone already
         if message and send_error is not None:
             await send_error(ws, message)
-        await ws.close(code=code, reason=protocol.close_reason(reason))
+        await ws.close(code=code, reason=close_reason(reason))
 
 
 async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_reason: bool = False) -> Admitted | None:

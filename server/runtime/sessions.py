@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from starlette import status
 
 if TYPE_CHECKING:
-    from kame.server.metrics import ServerMetrics
+    from kame.server.telemetry.metrics import ServerMetrics
 
-log = logging.getLogger("kame.server.sessions")
+log = logging.getLogger("kame.server.runtime.sessions")
 
 DRAIN_REASON = "server shutting down"
 

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 
 from fastapi import WebSocket
 
-from kame.server.admission import Admitted
+from kame.server.access.admission import Admitted
 from kame.server.runtime.route import WireRoute
 from kame.server.runtime.wire import Wire
-from kame.server.wires import moshi
 from kame.server.wires.live import endpoint as live
+from kame.server.wires.moshi import wire as moshi
 from kame.server.wires.realtime import wire as realtime
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
 
 if TYPE_CHECKING:
-    from kame.server.app import AppState
+    from kame.server.app.factory import AppState
 
 
 def _recording(state: AppState) -> bool:
@@ -30,7 +30,7 @@ def _recording(state: AppState) -> bool:
 def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
     from dataclasses import replace
 
-    from kame.server.server_info import session_server_info
+    from kame.server.wires.moshi.server_info import session_server_info
 
     settings = replace(admitted.params.settings, record=_recording(state))
     info = session_server_info(state.host, settings)

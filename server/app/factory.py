@@ -4,8 +4,8 @@
 and the metrics together. Its lifespan opens the LLM back-ends and starts
 loading the models in a thread (the app answers ``/health`` with
 "starting" meanwhile); at shutdown it drains the sessions and stops the
-engine. :mod:`kame.server.runner` drains *before* uvicorn closes the
-listening sockets (:mod:`kame.server.sessions`: sessions are told, run on
+engine. :mod:`kame.server.app.runner` drains *before* uvicorn closes the
+listening sockets (:mod:`kame.server.runtime.sessions`: sessions are told, run on
 for ``server.drain_grace_s``, then get 1001 "server shutting down" rather
 than uvicorn's 1012), so a draining server still answers ``/ready`` (503)
 and refuses new websockets with 1001 meanwhile.
@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from kame.server.gc_schedule import GarbageCollector
+from kame.server.app.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
-from kame.server.metrics import ServerMetrics
-from kame.server.protocol_metrics import ProtocolMetrics
-from kame.server.sessions import SessionManager
+from kame.server.runtime.sessions import SessionManager
+from kame.server.telemetry.metrics import ServerMetrics
+from kame.server.telemetry.protocol_metrics import ProtocolMetrics
 
 if TYPE_CHECKING:
     import torch
 
+    from kame.server.app.http import BackendHealthCache
     from kame.server.config import AppConfig
-    from kame.server.http_routes import BackendHealthCache
 
 
 @dataclass
@@ -69,11 +69,11 @@ def create_app(
     on_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
     """A server for ``cfg`` on ``device`` (see :func:`kame.server.host.choose_device`)."""
-    from kame.server.http_routes import BackendHealthCache
-    from kame.server.http_routes import router as http_router
-    from kame.server.routes import WIRES
+    from kame.server.app.http import BackendHealthCache
+    from kame.server.app.http import router as http_router
+    from kame.server.app.static import install as install_static
+    from kame.server.app.websockets import WIRES
     from kame.server.runtime.route import add_wire
-    from kame.server.static_routes import install as install_static
     from kame.versions import runtime_versions
 
     metrics = ServerMetrics()

@@ -6,7 +6,7 @@ any more (the models failed to load, or the engine thread died): the
 orchestrator should restart it. ``/ready`` is for load balancers: 200 only
 while the models are warmed up, the server is not draining and a session
 slot is free. ``/ready?full_ok=1`` is for Kubernetes' readiness probe: 200
-while warmed up and not draining, full or not (see :mod:`kame.server.readiness`).
+while warmed up and not draining, full or not (see :mod:`kame.server.app.readiness`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from kame.server.auth import http_token, token_ok
-from kame.server.metrics import CONTENT_TYPE
-from kame.server.readiness import flag, readiness
+from kame.server.access.auth import http_token, token_ok
+from kame.server.app.readiness import flag, readiness
+from kame.server.telemetry.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from kame.server.app import AppState
+    from kame.server.app.factory import AppState
 
 router = APIRouter()
 
