@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kame.server.app.allocator import AllocatorSettings, tune_allocator
 
-    # Before torch and the server's threads exist: see kame/server/allocator.py.
+    # Before torch and the server's threads exist: see kame/server/app/allocator.py.
     applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
 
     from kame.server.host import choose_device
