@@ -28,6 +28,7 @@ import numpy as np
 
 from kame.errors import UserError
 from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 if TYPE_CHECKING:
     import torch
@@ -275,11 +276,11 @@ class ModelHost:
 
     @property
     def sample_rate(self) -> int:
-        return self.models.sample_rate if self.models is not None else 24000
+        return self.models.sample_rate if self.models is not None else SAMPLE_RATE
 
     @property
     def frame_size(self) -> int:
-        return self.models.frame_size if self.models is not None else 1920
+        return self.models.frame_size if self.models is not None else FRAME_SIZE
 
     def backend_names(self) -> list[str]:
         return self.backends.names if self.backends is not None else []

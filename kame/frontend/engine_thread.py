@@ -136,11 +136,6 @@ class EngineThread:
         with self._lock:
             return len(self._free) if self.error is None else 0
 
-    @property
-    def active_slots(self) -> int:
-        with self._lock:
-            return len(self._io)
-
     # ------------------------------------------------------------------ slot API (any thread)
     def attach(self, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None]) -> int:
         """Reserve a slot now; the engine thread resets it and then calls ``on_ready(slot)``."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from kame.audio import frames_of
 from kame.frontend.runner import FRAME_RATE, OracleInjection
+from kame.media import SAMPLE_RATE
 from kame.session.events import AssistantFrame, EngineFailed
 from kame.session.root import SessionRoot
 from kame.session.settings import SessionSettings
@@ -57,7 +58,7 @@ async def run_tandem_file(
     by_step: dict[int, list[OracleInjection]] = {}
     for inj in injections:
         by_step.setdefault(inj.step, []).append(inj)
-    frames = frames_of(np.concatenate([pcm, np.zeros(int(tail_s * 24000), np.float32)]))
+    frames = frames_of(np.concatenate([pcm, np.zeros(int(tail_s * SAMPLE_RATE), np.float32)]))
     outputs: list[AssistantFrame] = []
 
     async with root.pipeline(settings, max_queued_frames=1 << 16) as pipeline:
@@ -94,7 +95,7 @@ async def run_tandem_file(
             pipeline.feed(frame)
         await asyncio.wait_for(collector, timeout=30 + len(frames) / FRAME_RATE)
     reply = np.concatenate([o.pcm for o in outputs]) if outputs else np.zeros(0, np.float32)
-    return TandemRunResult(pcm=reply[: pcm.size + int(tail_s * 24000)], frames=outputs, events=events)
+    return TandemRunResult(pcm=reply[: pcm.size + int(tail_s * SAMPLE_RATE)], frames=outputs, events=events)
 
 
 def write_events(path: Path, events: list[dict[str, Any]]) -> None:

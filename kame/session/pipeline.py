@@ -32,6 +32,7 @@ import numpy as np
 from kame.asr.events import AsrEvent, EventType
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
+from kame.media import SAMPLE_RATE
 from kame.oracle.loop import OracleLoop
 from kame.session.events import (
     AsrFailed,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
 #: Output frames that may wait for a consumer before further frames are dropped (counted).
 MAX_QUEUED_FRAMES = 64
 #: How long a reset retries to get a slot when the engine took this session's away meanwhile.

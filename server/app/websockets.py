@@ -51,7 +51,8 @@ def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[W
         default_backend=registry.default_name if registry is not None and registry.names else None, cfg=state.cfg,
     )
     settings = replace(admitted.params.settings, record=_recording(state))
-    return realtime.RealtimeWire(info, settings, host.frame_size), settings
+    vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
+    return realtime.RealtimeWire(info, settings, host.frame_size, vocab), settings
 
 
 CHAT = WireRoute(protocol=moshi.PROTOCOL, path=moshi.PATH, open=open_chat, refusal=moshi.refusal, send_reason=True)

@@ -15,9 +15,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from kame.media import FRAME_S
 from kame.server.runtime.wire import Outgoing
 
-FRAME_S = 0.08
 #: Non-audio messages that may wait for a client before it counts as not reading.
 MAX_QUEUED_EVENTS = 1000
 

@@ -33,9 +33,10 @@ from starlette import status
 from starlette.websockets import WebSocketDisconnect
 
 from kame.frontend.engine_thread import EngineFailed, EngineFull
+from kame.media import FRAME_S
 from kame.server.runtime.end import SessionEnd, close_quietly, close_reason, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer
-from kame.server.runtime.send import FRAME_S, SendQueue
+from kame.server.runtime.send import SendQueue
 from kame.server.runtime.watchdog import watch, watch_period
 from kame.server.runtime.wire import (
     AnswerIn,

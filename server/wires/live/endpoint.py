@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette import status
 
+from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
@@ -85,7 +86,7 @@ class LiveEndpointWire:
     protocol = PROTOCOL
 
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
-                 oracle_config: OracleConfig, frame_size: int = 1920) -> None:
+                 oracle_config: OracleConfig, frame_size: int = FRAME_SIZE) -> None:
         self.settings = settings
         self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=LiveIds(info.session_id[:8]),
                              frame_size=frame_size)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from starlette import status
 
+from kame.media import FRAME_SIZE, SAMPLE_RATE
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, SettingsIn
 from kame.server.wires.codec import AudioDecodeError, OpusIn, OpusOut
@@ -40,7 +41,7 @@ class MoshiWire:
 
     protocol = PROTOCOL
 
-    def __init__(self, sample_rate: int = 24000, frame_size: int = 1920, *, server_info: ServerInfo | None = None,
+    def __init__(self, sample_rate: int = SAMPLE_RATE, frame_size: int = FRAME_SIZE, *, server_info: ServerInfo | None = None,
                  max_duration_s: float = 600.0, vocab: TextVocab = MOSHI_VOCAB) -> None:
         self.vocab = vocab
         self._opus_in = OpusIn(sample_rate, frame_size)

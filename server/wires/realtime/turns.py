@@ -17,7 +17,7 @@ import numpy as np
 from kame.loudness import at_least
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.events import Event, Ids
-from kame.vocab import MOSHI_VOCAB
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
 #: Level from which an output frame counts as speech.
 SPEAKING_DBFS = -40.0
@@ -67,8 +67,10 @@ class AssistantTurns:
         end_silence_frames: int = END_SILENCE_FRAMES,
         max_frames: int = MAX_RESPONSE_FRAMES,
         speaking_dbfs: float = SPEAKING_DBFS,
+        vocab: TextVocab = MOSHI_VOCAB,
     ) -> None:
         self.ids = ids
+        self.vocab = vocab  #: the loaded model's (its word-start piece becomes a space)
         self.conversation = conversation
         self.end_silence_frames = end_silence_frames
         self.max_frames = max_frames
@@ -98,7 +100,7 @@ class AssistantTurns:
         if delta is not None:
             out.append(ev.audio_delta(r.id, r.item_id, delta))
         if text:
-            piece = MOSHI_VOCAB.piece_text(text)
+            piece = self.vocab.piece_text(text)
             if not r.transcript:
                 piece = piece.lstrip()
             if piece:

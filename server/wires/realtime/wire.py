@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette import status
 
+from kame.media import FRAME_SIZE
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Outgoing, ResetIn, SettingsIn
 from kame.server.wires.realtime import events as ev
@@ -24,6 +25,7 @@ from kame.server.wires.realtime.settings import ServerInfo, parse_session_update
 from kame.server.wires.realtime.turns import AssistantTurns, Conversation, UserTurns
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
+from kame.vocab import MOSHI_VOCAB, TextVocab
 
 if TYPE_CHECKING:
     from starlette.types import Message
@@ -42,8 +44,10 @@ class RealtimeWire:
 
     protocol = PROTOCOL
 
-    def __init__(self, info: ServerInfo, settings: SessionSettings, frame_size: int = 1920) -> None:
+    def __init__(self, info: ServerInfo, settings: SessionSettings, frame_size: int = FRAME_SIZE,
+                 vocab: TextVocab = MOSHI_VOCAB) -> None:
         self.info = info
+        self.vocab = vocab
         self.settings = settings
         self.ids = Ids(info.session_id[:8])
         self.encoder = EventEncoder(self.ids)
@@ -55,7 +59,7 @@ class RealtimeWire:
 
     def _new_conversation(self) -> None:
         self.conversation = Conversation()
-        self.assistant = AssistantTurns(self.ids, self.conversation)
+        self.assistant = AssistantTurns(self.ids, self.conversation, vocab=self.vocab)
         self.assistant.silence_audio = self.settings.silence_audio
         self.users = UserTurns(self.ids, self.conversation)
 
