@@ -81,8 +81,9 @@ def choose_device(cfg: KameConfig) -> torch.device:
 
 
 def engine_batch_size(cfg: AppConfig) -> int:
-    """Slots of the server's engine: ``server.max_sessions`` when set, else ``frontend.batch_size``."""
-    return int(cfg.server.max_sessions or cfg.frontend.batch_size)
+    """Slots of the server's engine = concurrent sessions: ``frontend.batch_size`` (the one setting;
+    a deprecated ``server.max_sessions`` has been moved there while the config was loaded)."""
+    return int(cfg.frontend.batch_size)
 
 
 class ModelHost:
