@@ -81,7 +81,7 @@ def test_dockerfile_installs_like_the_readme() -> None:
     assert volume is not None
     for var in ("HF_HOME", "KAME_CACHE_DIR"):
         assert re.search(rf"{var}={volume.group(1)}/", df), f"{var} is not on the volume"
-    from kame.server.app.runner import shutdown_budget_s
+    from kame.server.app.serving import shutdown_budget_s
 
     server = AppConfig().server
     budget = shutdown_budget_s(server.drain_grace_s, server.drain_timeout_s)

@@ -1,4 +1,4 @@
-"""The drain of the session manager (kame.server.runtime.sessions), with stand-in sessions and real asyncio time."""
+"""The drain of the session manager (kame.server.runtime.manager), with stand-in sessions and real asyncio time."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kame.server.runtime.sessions import DRAIN_REASON, DrainClock, SessionManager
+from kame.server.runtime.manager import DRAIN_REASON, DrainClock, SessionManager
 from kame.server.telemetry.metrics import ServerMetrics
 
 

@@ -146,7 +146,7 @@ def test_grace_period_covers_the_drain(docs: list[dict[str, Any]], tmp_path: Pat
     path.write_text(yaml.safe_dump(data))
     cfg = load_app_config(path, environ={k: v for k, v in env.items() if k.startswith("KAME_") and k != "KAME_CONFIG"})
     grace = one(docs, "Deployment", "kame")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    from kame.server.app.runner import shutdown_budget_s
+    from kame.server.app.serving import shutdown_budget_s
 
     assert cfg.server.drain_grace_s >= 120  # sessions get minutes to finish on a rolling update
     assert grace >= shutdown_budget_s(cfg.server.drain_grace_s, cfg.server.drain_timeout_s) + 5

@@ -96,6 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if applied:
         log.info("malloc: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
 
-    from kame.server.app.runner import run_server
+    from kame.server.app.serving import run_server
 
     return run_server(cfg, str(device), environ=environ)

@@ -4,8 +4,8 @@
 and the metrics together. Its lifespan opens the LLM back-ends and starts
 loading the models in a thread (the app answers ``/health`` with
 "starting" meanwhile); at shutdown it drains the sessions and stops the
-engine. :mod:`kame.server.app.runner` drains *before* uvicorn closes the
-listening sockets (:mod:`kame.server.runtime.sessions`: sessions are told, run on
+engine. :mod:`kame.server.app.serving` drains *before* uvicorn closes the
+listening sockets (:mod:`kame.server.runtime.manager`: sessions are told, run on
 for ``server.drain_grace_s``, then get 1001 "server shutting down" rather
 than uvicorn's 1012), so a draining server still answers ``/ready`` (503)
 and refuses new websockets with 1001 meanwhile.
@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from kame.server.app.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
-from kame.server.runtime.sessions import SessionManager
+from kame.server.runtime.manager import SessionManager
 from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.telemetry.protocol_metrics import ProtocolMetrics
 

@@ -138,7 +138,7 @@ class SessionRuntime:
         self.end_with(SessionEnd(label, code, close_reason(reason), error, error_code, error_type))
 
     def notify_draining(self, seconds_left: float) -> None:
-        """The server drains (:class:`~kame.server.runtime.sessions.DrainAware`): the wire tells the client how long
+        """The server drains (:class:`~kame.server.runtime.manager.DrainAware`): the wire tells the client how long
         the session has left."""
         self._queue(self.wire.draining(seconds_left))
         self.log.info("server draining: session ends in %.1f s", seconds_left)

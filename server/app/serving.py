@@ -6,7 +6,7 @@ SIGTERM (or SIGINT) first marks the server draining, in the signal handler itsel
 load balancer sees the 503, a client gets a close code it retries elsewhere, not a refused
 connection). The live sessions are told and run on for ``server.drain_grace_s``; those still
 open are closed with 1001 "server shutting down" and get ``server.drain_timeout_s`` for the close
-handshake (:mod:`kame.server.runtime.sessions`); only then does uvicorn close the sockets and finish.
+handshake (:mod:`kame.server.runtime.manager`); only then does uvicorn close the sockets and finish.
 A second signal during the grace ends it at once.
 
 Worst case after SIGTERM: drain_grace_s + drain_timeout_s + uvicorn's graceful timeout (2 s) +

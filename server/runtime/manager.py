@@ -28,7 +28,7 @@ from starlette import status
 if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
 
-log = logging.getLogger("kame.server.runtime.sessions")
+log = logging.getLogger("kame.server.runtime.manager")
 
 DRAIN_REASON = "server shutting down"
 
