@@ -6,7 +6,7 @@ describe it here, list it in :data:`WIRES`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import WebSocket
 
@@ -73,8 +73,24 @@ def open_live(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
     info = live.server_info(admitted.session_id, f"kame:{state.cfg.frontend.checkpoint}"[:128], state.cfg, time.time())
     settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
     wire = live.LiveEndpointWire(info, settings, encode=host.root.encode, oracle_config=state.cfg.oracle,
-                                 frame_size=host.frame_size)
+                                 frame_size=host.frame_size, responses=_responses_backends(state))
     return wire, settings
+
+
+def _responses_backends(state: AppState) -> live.ResponsesBackends | None:
+    """Responses delegation is offered when the server has an LLM back-end (docs/protocol.md section 5)."""
+    host = state.host
+    registry = host.backends
+    if registry is None or not registry.names:
+        return None
+    catalog = getattr(host, "tools", None)  # the server's MCP servers (kame.oracle.session_tools.ToolCatalog)
+    toolbox = getattr(catalog, "mcp", None)
+    metrics = getattr(host, "metrics", None)
+    on_tool_call = None
+    if metrics is not None and hasattr(metrics, "on_tool_call"):
+        def on_tool_call(event: Any, label: str) -> None:
+            metrics.on_tool_call(event, tool=label)
+    return live.ResponsesBackends(registry, toolbox, on_tool_call)
 
 
 LIVE = WireRoute(

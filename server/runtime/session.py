@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -209,6 +209,9 @@ class SessionRuntime:
                 now = time.monotonic()
                 self.started = self.last_audio = self.send_q.last_send = now
                 self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
+                bind = getattr(self.wire, "bind", None)
+                if callable(bind):
+                    bind(_RuntimeIO(self))
                 for name, work in (
                     ("receive", self._receive),
                     ("feed", self._feed_loop),
@@ -505,3 +508,40 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.close({"reason": reason, "code": code})
             self.recorder = None
+
+
+class _RuntimeIO:
+    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, its oracle, its tasks."""
+
+    def __init__(self, runtime: SessionRuntime) -> None:
+        self._runtime = runtime
+        self._n = 0
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        self._runtime._queue(list(messages))
+
+    def answer(self, ids: Sequence[int], received_t: float) -> None:
+        self._runtime._answer(AnswerIn(tuple(ids), received_t))
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        if self._runtime.ended is not None:  # too late: nothing would cancel it
+            work.close()
+            return asyncio.create_task(asyncio.sleep(0), name="kame-wire-too-late")
+        self._n += 1
+        key = f"wire-{name}-{self._n}"
+        runtime = self._runtime
+
+        async def guarded() -> Any:
+            try:
+                return await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                runtime.log.exception("wire task %s failed", name)
+                return None
+            finally:
+                runtime._tasks.pop(key, None)
+
+        task = asyncio.create_task(guarded(), name=f"kame-{key}")
+        runtime._tasks[key] = task
+        return task

@@ -10,9 +10,10 @@ implementing :class:`Wire` plus a :class:`~kame.server.runtime.route.WireRoute`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -149,3 +150,22 @@ class Wire(Protocol):
 
     def closing(self, end: SessionEnd) -> list[Outgoing]:
         """Last messages before the close frame (not sent when the client is gone)."""
+
+
+class WireIO(Protocol):
+    """What a wire with background work of its own may ask of its runtime.
+
+    A wire that needs it (the Live wire in Responses delegation: its back-end
+    rounds stream while no client message arrives) has a ``bind(io)`` method;
+    the runtime calls it once the session is served. Everything here only
+    queues: the audio loop never waits on a wire's work.
+    """
+
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        """Queue messages for the client, in order with everything else the runtime queues."""
+
+    def answer(self, ids: Sequence[int], received_t: float) -> None:
+        """A new oracle sequence of these token ids, now (as :class:`AnswerIn`)."""
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``work`` as a task of the session: cancelled when it ends; a failure is logged, never ends it."""

@@ -16,15 +16,19 @@ what that returns into the runtime's commands and messages:
 - refused commands -> ``Fault`` with the ``error`` event (a client that keeps
   sending bad events, or floods messages, is closed as on ``/v1/realtime``).
 
-Sessions on this wire ask no LLM (``SessionSettings.llm`` is False): in
-client delegation the application's appends are the oracle's only source.
-docs/protocol.md section 4.
+The pipeline of a session on this wire asks no LLM (``SessionSettings.llm``
+is False): in client delegation the application's appends are the
+oracle's only source (docs/protocol.md section 4); in Responses delegation
+(``responses``: the server's back-ends) the wire's own tasks ask them, bound
+to the runtime through :meth:`LiveEndpointWire.bind` (section 5).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette import status
@@ -41,9 +45,10 @@ from kame.server.runtime.wire import (
     Outgoing,
     Reply,
     SettingsIn,
+    WireIO,
 )
 from kame.server.wires.live import decode
-from kame.server.wires.live.commentary import Encode
+from kame.server.wires.live.commentary import Encode, OracleAnswer
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
 from kame.server.wires.live.events import (
     ErrorEvent,
@@ -56,6 +61,9 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
+from kame.server.wires.live.responses_backend import McpServerTools, mcp_catalog, registry_catalog, registry_source
+from kame.server.wires.live.responses_mode import ResponsesHooks
+from kame.server.wires.live.responses_run import DEFAULT_FUNCTION_TIMEOUT_S
 from kame.server.wires.live.wire import LiveWire
 from kame.server.wires.realtime.events import client_safe
 from kame.session import events as pe
@@ -63,6 +71,10 @@ from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
     from starlette.types import Message
+
+    from kame.backend.mcp_tools import McpToolbox
+    from kame.backend.registry import BackendRegistry
+    from kame.backend.speculation import ToolCallEvent
 
 decode.warm_up()  # the SDK validators are built when the server starts, not during a session
 
@@ -80,16 +92,43 @@ def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSetti
                    record=kame.record)
 
 
+@dataclass(frozen=True)
+class ResponsesBackends:
+    """What Responses delegation runs on (docs/protocol.md section 5): the server's back-ends, its MCP servers."""
+
+    registry: BackendRegistry
+    toolbox: McpToolbox | None = None
+    on_tool_call: Callable[[ToolCallEvent, str], None] | None = None  #: tool metrics (event, label)
+    function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
+
+
 class LiveEndpointWire:
     """One ``/v1/live/sessions`` session's protocol state, as the runtime sees it."""
 
     protocol = PROTOCOL
 
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
-                 oracle_config: OracleConfig, frame_size: int = FRAME_SIZE) -> None:
+                 oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
+                 responses: ResponsesBackends | None = None) -> None:
+        """``responses``: offer Responses delegation on these back-ends (their rounds stream in tasks of the
+        session, through :meth:`bind`)."""
         self.settings = settings
+        self._io: WireIO | None = None
+        hooks: ResponsesHooks | None = None
+        if responses is not None:
+            mcp = mcp_catalog(responses.toolbox) if responses.toolbox is not None else {}
+            info = replace(info, responses=registry_catalog(responses.registry, mcp))
+            hooks = ResponsesHooks(
+                source=registry_source(responses.registry),
+                send=self._send_later,
+                answer=self._answer_later,
+                spawn=self._spawn,
+                server_tools=McpServerTools(responses.toolbox) if responses.toolbox is not None else None,
+                on_tool_call=responses.on_tool_call,
+                function_timeout_s=responses.function_timeout_s,
+            )
         self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=LiveIds(info.session_id[:8]),
-                             frame_size=frame_size)
+                             frame_size=frame_size, responses=hooks)
         self.encoder = LiveEncoder(self.live.ids)
         self._rate_window = -1e9
         self._rate_count = 0
@@ -97,6 +136,24 @@ class LiveEndpointWire:
         self._now = 0.0
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
+
+    # ------------------------------------------------------------------ Responses delegation's own work
+    def bind(self, io: WireIO) -> None:
+        """The runtime's queue, oracle and tasks, for the back-end rounds that stream between client messages."""
+        self._io = io
+
+    def _send_later(self, event: LiveEvent) -> None:
+        if self._io is not None:
+            self._io.send(self._out([event]))
+
+    def _answer_later(self, answer: OracleAnswer) -> None:
+        if self._io is not None:
+            self._io.answer(answer.ids, time.monotonic())
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        if self._io is None:  # not served (a unit test without a runtime): a plain task
+            return asyncio.get_running_loop().create_task(work)
+        return self._io.spawn(work, "responses")
 
     def _out(self, events: Sequence[LiveEvent], index: int | None = None) -> list[Outgoing]:
         return [Outgoing(self.encoder.encode(e), audio_index=index if isinstance(e, OutputAudioDelta) else None)

@@ -43,7 +43,6 @@ from kame.server.wires.live.responses_conversation import ClientMessage, Convers
 from kame.server.wires.live.responses_run import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_ROUNDS,
-    DelegationDone,
     PromptOptions,
     ResponsesDelegator,
     RoundSource,
@@ -64,8 +63,8 @@ class ResponsesHooks:
     source: RoundSource  #: the back-end rounds (:func:`.responses_backend.registry_source`)
     send: Callable[[LiveEvent], None]  #: queue an event for the client (see the module docstring)
     answer: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
-    #: Run a delegation (the runtime's task factory; default: a task on the running loop).
-    spawn: Callable[[Coroutine[Any, Any, DelegationDone]], asyncio.Task[DelegationDone]] | None = None
+    #: Run a delegation or a speculative request (the runtime's task factory; default: a loop task).
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
     max_rounds: int = DEFAULT_MAX_ROUNDS
     #: Operator-configured MCP tools kame runs itself (:class:`.responses_backend.McpServerTools`).
@@ -129,6 +128,7 @@ class ResponsesMode:
                 notify=lambda name, fields: hooks.send(KameEvent(name, fields)),
                 debouncer=Debouncer.from_config(oracle_config),
                 prompt=prompt,
+                spawn=hooks.spawn,
             )
 
     # ------------------------------------------------------------------ the wire's calls

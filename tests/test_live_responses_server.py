@@ -1,0 +1,223 @@
+"""/v1/live/sessions in Responses delegation on the real CPU demo server (tiny KAME model, Whisper tiny.en),
+driven by the official SDK's ``client.live.connect()`` (kame.client.live_client), with kame's back-end a
+real local LLM server that streams a tool call (tests/llm_server.py, through the real `openai` client).
+
+An espeak question plays at real time; kame guesses while it plays (its own requests: no tools, only
+``kame.backend.*`` events), then the user's turn becomes the delegation: ``session.delegation.created``
+(target ``responses``), the nested Responses events, a function call the client runs and answers; the
+answer built on its result reaches Moshi's oracle; a second question in the same session reuses the
+conversation. A back-end that fails ends its response ``failed`` and the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
+from moshi_client import ServerProcess
+from speech import silence, synthesize
+
+from kame.client.live_client import LiveClient
+
+TOKEN = "live-responses-5be1c0"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CONFIG = """
+device: cpu
+frontend:
+  checkpoint: "tiny:0"
+asr:
+  kind: whisper
+  device: cpu
+backends:
+  llm:
+    base_url: "{base_url}"
+    model: test-model
+    api_key_env: ""
+    allow_tools: true
+default_backend: llm
+server:
+  max_sessions: 2
+  idle_timeout_s: 8
+"""
+
+
+def respond(rec: RecordedRequest) -> Reply:
+    """The LLM's script: guesses without tools; with tools, a call, then an answer from its output."""
+    body = rec.body if isinstance(rec.body, dict) else {}
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else {}
+    if not body.get("tools"):
+        return Reply(text="It is probably mild outside.")
+    if last.get("role") == "tool":
+        result = json.loads(last.get("content") or "{}")
+        return Reply(text=f"It is {result.get('sky', 'unknown')} and {result.get('temp_c', 0)} degrees in Paris.")
+    if "tomorrow" in str(last.get("content", "")).lower():
+        return Reply(text="Tomorrow it will rain in Paris.")
+    if "fail" in str(last.get("content", "")).lower():
+        return Reply(status=500, error_message="upstream exploded")
+    return Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})])
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[LlmServer]:
+    with running_llm_server() as server:
+        server.responder = respond
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, llm: LlmServer) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("live-responses")
+    config = tmp / "live.yaml"
+    config.write_text(CONFIG.replace("{base_url}", llm.base_url))
+    srv = ServerProcess(
+        cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config), env={"KAME_AUTH_TOKEN": TOKEN}
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def spoken(text: str, after_s: float) -> np.ndarray:
+    return np.concatenate([synthesize(text), silence(after_s)])
+
+
+def test_sdk_responses_delegation_on_the_cpu_demo(server: ServerProcess, llm: LlmServer) -> None:
+    first_q = np.concatenate([silence(0.3), spoken("What is the weather in Paris?", 7.0)])
+    second_q = spoken("And what about tomorrow?", 6.0)
+    ran: list[dict[str, Any]] = []
+
+    async def answer_calls(c: LiveClient, stop: asyncio.Event) -> None:
+        """Pipecat's way: run each completed function_call item, answer, then response.create."""
+        seen = 0
+        pending = False
+        while not stop.is_set():
+            events = [e for _, e in c.events]
+            for event in events[seen:]:
+                if event.get("type") != "response.event":
+                    continue
+                nested = event["event"]
+                item = nested.get("item") or {}
+                if nested["type"] == "response.output_item.done" and item.get("type") == "function_call":
+                    assert item["status"] == "completed"
+                    ran.append(json.loads(item["arguments"]))
+                    await c.conn.response.item.create(
+                        item={
+                            "type": "function_call_output",
+                            "call_id": item["call_id"],
+                            "output": json.dumps({"sky": "sunny", "temp_c": 21}),
+                        }
+                    )
+                    pending = True
+                elif nested["type"] == "response.completed" and pending:
+                    pending = False
+                    await c.conn.response.create()
+            seen = len(events)
+            await asyncio.sleep(0.02)
+
+    async def main() -> LiveClient:
+        c = await LiveClient.connect(server.http_url, token=TOKEN)
+        started = await c.start(
+            {
+                "model": "gpt-live-1",
+                "delegation": {
+                    "type": "responses",
+                    "responses": {"model": "llm", "instructions": "You are a weather assistant.", "tools": [WEATHER]},
+                },
+            },
+            event_id="s1",
+        )
+        assert started is not None, c.events
+        stop = asyncio.Event()
+        runner = asyncio.create_task(answer_calls(c, stop))
+        await c.send_pcm(np.concatenate([first_q, second_q]))
+        await c.wait_for(lambda e: e.get("type") == "kame.responses.answer" and "rain" in e.get("text", ""), 20)
+        stop.set()
+        await runner
+        await c.close_session()
+        await asyncio.wait_for(c.closed.wait(), 5)
+        return c
+
+    resets_before = server.metric("kame_oracle_resets_total", headers=AUTH)
+    c = asyncio.run(main())
+    assert c.errors == [], c.errors
+    heard = c.transcript("user").lower()
+    assert "weather" in heard and "tomorrow" in heard, heard
+    session = c.of_type("session.started")[0]["session"]
+    assert session["delegation"]["type"] == "responses"
+    assert session["delegation"]["responses"]["tools"][0]["name"] == "get_weather"
+    # one delegation per question, each after the words it covers, with its first response's id
+    delegations = c.of_type("session.delegation.created")
+    assert len(delegations) == 2 and all(d["delegation"]["target"] == "responses" for d in delegations)
+    order = [
+        e
+        for _, e in c.events
+        if e.get("type") in ("session.input_transcript.delta", "session.delegation.created", "response.event")
+    ]
+    first = next(i for i, e in enumerate(order) if e["type"] == "session.delegation.created")
+    before = "".join(e.get("delta", "") for e in order[:first]).lower()
+    assert "weather" in before, before
+    assert order[first + 1]["type"] == "response.event"
+    assert order[first + 1]["event"]["type"] == "response.created"
+    assert order[first + 1]["event"]["response"]["id"] == delegations[0]["delegation"]["response_id"]
+    # the function ran once, on the client, and the answer built on its output reached the oracle
+    assert ran == [{"city": "Paris"}]
+    answers = c.of_type("kame.responses.answer")
+    texts = [a["text"] for a in answers]
+    assert texts == ["Let me check.", "It is sunny and 21 degrees in Paris.", "Tomorrow it will rain in Paris."], texts
+    assert [a["after_tools"] for a in answers] == [False, True, False]
+    completed = [e["event"] for e in c.of_type("response.event") if e["event"]["type"] == "response.completed"]
+    assert len(completed) == 3 and all(r["response"]["usage"]["total_tokens"] > 0 for r in completed)
+    # kame's guesses while the user spoke: no tools, only kame.backend.* events, answers to the oracle
+    guesses = [r for r in llm.chat_requests() if not r.body.get("tools")]
+    delegated = [r for r in llm.chat_requests() if r.body.get("tools")]
+    assert guesses and c.of_type("kame.backend.request_started")
+    assert len(delegated) == 3
+    history = [m["role"] for m in delegated[2].body["messages"][1:]]
+    assert history == ["user", "assistant", "tool", "assistant", "user"], history
+    # every answer, guesses included, was one new oracle sequence
+    resets = server.metric("kame_oracle_resets_total", headers=AUTH) - resets_before
+    assert resets == len(answers) + len(c.of_type("kame.oracle.reset")), resets
+    assert c.of_type("session.closed")[0]["reason"] == "close_requested"
+
+
+def test_a_failing_backend_fails_the_response_and_the_session_goes_on(server: ServerProcess) -> None:
+    """The back-end answers 500 for this question: the response ends ``failed``; audio and the session go on."""
+
+    async def main() -> LiveClient:
+        c = await LiveClient.connect(server.http_url, token=TOKEN)
+        assert (
+            await c.start(
+                {
+                    "model": "gpt-live-1",
+                    "delegation": {"type": "responses", "responses": {"model": "llm", "tools": [WEATHER]}},
+                }
+            )
+            is not None
+        )
+        mic = asyncio.create_task(c.send_pcm(spoken("This will fail, sorry.", 4.0)))
+        failed = await c.wait_for(
+            lambda e: e.get("type") == "response.event" and e["event"]["type"] == "response.failed", 20
+        )
+        assert failed is not None, c.transcript("user")
+        frames = len(c.stats.frame_arrivals)
+        await mic
+        assert len(c.stats.frame_arrivals) - frames > 10  # Moshi kept talking after the failure
+        await c.close_session()
+        return c
+
+    c = asyncio.run(main())
+    failed = [e["event"] for e in c.of_type("response.event") if e["event"]["type"] == "response.failed"][0]
+    assert failed["response"]["error"]["code"] == "server_error" and "500" in failed["response"]["error"]["message"]
+    assert c.of_type("session.closed")[0]["reason"] == "close_requested"
