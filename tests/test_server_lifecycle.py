@@ -170,3 +170,38 @@ def test_tiny_checkpoint_spec_resolves_in_the_cache(kame_cache_dir: Path) -> Non
     assert resolve_checkpoint_spec("SakanaAI/kame", kame_cache_dir) == "SakanaAI/kame"
     with pytest.raises(UserError, match="tiny:SEED"):
         resolve_checkpoint_spec("tiny:x", kame_cache_dir)
+
+
+def test_a_second_signal_ends_a_long_drain_at_once(kame_cache_dir: Path, tmp_path: Path) -> None:
+    """With a Kubernetes-like grace (30 s) a first SIGTERM starts the drain; a second one (an operator's
+    second Ctrl-C, or docker stop's escalation) ends it: 1001 at once, exit within seconds."""
+    srv = ServerProcess(
+        cache_dir=kame_cache_dir,
+        log_path=tmp_path / "server.log",
+        env={"KAME_ASR__KIND": "none", "KAME_FRONTEND__BATCH_SIZE": "1", "KAME_SERVER__DRAIN_GRACE_S": "30",
+             "KAME_SERVER__WARMUP_STEPS": "1"},
+    ).start()
+    try:
+        async def main() -> tuple[MoshiClient, float, float]:
+            c = await MoshiClient.connect(srv.ws_url)
+            assert await c.wait_handshake(10)
+            sender = asyncio.create_task(c.send_silence(20.0))
+            await asyncio.sleep(0.5)
+            srv.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(1.0)
+            assert not c.closed.is_set()  # the grace is 30 s
+            t_second = time.monotonic()
+            srv.proc.send_signal(signal.SIGTERM)
+            await c.wait_closed(10)
+            closed_after = time.monotonic() - t_second
+            sender.cancel()
+            return c, t_second, closed_after
+
+        c, t_second, closed_after = asyncio.run(main())
+        assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+        assert closed_after < 2.0
+        srv.proc.wait(timeout=10)
+        assert time.monotonic() - t_second < 10.0
+        assert "ending the drain now" in srv.logs()
+    finally:
+        srv.stop(signal.SIGKILL)
