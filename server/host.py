@@ -16,6 +16,7 @@ Should the engine thread die, the host turns ``failed``: ``/health`` and
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from kame.backend.registry import BackendRegistry
+    from kame.oracle.session_tools import ToolCatalog
     from kame.config import KameConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import EngineThread
@@ -113,6 +115,8 @@ class ModelHost:
         self.engine: EngineThread | None = None
         self.recognizer: Any = None
         self.backends: BackendRegistry | None = None
+        self.tools: ToolCatalog | None = None
+        self._warming: asyncio.Task[None] | None = None
         self.checkpoint_path: str | None = None
         self.load_seconds: float | None = None
         self.root: SessionRoot | None = None
@@ -133,6 +137,25 @@ class ModelHost:
             )
         else:
             log.info("LLM back-ends: %s (default %s)", ", ".join(self.backends.names), self.backends.default_name)
+        self.open_tools()
+
+    def open_tools(self) -> None:
+        """The MCP servers and tool settings (in the event loop); the servers sessions will use are
+        connected in the background now, so the first session does not wait for them."""
+        from kame.oracle.session_tools import ToolCatalog
+        from kame.server.metrics import CLIENT_FUNCTION_LABEL
+
+        metrics = self.metrics
+
+        def observe(event: Any, source: str) -> None:
+            metrics.on_tool_call(event, tool=event.name if source == "mcp" else CLIENT_FUNCTION_LABEL)
+
+        self.tools = ToolCatalog(self.cfg.tools, self.environ, observer=observe)
+        if self.tools.mcp is not None:
+            log.info("MCP servers: %s", ", ".join(self.tools.mcp_server_names))
+            self._warming = asyncio.get_running_loop().create_task(
+                self.tools.warm(dict(self.cfg.backends)), name="kame-mcp-warm"
+            )
 
     def start_loading(self) -> None:
         self._thread = threading.Thread(target=self._load, name="kame-model-loader", daemon=True)
@@ -258,6 +281,10 @@ class ModelHost:
                 self.recognizer.close()
             except Exception:
                 log.exception("closing the ASR failed")
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+        if self.tools is not None:
+            await self.tools.aclose()
         if self.backends is not None:
             await self.backends.aclose()
 
@@ -328,6 +355,7 @@ class ModelHost:
             piece_of=piece_lookup(self.models.tokenizer),
             vocab=self.models.vocab,
             command_timeout_s=self.cfg.server.engine_command_timeout_s,
+            tools=self.tools,
         )
 
     def new_pipeline(self, settings: SessionSettings) -> Pipeline:

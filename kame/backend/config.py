@@ -275,6 +275,9 @@ class ToolsConfig(BaseModel):
         30.0, ge=0, description="How long a read-only call's result is reused by later requests of the session."
     )
     max_output_chars: int = Field(4000, ge=1, description="Tool outputs are cut to this size before the LLM.")
+    max_client_output_chars: int = Field(
+        32768, ge=1, description="Longest function_call_output a /v1/realtime client may send (larger: an error)."
+    )
     mcp_servers: dict[str, McpServerConfig] = Field(
         default_factory=dict, description="MCP servers by name (clients may enable them by name, never add one)."
     )

@@ -251,6 +251,13 @@ class BackendRegistry:
         opts = {"max_tokens": max_tokens, "temperature": temperature}
         return reply._attach(self._run(reply, resolved, msgs, opts))
 
+    def config_of(self, name: str | None) -> BackendConfig | None:
+        """The resolved config of back-end ``name`` (None: the default), or None if it is not configured."""
+        try:
+            return self._entries[self.resolve_name(name)].cfg
+        except (KeyError, UnknownBackend):
+            return None
+
     def tools_allowed(self, name: str | None) -> bool:
         """May requests with function tools go to back-end ``name`` (its ``allow_tools``)?"""
         entry = self._entries[self.resolve_name(name)]

@@ -234,6 +234,23 @@ class ToolCallFinished(PipelineEvent):
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class FunctionCallRequested(PipelineEvent):
+    """The LLM called a function the client runs: the wire asks the client (its output comes back by
+    ``Pipeline.deliver_function_output(call_id, output)``)."""
+
+    name: ClassVar[str] = "tool.client_call"
+    call_id: str
+    tool: str
+    arguments: str
+    read_only: bool
+
+    def fields(self) -> dict[str, Any]:
+        out = super().fields()
+        out["name"] = out.pop("tool")
+        return out
+
+
 # --------------------------------------------------------------------------- the oracle stream
 
 
@@ -271,5 +288,5 @@ AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed
 LlmEvent = (
     LlmRequestStarted | LlmFirstToken | LlmDone | LlmCancelled | LlmDropped | LlmDeferred | LlmError | BackendDown | BackendUp
 )
-ToolEvent = ToolCallStarted | ToolCallFinished
+ToolEvent = ToolCallStarted | ToolCallFinished | FunctionCallRequested
 OracleEvent = OracleReset | OracleText | OracleCleared

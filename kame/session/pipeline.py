@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,12 +34,15 @@ import numpy as np
 from kame.asr.events import AsrEvent, EventType
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
+from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.media import SAMPLE_RATE
 from kame.oracle.loop import OracleLoop
+from kame.oracle.session_tools import SessionToolState, ToolCatalog
 from kame.session.events import (
     AsrFailed,
     AssistantFrame,
     EngineFailed,
+    FunctionCallRequested,
     PipelineEvent,
     SpeechStarted,
     SpeechStopped,
@@ -111,8 +116,14 @@ class Pipeline:
         vocab: TextVocab = MOSHI_VOCAB,
         timeout_s: float = COMMAND_TIMEOUT_S,
         max_queued_frames: int = MAX_QUEUED_FRAMES,
+        tools: ToolCatalog | None = None,
     ) -> None:
         self.engine = engine
+        self.tool_catalog = tools
+        #: The session's function tools (client functions, MCP servers); None without back-end or catalog.
+        self.tools: SessionToolState | None = None
+        self._call_ids = itertools.count(1)
+        self._call_prefix = secrets.token_hex(4)
         self.oracle_config = oracle_config
         self.registry = registry if registry is not None and registry.names else None
         self.recognizer = recognizer
@@ -164,6 +175,12 @@ class Pipeline:
         """ASR stream and oracle loop for the attached slot, with the current settings applied."""
         assert self.slot is not None
         if self.registry is not None and self.settings.llm:
+            if self.tool_catalog is not None:
+                self.tools = SessionToolState(
+                    self.tool_catalog, emit=self._client_call, new_call_id=self._new_call_id,
+                    include_arguments=self.settings.record,
+                )
+                self._apply_tools(self.settings)
             self.oracle = OracleLoop(
                 config=self.oracle_config,
                 registry=self.registry,
@@ -171,6 +188,7 @@ class Pipeline:
                 encode=self.encode,
                 piece_of=self.piece_of,
                 emit=self._put,
+                tools=self.tools.tools if self.tools is not None else None,
             )
             self.oracle.apply(OracleChoice.resolve(self.settings, self.oracle_config))
         if self.settings.sampling() != (None, None):
@@ -199,6 +217,12 @@ class Pipeline:
                 await oracle.aclose()
             except Exception:  # noqa: BLE001
                 log.exception("closing the oracle loop failed")
+        tools, self.tools = self.tools, None
+        if tools is not None:
+            try:
+                await tools.aclose()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the session's tools failed")
 
     async def aclose(self, flush_asr: bool = True) -> None:
         """Stop the ASR (flushing its last words unless ``flush_asr`` is False), the oracle and its LLM
@@ -258,11 +282,32 @@ class Pipeline:
     def update(self, settings: SessionSettings) -> None:
         """New session settings: applied as a whole, or not at all (``KeyError`` for an unknown back-end)."""
         old = self.settings
+        if self.tools is not None and settings.tools_part() != old.tools_part():
+            self._apply_tools(settings)  # first: it may refuse (an MCP server name not configured)
         if self.oracle is not None and settings.oracle_part() != old.oracle_part():
             self.oracle.apply(OracleChoice.resolve(settings, self.oracle_config))
         if self.slot is not None and settings.sampling() != old.sampling():
             self.slot.set_sampling(*settings.sampling())
         self.settings = settings
+
+    def _apply_tools(self, settings: SessionSettings) -> None:
+        assert self.tools is not None and self.registry is not None
+        backend = self.registry.config_of(settings.backend)
+        self.tools.apply(functions=settings.functions, tool_choice=settings.tool_choice,
+                         mcp_servers=settings.mcp_servers, backend=backend)
+
+    def _new_call_id(self) -> str:
+        return f"call_{self._call_prefix}{next(self._call_ids):04x}"
+
+    def _client_call(self, call: ClientCall) -> None:
+        self._put(FunctionCallRequested(call_id=call.call_id, tool=call.name, arguments=call.arguments,
+                                        read_only=call.read_only))
+
+    def deliver_function_output(self, call_id: str, output: str) -> None:
+        """The client's output for a function call (raises ``UnknownCallId`` if none waits for it)."""
+        if self.tools is None:
+            raise UnknownCallId(call_id)
+        self.tools.deliver(call_id, output)
 
     def inject_answer(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
         """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``, a Live

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from kame.backend.registry import BackendRegistry
     from kame.frontend.engine_thread import EngineThread
     from kame.oracle.config import OracleConfig
+    from kame.oracle.session_tools import ToolCatalog
 
 
 @dataclass
@@ -38,6 +39,8 @@ class SessionRoot:
     vocab: TextVocab = MOSHI_VOCAB
     #: Bound on an attach or reset of a slot; beyond it the session fails (the engine is stuck).
     command_timeout_s: float = COMMAND_TIMEOUT_S
+    #: Function tools: the MCP servers and the tool loop's bounds (None: no tools).
+    tools: ToolCatalog | None = None
 
     def pipeline(self, settings: SessionSettings | None = None, *, max_queued_frames: int = MAX_QUEUED_FRAMES) -> Pipeline:
         """A new session's pipeline (enter it with ``async with`` to attach its slot)."""
@@ -52,4 +55,5 @@ class SessionRoot:
             vocab=self.vocab,
             timeout_s=self.command_timeout_s,
             max_queued_frames=max_queued_frames,
+            tools=self.tools,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
+from kame.backend.tools import ToolSpec
 from kame.oracle.config import OracleConfig
 from kame.oracle.switch import BargeInPolicy, Policy
 
@@ -39,6 +40,12 @@ class SessionSettings:
     #: False: kame asks no LLM for this session; the client's answers are the oracle's only source
     #: (``/v1/live/sessions`` in client delegation). Fixed for the session's life.
     llm: bool = True
+    #: Functions the client defines and runs itself (``/v1/realtime`` ``session.tools``).
+    functions: tuple[ToolSpec, ...] = ()
+    #: ``auto`` (None), ``none``, ``required`` or the name of a tool the LLM must call.
+    tool_choice: str | None = None
+    #: Operator-configured MCP servers enabled by name (None: the server's and the back-end's defaults).
+    mcp_servers: tuple[str, ...] | None = None
 
     def sampling(self) -> tuple[float | None, int | None]:
         """The per-session text sampling (temperature, top-k); always changed as a pair."""
@@ -48,11 +55,16 @@ class SessionSettings:
         """What the oracle loop reads (a change of it is applied to the loop)."""
         return self.backend, self.oracle_policy, self.barge_in, self.instructions, self.oracle_delay_s
 
+    def tools_part(self) -> tuple[Any, ...]:
+        """What the session's tools read (a change of it is applied to them)."""
+        return self.backend, self.functions, self.tool_choice, self.mcp_servers
+
     def for_log(self) -> dict[str, Any]:
-        """For recordings and logs (instructions shortened: they may be long)."""
+        """For recordings and logs (instructions shortened: they may be long; functions by name)."""
         out = asdict(self)
         if out.get("instructions"):
             out["instructions"] = out["instructions"][:200]
+        out["functions"] = [f.name for f in self.functions]
         return out
 
 

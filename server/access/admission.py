@@ -93,6 +93,7 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         params = parse_session_params(
             ws.query_params,
             backends=host.backend_names() if host.backends is not None else None,
+            mcp_servers=host.tools.mcp_server_names if host.tools is not None else (),
         )
     except ParamError as exc:
         log.info("refused: %s", exc, extra={"peer": peer})

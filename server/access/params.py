@@ -5,7 +5,9 @@ audio with batch-wide settings, so only the text ones can be honoured per
 session (``text_temperature``, ``text_topk``); ``audio_temperature``,
 ``audio_topk``, ``text_seed``, ``audio_seed``, ``pad_mult``,
 ``repetition_penalty*`` are accepted and ignored. ``backend`` and
-``oracle_policy`` choose the LLM back-end and the answer-switch policy.
+``oracle_policy`` choose the LLM back-end and the answer-switch policy;
+``mcp_servers`` (comma-separated names) enables operator-configured MCP
+servers for the session (names only: a client cannot add a server).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def parse_session_params(
     *,
     backends: Collection[str] | None = None,
     oracle_policies: Collection[str] | None = None,
+    mcp_servers: Collection[str] = (),
 ) -> QueryParams:
     """Validate the query string; ``backends`` None accepts any name."""
     oracle_policies = ORACLE_POLICIES if oracle_policies is None else oracle_policies
@@ -85,12 +88,21 @@ def parse_session_params(
         raise ParamError(
             f"query parameter oracle_policy: {policy[:64]!r} is not one of {', '.join(sorted(oracle_policies))}"
         )
-    known = {"text_temperature", "text_topk", "backend", "oracle_policy"}
+    servers: tuple[str, ...] | None = None
+    raw_servers = query.get("mcp_servers")
+    if raw_servers is not None:
+        servers = tuple(dict.fromkeys(n.strip() for n in raw_servers.split(",") if n.strip()))
+        unknown = [n for n in servers if n not in mcp_servers]
+        if unknown:
+            valid = ", ".join(sorted(mcp_servers)) or "none configured"
+            raise ParamError(f"query parameter mcp_servers: unknown MCP server {unknown[0][:64]!r} (configured: {valid})")
+    known = {"text_temperature", "text_topk", "backend", "oracle_policy", "mcp_servers"}
     ignored = tuple(sorted(k for k in query if k not in known))
     settings = SessionSettings(
         text_temperature=None if temp in (None, "") else _float("text_temperature", temp, 0.0, 10.0),
         text_topk=None if topk in (None, "") else _int("text_topk", topk, 1, 100_000),
         backend=backend,
         oracle_policy=policy,  # type: ignore[arg-type]  # checked against oracle_policies above
+        mcp_servers=servers,
     )
     return QueryParams(settings=settings, ignored=ignored)

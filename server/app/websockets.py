@@ -49,6 +49,8 @@ def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[W
     info = realtime.server_info(
         admitted.session_id, model, backends=host.backend_names(),
         default_backend=registry.default_name if registry is not None and registry.names else None, cfg=state.cfg,
+        tools_backends=[n for n in host.backend_names() if registry is not None and registry.tools_allowed(n)],
+        mcp_servers=host.tools.mcp_server_names if host.tools is not None else [],
     )
     settings = replace(admitted.params.settings, record=_recording(state))
     vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB

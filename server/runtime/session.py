@@ -44,6 +44,7 @@ from kame.server.runtime.wire import (
     Command,
     EndIn,
     Fault,
+    FunctionOutputIn,
     Ignored,
     Outgoing,
     Reply,
@@ -311,6 +312,8 @@ class SessionRuntime:
             self._update(command)
         elif isinstance(command, ResetIn):
             await self._reset()
+        elif isinstance(command, FunctionOutputIn):
+            self._function_output(command)
         elif isinstance(command, Reply):
             self._queue(list(command.messages))
         elif isinstance(command, Fault):
@@ -421,6 +424,19 @@ class SessionRuntime:
         if command.ignored:
             self.log.debug("settings: ignored %s", ",".join(command.ignored))
         self._queue(self.wire.settings_applied(new, command))
+
+    def _function_output(self, command: FunctionOutputIn) -> None:
+        assert self.pipeline is not None
+        try:
+            self.pipeline.deliver_function_output(command.call_id, command.output)
+        except KeyError as exc:  # UnknownCallId
+            for follow in self.wire.function_output_rejected(str(exc), command):
+                if isinstance(follow, Fault):
+                    self._fault(follow)
+                elif isinstance(follow, Reply):
+                    self._queue(list(follow.messages))
+            return
+        self._queue(self.wire.function_output_accepted(command))
 
     async def _reset(self) -> None:
         """Fresh model state and transcript, same settings and socket; the slot is kept throughout."""

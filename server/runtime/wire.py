@@ -64,6 +64,17 @@ class ResetIn:
 
 
 @dataclass(frozen=True)
+class FunctionOutputIn:
+    """The client's output of a function call it was asked to run."""
+
+    call_id: str
+    output: str
+    event_id: str | None = None
+    item_id: str | None = None
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Reply:
     """Messages to send back (nothing else happens)."""
 
@@ -105,7 +116,7 @@ class Ignored:
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | Reply | Fault | AnswerIn | EndIn | Ignored
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | AnswerIn | EndIn | Ignored
 
 
 class Wire(Protocol):
@@ -132,6 +143,12 @@ class Wire(Protocol):
 
     def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
         """The pipeline refused new settings (e.g. a back-end that went away); nothing changed."""
+
+    def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
+        """The pipeline took a function's output (it was waiting for it)."""
+
+    def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
+        """No call waits for that output (unknown, answered, or timed out)."""
 
     def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
         """Audio arrived so far ahead of real time that some was dropped (the first time in a row)."""

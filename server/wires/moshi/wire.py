@@ -21,7 +21,7 @@ from starlette import status
 
 from kame.media import FRAME_SIZE, SAMPLE_RATE
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, SettingsIn
+from kame.server.runtime.wire import AudioIn, Command, Fault, FunctionOutputIn, Ignored, Outgoing, SettingsIn
 from kame.server.wires.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.wires.moshi import protocol
 from kame.server.wires.moshi.protocol import ServerInfo
@@ -94,6 +94,12 @@ class MoshiWire:
 
     def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
         return []  # settings come only with the URL, checked before the session starts
+
+    def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
+        return []  # Moshi's protocol has no client functions (its tools are the operator's MCP servers)
+
+    def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
+        return []
 
     def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
         return []  # no message for it in Moshi's protocol (the runtime logs and counts it)

@@ -16,15 +16,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from kame.server.wires.realtime.events import ClientError
+from kame.server.wires.realtime.functions import (
+    MAX_OUTPUT_CHARS,
+    FunctionOutput,
+    FunctionProtocolError,
+    ResponseCreate,
+    decode_function_output,
+)
 
 #: OpenAI client events this server knows but does not implement, and why.
 UNSUPPORTED: dict[str, str] = {
-    "response.create": "responses are not requested: Moshi speaks full duplex whenever it decides to",
     "response.cancel": "a response cannot be cancelled from outside; Moshi stops when the user talks over it",
     "input_audio_buffer.commit": "turns are detected by the server's speech recognition; there is no manual commit",
     "input_audio_buffer.clear": "appended audio is fed to the model as it arrives; there is no buffer to clear",
     "output_audio_buffer.clear": "the output audio is a continuous stream; there is no buffer to clear",
-    "conversation.item.create": "the conversation is the live audio; items cannot be added",
     "conversation.item.retrieve": "items are not stored on the server",
     "conversation.item.truncate": "the conversation is the live audio; items cannot be truncated",
     "conversation.item.delete": "the conversation is the live audio; items cannot be deleted",
@@ -51,7 +56,7 @@ class SessionReset:
     event_id: str | None = None
 
 
-ClientCommand = AppendAudio | SessionUpdate | SessionReset
+ClientCommand = AppendAudio | SessionUpdate | SessionReset | FunctionOutput | ResponseCreate
 
 
 def _event_id(obj: dict[str, Any]) -> str | None:
@@ -59,7 +64,7 @@ def _event_id(obj: dict[str, Any]) -> str | None:
     return value[:128] if isinstance(value, str) else None
 
 
-def decode_client_event(message: str | bytes | None) -> ClientCommand:
+def decode_client_event(message: str | bytes | None, max_output_chars: int = MAX_OUTPUT_CHARS) -> ClientCommand:
     """One websocket message -> a command, or :class:`ClientError`."""
     if isinstance(message, (bytes, bytearray)):
         raise ClientError(
@@ -83,6 +88,13 @@ def decode_client_event(message: str | bytes | None) -> ClientCommand:
         return SessionUpdate(obj.get("session"), event_id)
     if etype == "kame.session.reset":
         return SessionReset(event_id)
+    if etype == "conversation.item.create":
+        try:
+            return decode_function_output(obj, max_output_chars)
+        except FunctionProtocolError as exc:
+            raise ClientError(exc.code, exc.message, param=exc.param, event_id=event_id) from None
+    if etype == "response.create":
+        return ResponseCreate(event_id)
     if etype in UNSUPPORTED:
         raise ClientError("unsupported_event", f"{etype} is not supported: {UNSUPPORTED[etype]}", param="type", event_id=event_id)
     raise ClientError("unknown_event", f"unknown event type {etype[:64]!r}", param="type", event_id=event_id)

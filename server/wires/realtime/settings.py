@@ -15,6 +15,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kame.server.wires.realtime.events import AUDIO_FORMAT, SAMPLE_RATE, VOICE, ClientError
+from kame.server.wires.realtime.functions import (
+    MAX_OUTPUT_CHARS,
+    FunctionProtocolError,
+    parse_tool_choice,
+    parse_tools,
+    session_tool_choice,
+    session_tools,
+)
 from kame.session.settings import BARGE_IN_POLICIES, ORACLE_POLICIES, SessionSettings
 
 MAX_INSTRUCTIONS_CHARS = 20_000
@@ -27,6 +35,7 @@ KAME_KEYS = (
     "text_temperature",
     "text_topk",
     "silence_audio",
+    "mcp_servers",
 )
 BETA_AUDIO_FORMATS = ("pcm16",)
 
@@ -50,6 +59,12 @@ class ServerInfo:
     idle_timeout_s: float = 30.0
     max_duration_s: float = 600.0
     input_buffer_s: float = 10.0
+    #: Back-ends that may be sent tools (``allow_tools``); functions on any other are refused.
+    tools_backends: Sequence[str] = ()
+    #: Configured MCP servers a session may enable by name.
+    mcp_servers: Sequence[str] = ()
+    #: Longest ``function_call_output`` accepted (characters).
+    max_function_output_chars: int = MAX_OUTPUT_CHARS
 
 
 # --------------------------------------------------------------------------- validation
@@ -128,9 +143,6 @@ def _check_modalities(session: Mapping[str, Any]) -> None:
                 f"session.{key}: must include \"audio\" (Moshi always speaks; its text comes as the audio transcript)",
                 param=f"session.{key}",
             )
-    tools = session.get("tools")
-    if tools not in (None, []):
-        raise ClientError("invalid_value", "session.tools: tool calls are not supported", param="session.tools")
 
 
 def parse_session_update(payload: Any, current: SessionSettings, info: ServerInfo) -> tuple[SessionSettings, tuple[str, ...]]:
@@ -162,7 +174,28 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
     kame = session.get("kame")
     if kame is not None:
         changes.update(_parse_kame(_object(kame, "session.kame"), info))
-    known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools"}
+    try:
+        if "tools" in session:
+            changes["functions"] = tuple(parse_tools(session["tools"]))
+        functions = changes.get("functions", current.functions)
+        if "tool_choice" in session:
+            choice = parse_tool_choice(session["tool_choice"], functions)
+            changes["tool_choice"] = None if choice == "auto" else choice
+        elif "functions" in changes and current.tool_choice not in (None, "none", "required") \
+                and not any(f.name == current.tool_choice for f in functions):
+            changes["tool_choice"] = None  # the forced function is gone
+    except FunctionProtocolError as exc:
+        raise ClientError(exc.code, exc.message, param=exc.param) from None
+    backend = changes.get("backend", current.backend) or info.default_backend
+    functions = changes.get("functions", current.functions)
+    if functions and backend not in info.tools_backends:
+        raise ClientError(
+            "tools_not_supported",
+            f"back-end {str(backend)[:64]!r} may not be sent tools (allow_tools is off); "
+            f"back-ends that may: {', '.join(info.tools_backends) or '(none)'}",
+            param="session.tools" if "tools" in session else "session.kame.backend",
+        )
+    known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools", "tool_choice"}
     ignored = tuple(sorted(str(k) for k in session if k not in known))
     return replace(current, **changes), ignored
 
@@ -199,6 +232,21 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
                     "recording_disabled", "session.kame.record: this server does not record (server.record_dir is not set)", param=param
                 )
             out[key] = value
+        elif key == "mcp_servers":
+            if value is None:
+                out[key] = None
+                continue
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ClientError("invalid_value", f"{param} must be a list of configured MCP server names", param=param)
+            unknown = [v for v in value if v not in info.mcp_servers]
+            if unknown:
+                raise ClientError(
+                    "unknown_mcp_server",
+                    f"{param}: {unknown[0][:64]!r} is not a configured MCP server (configured: "
+                    f"{', '.join(info.mcp_servers) or 'none'}); clients cannot add servers",
+                    param=param,
+                )
+            out[key] = tuple(dict.fromkeys(value))
     return out
 
 
@@ -226,8 +274,8 @@ def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any
             },
             "output": {"format": dict(AUDIO_FORMAT), "voice": VOICE, "speed": 1.0},
         },
-        "tools": [],
-        "tool_choice": "auto",
+        "tools": session_tools(settings.functions),
+        "tool_choice": session_tool_choice(settings.tool_choice or "auto"),
         "max_output_tokens": "inf",
         "kame": {
             "backend": settings.backend or info.default_backend,
@@ -238,6 +286,7 @@ def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any
             "text_temperature": settings.text_temperature,
             "text_topk": settings.text_topk,
             "silence_audio": settings.silence_audio,
+            "mcp_servers": None if settings.mcp_servers is None else list(settings.mcp_servers),
             "server": {
                 "session_id": info.session_id,
                 "backends": list(info.backends),
@@ -247,6 +296,8 @@ def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any
                 "idle_timeout_s": info.idle_timeout_s,
                 "max_duration_s": info.max_duration_s,
                 "input_buffer_s": info.input_buffer_s,
+                "tools_backends": list(info.tools_backends),
+                "mcp_servers": list(info.mcp_servers),
             },
         },
     }

@@ -16,11 +16,12 @@ from starlette import status
 
 from kame.media import FRAME_SIZE
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, Command, Fault, Outgoing, ResetIn, SettingsIn
+from kame.server.runtime.wire import AudioIn, Command, Fault, FunctionOutputIn, Ignored, Outgoing, ResetIn, SettingsIn
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.audio import Pcm16In
 from kame.server.wires.realtime.decode import AppendAudio, SessionReset, SessionUpdate, decode_client_event
 from kame.server.wires.realtime.events import ClientError, Event, EventEncoder, Ids
+from kame.server.wires.realtime.functions import FunctionOutput, ResponseCreate, function_call_response, output_accepted
 from kame.server.wires.realtime.settings import ServerInfo, parse_session_update, session_object
 from kame.server.wires.realtime.turns import AssistantTurns, Conversation, UserTurns
 from kame.session import events as pe
@@ -55,6 +56,8 @@ class RealtimeWire:
         self._rate_window = -1e9
         self._rate_count = 0
         self.client_errors = 0
+        #: function outputs accepted since the last response.create (which then has something to continue)
+        self._outputs_pending_create = 0
         self._new_conversation()
 
     def _new_conversation(self) -> None:
@@ -86,7 +89,7 @@ class RealtimeWire:
         text = message.get("text")
         payload: str | bytes | None = text if text is not None else message.get("bytes")
         try:
-            command = decode_client_event(payload)
+            command = decode_client_event(payload, self.info.max_function_output_chars)
             if isinstance(command, AppendAudio):
                 return [AudioIn(self._pcm_in.push(command.pcm16), command.event_id)] if command.pcm16 else []
             if isinstance(command, SessionUpdate):
@@ -98,6 +101,19 @@ class RealtimeWire:
                 return [SettingsIn(new, command.event_id, ignored)]
             if isinstance(command, SessionReset):
                 return [ResetIn(command.event_id)]
+            if isinstance(command, FunctionOutput):
+                return [FunctionOutputIn(command.call_id, command.output, command.event_id, command.item_id,
+                                         command.previous_item_id)]
+            if isinstance(command, ResponseCreate):
+                if self._outputs_pending_create > 0:
+                    self._outputs_pending_create = 0
+                    return [Ignored("response.create after function outputs (the tool round goes on by itself)")]
+                raise ClientError(
+                    "unsupported_event",
+                    "response.create is not supported: responses are not requested, Moshi speaks full duplex "
+                    "whenever it decides to (it is accepted after a function_call_output)",
+                    param="type", event_id=command.event_id,
+                )
         except ClientError as exc:
             return [self._client_error(exc)]
         return []
@@ -118,6 +134,16 @@ class RealtimeWire:
 
     def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
         error = ClientError("invalid_value", ev.client_safe(message), param="session.kame", event_id=command.event_id)
+        return [self._client_error(error)]
+
+    def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
+        self._outputs_pending_create += 1
+        item_id = command.item_id or self.ids.item()
+        previous = self.conversation.add(item_id)
+        return self._out(output_accepted(item_id, command.previous_item_id or previous, command.call_id, command.output))
+
+    def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
+        error = ClientError("unknown_call_id", ev.client_safe(message), param="item.call_id", event_id=command.event_id)
         return [self._client_error(error)]
 
     def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
@@ -157,6 +183,11 @@ class RealtimeWire:
         if isinstance(event, pe.AsrFailed):
             message = ev.client_safe(event.message or "speech recognition failed")
             return self.users.failed(message) + [{"type": "kame.asr.error", "message": message}]
+        if isinstance(event, pe.FunctionCallRequested):
+            # A call is its own response (never part of a speech response): all its events at once.
+            response_id, item_id = self.ids.response(), self.ids.item()
+            previous = self.conversation.add(item_id)
+            return function_call_response(response_id, item_id, event.call_id, event.tool, event.arguments, previous)
         mapped = ev.kame_event(event)
         return [mapped] if mapped is not None else []
 
@@ -180,7 +211,16 @@ def refusal(error: str) -> Outgoing:
     return Outgoing(EventEncoder(Ids()).encode(ev.error_event("invalid_value", error)))
 
 
-def server_info(session_id: str, model: str, *, backends: list[str], default_backend: str | None, cfg: Any) -> ServerInfo:
+def server_info(
+    session_id: str,
+    model: str,
+    *,
+    backends: list[str],
+    default_backend: str | None,
+    cfg: Any,
+    tools_backends: list[str] | None = None,
+    mcp_servers: list[str] | None = None,
+) -> ServerInfo:
     """What ``session.kame.server`` shows and ``session.update`` is checked against (``cfg``: the KameConfig)."""
     return ServerInfo(
         session_id=session_id,
@@ -196,4 +236,7 @@ def server_info(session_id: str, model: str, *, backends: list[str], default_bac
         idle_timeout_s=cfg.server.idle_timeout_s,
         max_duration_s=cfg.server.max_duration_s,
         input_buffer_s=cfg.server.input_buffer_s,
+        tools_backends=tuple(tools_backends or ()),
+        mcp_servers=tuple(mcp_servers or ()),
+        max_function_output_chars=cfg.tools.max_client_output_chars,
     )
