@@ -265,6 +265,6 @@ def test_function_errors(server: ServerProcess) -> None:
     unknown, too_big, notools, mcp, ok = asyncio.run(main())
     assert unknown.type == "error" and unknown.error.code == "unknown_call_id"
     assert too_big.type == "error" and too_big.error.code == "output_too_large"
-    assert notools.type == "error" and notools.error.code == "tools_not_supported"
+    assert notools.type == "error" and notools.error.code == "tools_not_allowed"
     assert mcp.type == "error" and mcp.error.code == "unsupported_tool_type"
     assert ok.type == "session.updated"

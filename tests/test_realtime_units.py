@@ -300,7 +300,7 @@ def test_session_update_applies_kame_settings_and_instructions() -> None:
          "session.audio.output.format"),
         ({"input_audio_format": "g711_ulaw"}, "unsupported_audio_format", "session.input_audio_format"),
         ({"output_modalities": ["text"]}, "invalid_value", "session.output_modalities"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "tools_not_supported", "session.tools"),  # a back-end that may not
+        ({"tools": [{"type": "function", "name": "f"}]}, "tools_not_allowed", "session.tools"),  # a back-end that may not
         ({"tools": [{"type": "mcp", "server_url": "http://x"}]}, "unsupported_tool_type", "session.tools[0].type"),
         ({"instructions": 5}, "invalid_value", "session.instructions"),
         ({"instructions": "x" * 20001}, "invalid_value", "session.instructions"),

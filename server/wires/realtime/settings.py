@@ -190,7 +190,7 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
     functions = changes.get("functions", current.functions)
     if functions and backend not in info.tools_backends:
         raise ClientError(
-            "tools_not_supported",
+            "tools_not_allowed",
             f"back-end {str(backend)[:64]!r} may not be sent tools (allow_tools is off); "
             f"back-ends that may: {', '.join(info.tools_backends) or '(none)'}",
             param="session.tools" if "tools" in session else "session.kame.backend",
