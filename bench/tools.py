@@ -114,7 +114,7 @@ def make_loop(reg: BackendRegistry, tool: TimedTool, sink: Sink, oracle: OracleC
     tools = SessionTools.create(ToolLoopLimits(call_timeout_s=5.0))
     tools.routes.set("bench", [LOOKUP], tool)
     return OracleLoop(config=oracle, registry=reg, sink=sink, encode=encode, piece_of=None,
-                      emit=lambda k, d: events.append((time.monotonic(), k, d)), tools=tools)
+                      emit=lambda e: events.append((time.monotonic(), e.name, e.fields())), tools=tools)
 
 
 def pct(xs: list[float], q: float) -> float:

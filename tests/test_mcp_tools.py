@@ -331,7 +331,7 @@ def test_catalog_gives_a_session_its_mcp_tools_and_the_oracle_speaks_their_answe
         sink = Sink()
         events: list[str] = []
         loop = OracleLoop(config=OracleConfig(), registry=reg, sink=sink, encode=lambda t: [ord(c) for c in t],
-                          piece_of=None, emit=lambda k, d: events.append(k), tools=tools)
+                          piece_of=None, emit=lambda e: events.append(e.name), tools=tools)
         loop.on_user_final("what is the weather in Paris")
         deadline = time.monotonic() + 15
         while "llm.done" not in events and time.monotonic() < deadline:
