@@ -35,11 +35,11 @@ if TYPE_CHECKING:
     import torch
 
     from kame.backend.registry import BackendRegistry
-    from kame.oracle.session_tools import ToolCatalog
     from kame.config import KameConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import FrontendModels
+    from kame.oracle.session_tools import ToolCatalog
     from kame.server.config import AppConfig
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.session.pipeline import Pipeline

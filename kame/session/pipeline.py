@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from kame.asr.events import AsrEvent, EventType
+from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
-from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.media import SAMPLE_RATE
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog

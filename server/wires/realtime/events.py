@@ -284,8 +284,8 @@ def kame_event(event: PipelineEvent) -> Event | None:
     """The ``kame.*`` event for a pipeline event (None for the ones mapped elsewhere or not sent)."""
     if isinstance(event, (pe.ToolCallStarted, pe.ToolCallFinished)):
         # fields(): the tool's name as "name", arguments only where the session shows them
-        fields = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in event.fields().items()}
-        return {"type": "kame." + event.name, **fields}
+        payload = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in event.fields().items()}
+        return {"type": "kame." + event.name, **payload}
     spec = KAME_EVENTS.get(type(event))
     if spec is None:
         return None
