@@ -42,6 +42,7 @@ from kame.server.runtime.wire import (
     Command,
     EndIn,
     Fault,
+    FunctionOutputIn,
     Outgoing,
     Reply,
     SettingsIn,
@@ -224,6 +225,12 @@ class LiveEndpointWire:
                           client_event_id=ids[0] if ids else None)
         commands.append(self._client_error(error))
         return commands
+
+    def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
+        return []  # this wire sends no FunctionOutputIn (Responses delegation runs its own rounds)
+
+    def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
+        return []
 
     def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
         error = LiveError(
