@@ -143,7 +143,7 @@ class ModelHost:
         """The MCP servers and tool settings (in the event loop); the servers sessions will use are
         connected in the background now, so the first session does not wait for them."""
         from kame.oracle.session_tools import ToolCatalog
-        from kame.server.metrics import CLIENT_FUNCTION_LABEL
+        from kame.server.telemetry.metrics import CLIENT_FUNCTION_LABEL
 
         metrics = self.metrics
 
