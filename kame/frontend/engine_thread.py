@@ -355,9 +355,8 @@ class EngineThread:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException as exc:  # noqa: BLE001 - the last resort: never die silently
+        except BaseException as exc:  # noqa: BLE001 - the last resort: never die silently (logged, then said)
             self._die(f"{exc.__class__.__name__}: {exc}")
-            raise
 
     def _die(self, reason: str) -> None:
         log.critical("the engine thread died: %s", reason, exc_info=True)
