@@ -146,7 +146,7 @@ def test_a_failing_command_fails_its_slot_only(engine: EngineThread, monkeypatch
         await good.attach()
         bad.oracle_reset([5, 6])
         item = await asyncio.wait_for(bad.outputs.get(), 5)
-        assert isinstance(item, EngineFailed) and "oracle_reset failed (IndexError)" in str(item)
+        assert isinstance(item, EngineFailed) and "oracle reset failed (IndexError)" in str(item)
         await wait_free(engine, 1)  # the failed slot is released
         await a_frame_comes_out(good)  # the other session never noticed
         good.detach()

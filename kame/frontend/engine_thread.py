@@ -241,14 +241,17 @@ class EngineThread:
         step). Writes are ordered as they are made; attach, detach and reset stay commands and are
         awaited before a session writes, so none of its writes can be cleared by them."""
         with self._lock:
-            if slot not in self._io:
+            io = self._io.get(slot)
+            if io is None:
                 return False
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - a bad write is that session's problem, not the engine's
+                return True
+            except Exception as exc:  # noqa: BLE001 - a bad write is that session's problem, not the engine's
                 log.exception("oracle %s of slot %d failed", what, slot)
-                return False
-        return True
+                message = f"engine oracle {what} failed ({exc.__class__.__name__})"
+        self._fail_slot(slot, io, message)  # out of the lock: it releases the slot
+        return False
 
     def oracle_reset(self, slot: int, first_ids: list[int], done: Callable[[float], None] | None = None) -> None:
         """A new oracle sequence, in the FIFO when this returns; ``done(t)`` then says when."""
@@ -364,13 +367,13 @@ class EngineThread:
             self.error = reason
             live = list(self._io.items())
             self._io.clear()
-        for slot, io in live:
-            self._notify_error(slot, io, "the engine stopped")
-        if self.on_death is not None:
+        if self.on_death is not None:  # first, so that the server says "failed" before sessions end
             try:
                 self.on_death(reason)
             except Exception:  # noqa: BLE001
                 log.exception("engine on_death callback failed")
+        for slot, io in live:
+            self._notify_error(slot, io, "the engine stopped")
 
     def _loop(self) -> None:
         while True:
