@@ -200,7 +200,7 @@ class InProcessServer:
     def __init__(self, ckpt: Path, cache_dir: Path) -> None:
         import uvicorn
 
-        from kame.server.app import create_app
+        from kame.server.app.factory import create_app
         from kame.server.config import AppConfig
 
         cfg = AppConfig.model_validate({
