@@ -221,3 +221,66 @@ def test_a_failing_backend_fails_the_response_and_the_session_goes_on(server: Se
     failed = [e["event"] for e in c.of_type("response.event") if e["event"]["type"] == "response.failed"][0]
     assert failed["response"]["error"]["code"] == "server_error" and "500" in failed["response"]["error"]["message"]
     assert c.of_type("session.closed")[0]["reason"] == "close_requested"
+
+
+@pytest.fixture(scope="module")
+def demo(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The stock CPU demo (``--config cpu-demo``): its default back-end is the scripted one."""
+    tmp = tmp_path_factory.mktemp("live-responses-demo")
+    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config="cpu-demo").start()
+    yield srv
+    srv.stop()
+
+
+def test_a_framework_with_its_own_model_name_on_the_stock_cpu_demo(demo: ServerProcess) -> None:
+    """A client names its own Responses model (as Pipecat users do); the demo's scripted back-end runs the
+    delegation anyway (an ``info`` says so), calls the client's get_weather and answers from its output."""
+    ran: list[dict[str, Any]] = []
+
+    async def main() -> LiveClient:
+        c = await LiveClient.connect(demo.http_url)
+        assert (
+            await c.start(
+                {
+                    "model": "gpt-live-1",
+                    "delegation": {
+                        "type": "responses",
+                        "responses": {
+                            "model": "gpt-5.4-mini",
+                            "instructions": "Help with the weather.",
+                            "tools": [WEATHER],
+                        },
+                    },
+                }
+            )
+            is not None
+        )
+        mic = asyncio.create_task(c.send_pcm(spoken("What is the weather like?", 6.0)))
+        call = await c.wait_for(
+            lambda e: (
+                e.get("type") == "response.event"
+                and e["event"]["type"] == "response.output_item.done"
+                and e["event"]["item"]["type"] == "function_call"
+            ),
+            20,
+        )
+        assert call is not None, c.transcript("user")
+        item = call["event"]["item"]
+        ran.append(json.loads(item["arguments"]))
+        await c.wait_for(lambda e: e.get("type") == "response.event" and e["event"]["type"] == "response.completed", 5)
+        await c.conn.response.item.create(
+            item={"type": "function_call_output", "call_id": item["call_id"], "output": "sunny and warm"}
+        )
+        await c.conn.response.create()
+        answer = await c.wait_for(lambda e: e.get("type") == "kame.responses.answer" and e["after_tools"], 15)
+        assert answer is not None
+        await mic
+        await c.close_session()
+        return c
+
+    c = asyncio.run(main())
+    assert c.errors == [], c.errors
+    assert any("gpt-5.4-mini" in e["message"] for e in c.of_type("info"))
+    assert ran and ran[0] == {"city": "here"}  # the demo script's call
+    texts = [a["text"] for a in c.of_type("kame.responses.answer")]
+    assert texts[0] == "Let me check the weather." and "sunny and warm" in texts[-1], texts

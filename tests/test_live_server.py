@@ -197,8 +197,10 @@ def test_audio_formats_both_ways(server: ServerProcess, fmt: dict[str, Any], byt
 
 def test_every_ignored_and_refused_field(server: ServerProcess) -> None:
     refused_starts = [
-        # Responses delegation is offered (a back-end is configured), but the scripted default takes no model name
-        ("r1", {"model": "m", "delegation": {"type": "responses", "responses": {"model": "gpt-5"}}}, "invalid_value"),
+        # Responses delegation is offered (a back-end is configured); hosted tools are not
+        ("r1", {"model": "m", "delegation": {"type": "responses", "responses": {"model": "gpt-5",
+                                                                                 "tools": [{"type": "web_search"}]}}},
+         "unsupported_tool"),
         ("r2", {"model": "m", "delegation": {"type": "decisions", "decisions": {"model": "x", "questions": []}}},
          "unsupported_delegation"),
         ("r3", {"model": "m", "triggers": [{"type": "decisions", "event_type": "session.input_transcript.delta",
@@ -250,7 +252,7 @@ def test_every_ignored_and_refused_field(server: ServerProcess) -> None:
     for event_id, _, code in refused_starts + refused_events:
         assert errors[event_id]["code"] == code, (event_id, errors.get(event_id))
         assert errors[event_id]["client_event_id"] == event_id
-    assert errors["r1"]["param"] == "session.delegation.responses.model"
+    assert errors["r1"]["param"] == "session.delegation.responses.tools[0]"
     assert errors["r4"]["param"] == "session.audio.format.rate"
     infos = [e for e in c.of_type("info") if e.get("client_event_id") == "ok"]
     messages = " | ".join(e["message"] for e in infos)

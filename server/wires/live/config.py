@@ -35,6 +35,7 @@ from kame.server.wires.live.responses_config import (
     BackendCatalog,
     DelegationConfigError,
     ResponsesDelegationSettings,
+    model_notice,
     parse_responses_config,
     update_responses_config,
 )
@@ -182,6 +183,10 @@ def _responses(
             settings = current if raw is None else update_responses_config(current, raw, info.responses, param=param)
     except DelegationConfigError as exc:
         raise LiveError(exc.code, exc.message, param=exc.param, client_event_id=event_id) from None
+    if isinstance(raw, Mapping) and "model" in raw:
+        notice = model_notice(settings.model, settings.target)
+        if notice is not None:
+            infos.append(_ignored(f"{param}.model", notice, event_id))
     if isinstance(raw, Mapping):
         for name in IGNORED_FIELDS:
             if raw.get(name) is not None:

@@ -368,13 +368,19 @@ def resolve_target(model: str, catalog: BackendCatalog, *, param: str = f"{PARAM
             param=param,
         )
     if catalog.default not in catalog.model_override:
-        raise DelegationConfigError(
-            "invalid_value",
-            f"{param}: {model!r} is not a configured back-end, and the default back-end "
-            f"{catalog.default!r} does not take a model name; name one of: {', '.join(catalog.backends)}",
-            param=param,
-        )
+        # A scripted default (the CPU demo) has no models: the delegation runs on it as it is.
+        return BackendTarget(catalog.default, None)
     return BackendTarget(catalog.default, model)
+
+
+def model_notice(model: str, target: BackendTarget) -> str | None:
+    """Why ``model`` is not the model the back-end is asked for (None: it is, or it names the back-end)."""
+    if model == target.backend or target.model == model:
+        return None
+    return (
+        f"{model!r} is not a configured back-end, and the default back-end {target.backend!r} takes no model "
+        "name: the delegation runs on it as configured"
+    )
 
 
 # --------------------------------------------------------------------------- fields
