@@ -317,3 +317,25 @@ def test_a_backend_that_refuses_stream_options_is_asked_without(llm_server: LlmS
     assert len(reqs) == 3 and "stream_options" in reqs[0].body
     assert "stream_options" not in reqs[1].body and "stream_options" not in reqs[2].body  # remembered
     assert all(e["response"]["usage"] is None for e in s.nested("response.completed"))
+
+
+def test_a_model_the_backend_does_not_serve_falls_back_to_its_own(llm_server: LlmServer) -> None:  # noqa: F811
+    llm_server.push(
+        Reply(status=404, error_message="The model `gpt-5.4-mini` does not exist."),
+        Reply(text="Answer one."),
+        Reply(text="Answer two."),
+    )
+
+    async def main() -> tuple[list[DelegationDone], Session]:
+        registry = registry_for(llm_server)
+        s = Session(registry, {"model": "gpt-5.4-mini"})
+        done = [await asyncio.wait_for(s.d.start(*s.d.new_ids()), 10) for _ in range(2)]
+        await registry.aclose()
+        return done, s
+
+    done, s = asyncio.run(main())
+    assert [d.text for d in done] == ["Answer one.", "Answer two."]
+    models = [r.body["model"] for r in llm_server.chat_requests()]
+    assert models == ["gpt-5.4-mini", "test-model", "test-model"]  # remembered for the session
+    notices = [e for e in s.sent if e["type"] == "info" and e["code"] == "kame.backend_notice"]
+    assert len(notices) == 1 and "gpt-5.4-mini" in notices[0]["message"]

@@ -42,23 +42,28 @@ def tool_spec(function: FunctionSpec) -> ToolSpec:
 def registry_source(registry: BackendRegistry) -> RoundSource:
     """A round source that streams each round from the registry's tool-capable back-ends.
 
-    Usage is asked for with ``stream_options.include_usage``; a back-end that
-    rejects the request with it (HTTP 400 before any output) is asked again
-    without, and not asked for usage again (its responses then carry none).
+    Two things a provider may refuse are asked for once and then dropped for
+    that back-end: usage (``stream_options.include_usage``: a 400 before any
+    output asks again without it; responses then carry no usage) and the
+    client's model name (a 404 before any output, the provider does not
+    serve it: asked again with the back-end's own model, and a notice).
     """
     no_usage: set[str] = set()
+    no_model: set[tuple[str, str]] = set()
 
     async def source(request: RoundRequest) -> AsyncIterator[Any]:
         specs = [tool_spec(f) for f in request.functions]
-        for attempt in range(2):
+        notice: str | None = None
+        for _attempt in range(3):
             report = TurnReport() if request.backend not in no_usage else None
+            model = request.model if (request.backend, request.model or "") not in no_model else None
             stream = registry.stream_turn(
                 request.backend,
                 request.messages,
                 tools=specs or None,
                 tool_choice=request.tool_choice if specs else None,
                 max_tokens=request.max_tokens,
-                model=request.model,
+                model=model,
                 report=report,
             )
             produced = False
@@ -67,13 +72,25 @@ def registry_source(registry: BackendRegistry) -> RoundSource:
                     async for item in stream:
                         produced = True
                         yield item
-            except BackendRequestError:
-                if produced or report is None or attempt > 0:
+            except BackendRequestError as exc:
+                if produced:
                     raise
-                log.info("back-end %s refused stream_options.include_usage: asking without it", request.backend)
-                no_usage.add(request.backend)
-                continue
-            yield RoundEnd(report.finish_reason if report else None, usage_of(report) if report else None)
+                if model is not None and exc.status_code == 404:
+                    log.info("back-end %s does not serve model %r: using its own", request.backend, model)
+                    no_model.add((request.backend, model))
+                    notice = (
+                        f"back-end {request.backend!r} does not serve model {model!r}; it answers with its own model"
+                    )
+                    continue
+                if report is not None and exc.status_code == 400:
+                    log.info("back-end %s refused stream_options.include_usage: asking without it", request.backend)
+                    no_usage.add(request.backend)
+                    continue
+                raise
+            if report is None:
+                yield RoundEnd(None, None, notice)
+            else:
+                yield RoundEnd(report.finish_reason, usage_of(report), notice)
             return
 
     return source

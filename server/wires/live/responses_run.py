@@ -115,6 +115,7 @@ class RoundEnd:
 
     finish_reason: str | None = None
     usage: Usage | None = None
+    notice: str | None = None  #: something the client should know (an ``info`` ``kame.backend_notice``)
 
 
 @dataclass(frozen=True)
@@ -497,6 +498,8 @@ class ResponsesDelegator:
                             _guard(self._on_text, TextOut(delegation_id, round_no, item, after_tools))
                     elif isinstance(item, RoundEnd):
                         end = item
+                        if item.notice:
+                            self._info("kame.backend_notice", item.notice)
                     else:
                         self._piece(item, names, args, order, settings.parallel_tool_calls)
             finally:
