@@ -284,6 +284,8 @@ class Pipeline:
         old = self.settings
         if self.tools is not None and settings.tools_part() != old.tools_part():
             self._apply_tools(settings)  # first: it may refuse (an MCP server name not configured)
+        if self.tools is not None:
+            self.tools.tools.include_arguments = settings.record  # arguments in events only when recorded
         if self.oracle is not None and settings.oracle_part() != old.oracle_part():
             self.oracle.apply(OracleChoice.resolve(settings, self.oracle_config))
         if self.slot is not None and settings.sampling() != old.sampling():
