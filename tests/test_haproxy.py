@@ -52,6 +52,25 @@ def fleet(
             r.stop(signal.SIGKILL)
 
 
+def test_local_config_keeps_the_shipped_settings(tmp_path: Path) -> None:
+    """Only the addresses change: both backends get the replicas, the session backend caps each at its slots."""
+    from haproxy import SHIPPED_CONFIG, local_config
+
+    shipped = SHIPPED_CONFIG.read_text()
+    text = local_config(shipped, port=18080, servers=[Backend("kame1", 18001, 2), Backend("kame2", 18002, 2)],
+                        stats_socket=tmp_path / "s.sock")
+    sections = {}
+    for block in text.split("\nbackend ")[1:]:
+        name, _, body = block.partition("\n")
+        sections[name.strip()] = [line.strip() for line in body.splitlines() if line.strip().startswith("server ")]
+    assert sections["kame"] == ["server kame1 127.0.0.1:18001 maxconn 2", "server kame2 127.0.0.1:18002 maxconn 2"]
+    assert sections["kame_http"] == ["server kame1 127.0.0.1:18001", "server kame2 127.0.0.1:18002"]
+    assert "bind 127.0.0.1:18080" in text and "10.0.0.11" not in text
+    settings = ("balance", "http-check", "timeout", "option", "acl", "use_backend", "default-server")
+    kept = [line for line in shipped.splitlines() if line.strip().startswith(settings)]
+    assert kept and all(line in text.splitlines() for line in kept)
+
+
 def active(replicas: list[ServerProcess]) -> list[int]:
     return [r.get_json("/health")[1]["sessions"]["active"] for r in replicas]
 
