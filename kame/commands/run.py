@@ -102,6 +102,7 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     from kame.backend.registry import BackendRegistry
     from kame.backend.resolve import resolve_backends
     from kame.frontend.engine_thread import EngineThread
+    from kame.oracle.session_tools import ToolCatalog
     from kame.session.offline import run_tandem_file, write_events
     from kame.session.pipeline import piece_lookup
     from kame.session.root import SessionRoot
@@ -118,9 +119,10 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
         log.warning("no LLM back-end configured (set KAME_LLM_BASE_URL or --config): running without the oracle")
     recognizer = create_recognizer(cfg.asr, cache_dir=cfg.cache_dir)
     engine = EngineThread(core)
+    tools = ToolCatalog(cfg.tools, os.environ)  # the configured MCP servers (server-wide and the back-ends')
     root = SessionRoot(engine=engine, oracle_config=cfg.oracle, registry=registry, recognizer=recognizer,
                        encode=core.models.encode_text, piece_of=piece_lookup(core.models.tokenizer),
-                       vocab=core.models.vocab)
+                       vocab=core.models.vocab, tools=tools)
     engine.start()
     settings = SessionSettings(backend=args.backend or None)
 
@@ -129,6 +131,7 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
             return await run_tandem_file(root, pcm, settings=settings, injections=injections,
                                          encode_answer=encode_answer, tail_s=args.tail, fast=args.fast)
         finally:
+            await tools.aclose()
             if registry is not None:
                 await registry.aclose()
 
