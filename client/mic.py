@@ -291,8 +291,20 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
     retrier = _retrier(opts, display)
     received: list[np.ndarray] = []
     pos = 0
+
+    def save() -> np.ndarray:
+        out = np.concatenate(received) if received else np.zeros(0, np.float32)
+        if opts.output_wav is not None:
+            write_wav(opts.output_wav, out)
+        return out
+
     while True:
-        client = await _connect(opts, display, retrier)
+        try:
+            client = await _connect(opts, display, retrier)
+        except UserError:
+            if received:  # what earlier sessions sent is kept even when the reconnect fails
+                save()
+            raise
         printer = _EventPrinter(client, opts.protocol, display)
 
         async def show(p: _EventPrinter = printer) -> None:
@@ -312,12 +324,15 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
             printer.poll()
             display.flush_assistant()
         received.append(client.received_pcm())
-        if not (cut_short and await _after_session(client, retrier, display)):
+        try:
+            again = cut_short and await _after_session(client, retrier, display)
+        except UserError:  # retries used up: keep what came
+            save()
+            raise
+        if not again:
             await client.close()
             break
-    out = np.concatenate(received) if received else np.zeros(0, np.float32)
-    if opts.output_wav is not None:
-        write_wav(opts.output_wav, out)
+    out = save()
     return MicResult(out, client.stats.time_to_first_audio_s, client.stats.rtf, reconnects=retrier.reconnects)
 
 
