@@ -150,7 +150,10 @@ def test_sdk_responses_delegation_on_the_cpu_demo(server: ServerProcess, llm: Ll
         return c
 
     resets_before = server.metric("kame_oracle_resets_total", headers=AUTH)
+    calls_label = 'outcome="ok",tool="client_function"'
+    calls_before = server.metric("kame_tool_calls_total", calls_label, headers=AUTH)
     c = asyncio.run(main())
+    assert server.metric("kame_tool_calls_total", calls_label, headers=AUTH) - calls_before == 1
     assert c.errors == [], c.errors
     heard = c.transcript("user").lower()
     assert "weather" in heard and "tomorrow" in heard, heard
