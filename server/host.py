@@ -341,19 +341,15 @@ class ModelHost:
     # ------------------------------------------------------------------ sessions
     def _session_root(self, engine: EngineThread) -> SessionRoot:
         """The shared parts every session's pipeline is built from (after the models loaded)."""
-        from kame.session.pipeline import piece_lookup
         from kame.session.root import SessionRoot
 
         assert self.models is not None
-        registry = self.backends if self.backends is not None and self.backends.names else None
-        return SessionRoot(
-            engine=engine,
+        return SessionRoot.for_models(
+            engine,
+            self.models,
             oracle_config=self.cfg.oracle,
-            registry=registry,
+            registry=self.backends,
             recognizer=self.recognizer,
-            encode=self.models.encode_text,
-            piece_of=piece_lookup(self.models.tokenizer),
-            vocab=self.models.vocab,
             command_timeout_s=self.cfg.server.engine_command_timeout_s,
             tools=self.tools,
         )

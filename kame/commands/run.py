@@ -104,7 +104,6 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     from kame.frontend.engine_thread import EngineThread
     from kame.oracle.session_tools import ToolCatalog
     from kame.session.offline import run_tandem_file, write_events
-    from kame.session.pipeline import piece_lookup
     from kame.session.root import SessionRoot
     from kame.session.settings import SessionSettings
 
@@ -120,9 +119,8 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     recognizer = create_recognizer(cfg.asr, cache_dir=cfg.cache_dir)
     engine = EngineThread(core)
     tools = ToolCatalog(cfg.tools, os.environ)  # the configured MCP servers (server-wide and the back-ends')
-    root = SessionRoot(engine=engine, oracle_config=cfg.oracle, registry=registry, recognizer=recognizer,
-                       encode=core.models.encode_text, piece_of=piece_lookup(core.models.tokenizer),
-                       vocab=core.models.vocab, tools=tools)
+    root = SessionRoot.for_models(engine, core.models, oracle_config=cfg.oracle, registry=registry,
+                                  recognizer=recognizer, tools=tools)
     engine.start()
     settings = SessionSettings(backend=args.backend or None)
 

@@ -20,6 +20,7 @@ from kame.vocab import MOSHI_VOCAB, TextVocab
 if TYPE_CHECKING:
     from kame.backend.registry import BackendRegistry
     from kame.frontend.engine_thread import EngineThread
+    from kame.frontend.models import FrontendModels
     from kame.oracle.config import OracleConfig
     from kame.oracle.session_tools import ToolCatalog
 
@@ -41,6 +42,34 @@ class SessionRoot:
     command_timeout_s: float = COMMAND_TIMEOUT_S
     #: Function tools: the MCP servers and the tool loop's bounds (None: no tools).
     tools: ToolCatalog | None = None
+
+    @classmethod
+    def for_models(
+        cls,
+        engine: EngineThread,
+        models: FrontendModels,
+        *,
+        oracle_config: OracleConfig,
+        registry: BackendRegistry | None,
+        recognizer: Recognizer | None,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+        tools: ToolCatalog | None = None,
+    ) -> SessionRoot:
+        """The root for loaded front-end models (their tokenizer and vocabulary): what the server and
+        ``kame run`` both build, so that the two compose sessions the same way."""
+        from kame.session.pipeline import piece_lookup
+
+        return cls(
+            engine=engine,
+            oracle_config=oracle_config,
+            registry=registry if registry is not None and registry.names else None,
+            recognizer=recognizer,
+            encode=models.encode_text,
+            piece_of=piece_lookup(models.tokenizer),
+            vocab=models.vocab,
+            command_timeout_s=command_timeout_s,
+            tools=tools,
+        )
 
     def pipeline(self, settings: SessionSettings | None = None, *, max_queued_frames: int = MAX_QUEUED_FRAMES) -> Pipeline:
         """A new session's pipeline (enter it with ``async with`` to attach its slot)."""
