@@ -271,6 +271,12 @@ class ToolsConfig(BaseModel):
 
     max_rounds: int = Field(3, ge=1, le=10, description="Tool rounds per request; then the LLM must answer.")
     call_timeout_s: float = Field(5.0, gt=0, description="Default per-call timeout.")
+    client_call_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Live API Responses delegation: how long a function the client runs may take before the "
+        "back-end is told it returned nothing and answers anyway.",
+    )
     cache_ttl_s: float = Field(
         30.0, ge=0, description="How long a read-only call's result is reused by later requests of the session."
     )

@@ -92,7 +92,15 @@ def _responses_backends(state: AppState) -> live.ResponsesBackends | None:
     if metrics is not None and hasattr(metrics, "on_tool_call"):
         def on_tool_call(event: Any, label: str) -> None:
             metrics.on_tool_call(event, tool=label)
-    return live.ResponsesBackends(registry, toolbox, on_tool_call)
+    tools = state.cfg.tools
+    return live.ResponsesBackends(
+        registry,
+        toolbox,
+        on_tool_call,
+        function_timeout_s=tools.client_call_timeout_s,
+        max_rounds=tools.max_rounds + 1,
+        max_output_chars=tools.max_client_output_chars,
+    )
 
 
 LIVE = WireRoute(

@@ -64,7 +64,11 @@ from kame.server.wires.live.events import (
 )
 from kame.server.wires.live.responses_backend import McpServerTools, mcp_catalog, registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.responses_run import DEFAULT_FUNCTION_TIMEOUT_S
+from kame.server.wires.live.responses_run import (
+    DEFAULT_FUNCTION_TIMEOUT_S,
+    DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_MAX_ROUNDS,
+)
 from kame.server.wires.live.wire import LiveWire
 from kame.server.wires.realtime.events import client_safe
 from kame.session import events as pe
@@ -100,7 +104,9 @@ class ResponsesBackends:
     registry: BackendRegistry
     toolbox: McpToolbox | None = None
     on_tool_call: Callable[[ToolCallEvent, str], None] | None = None  #: tool metrics (event, label)
-    function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
+    function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S  #: ``tools.client_call_timeout_s``
+    max_rounds: int = DEFAULT_MAX_ROUNDS  #: ``tools.max_rounds`` + 1 (the last one answers without tools)
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: ``tools.max_client_output_chars``
 
 
 class LiveEndpointWire:
@@ -127,6 +133,8 @@ class LiveEndpointWire:
                 server_tools=McpServerTools(responses.toolbox) if responses.toolbox is not None else None,
                 on_tool_call=responses.on_tool_call,
                 function_timeout_s=responses.function_timeout_s,
+                max_rounds=responses.max_rounds,
+                max_output_chars=responses.max_output_chars,
             )
         self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=LiveIds(info.session_id[:8]),
                              frame_size=frame_size, responses=hooks)

@@ -42,6 +42,7 @@ from kame.server.wires.live.responses_config import ResponsesDelegationSettings,
 from kame.server.wires.live.responses_conversation import ClientMessage, ConversationLog, Note, UserSpeech
 from kame.server.wires.live.responses_run import (
     DEFAULT_FUNCTION_TIMEOUT_S,
+    DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,
     PromptOptions,
     ResponsesDelegator,
@@ -67,6 +68,7 @@ class ResponsesHooks:
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
     max_rounds: int = DEFAULT_MAX_ROUNDS
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: longest function_call_output accepted
     #: Operator-configured MCP tools kame runs itself (:class:`.responses_backend.McpServerTools`).
     server_tools: ServerTools | None = None
     #: Ask the back-end on the growing transcript too (:mod:`.responses_speculation`), as KAME does.
@@ -114,6 +116,7 @@ class ResponsesMode:
             prompt=prompt,
             function_timeout_s=hooks.function_timeout_s,
             max_rounds=hooks.max_rounds,
+            max_output_chars=hooks.max_output_chars,
             spawn=hooks.spawn,
             server_tools=hooks.server_tools,
             on_tool_call=hooks.on_tool_call,
