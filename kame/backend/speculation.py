@@ -215,18 +215,24 @@ class SpeculativeCalls:
         return effect, False
 
     async def aclose(self) -> None:
-        """End of the session: read-only calls are cancelled; side-effecting ones run to their end."""
+        """End of the session: read-only calls are cancelled; side-effecting ones run to their end
+        (bounded by their timeout) in the background, so closing the session does not wait for them."""
         self.closed = True
         shared = [e.task for e in self._shared.values()]
         for task in shared:
             if not task.done():
                 task.cancel()
-        running = [e.task for e in self._effects.values() if not e.task.done()]
+        for effect in self._effects.values():
+            if not effect.task.done():
+                _BACKGROUND.add(effect.task)  # the loop keeps only weak references to tasks
+                effect.task.add_done_callback(_BACKGROUND.discard)
         for task in shared:
             with contextlib.suppress(BaseException):
                 await task
-        if running:
-            await asyncio.wait(running, timeout=self.call_timeout_s + 1.0)
+
+
+#: Side-effecting calls still running after their session closed (kept alive until they end).
+_BACKGROUND: set[asyncio.Task[ToolResult]] = set()
 
 
 class RequestCalls:
