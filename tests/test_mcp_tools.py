@@ -33,6 +33,8 @@ SERVER = textwrap.dedent('''
         sys.exit(2)
     if os.environ.get("HANG_AT_START"):
         time.sleep(3600)
+    if os.environ.get("CHATTY"):
+        print("starting, my key is " + os.environ.get("WEATHER_KEY", ""), flush=True)  # not JSON-RPC
 
     app = MCPServer("weather")
 
@@ -193,6 +195,26 @@ def test_servers_that_fail_or_hang_at_start_offer_nothing_and_leak_nothing(
 
     asyncio.run(main())
     assert SECRET not in caplog.text
+
+
+def test_a_server_that_prints_its_key_on_stdout_still_works_and_the_key_stays_out_of_the_logs(
+    server_script: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    async def main() -> None:
+        box = toolbox(weather=stdio_cfg(server_script, env={"CHATTY": "1"}))
+        try:
+            tools = await box.tools(["weather"])
+            spec = next(t.spec for t in tools if t.tool == "get_weather")
+            res = await box.executor(tools).execute(call("get_weather", '{"city": "Oslo"}'), spec)
+            assert res.ok and "Oslo" in res.output
+        finally:
+            await box.aclose()
+
+    asyncio.run(main())
+    assert "Failed to parse" in caplog.text  # the SDK did log the line...
+    assert SECRET not in caplog.text  # ... without the key
 
 
 def test_sessions_pick_servers_by_name_only() -> None:

@@ -33,6 +33,7 @@ import json
 import logging
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -323,6 +324,37 @@ class McpExecutor:
         return await self._connections[tool.server].call(call, tool.tool)
 
 
+class _RedactingFilter(logging.Filter):
+    """Removes the servers' secrets from what the ``mcp`` SDK logs (it quotes a server's bad output lines)."""
+
+    def __init__(self, secrets: Callable[[], list[str]]) -> None:
+        super().__init__()
+        self._secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = self._secrets()
+        if not secrets:
+            return True
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+            record.exc_info = None
+            record.exc_text = None
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        record.msg, record.args = text, ()
+        return True
+
+
+def _sdk_loggers() -> list[logging.Logger]:
+    import mcp.client.session  # noqa: F401  (their loggers exist once imported)
+    import mcp.client.stdio  # noqa: F401
+    import mcp.client.streamable_http  # noqa: F401
+
+    names = [n for n in logging.root.manager.loggerDict if n == "mcp" or n.startswith("mcp.")]
+    return [logging.getLogger(n) for n in names]
+
+
 class McpToolbox:
     """Every configured MCP server of one kame server."""
 
@@ -337,6 +369,10 @@ class McpToolbox:
         self.connections = {
             name: McpConnection(name, server, environ, clock=clock) for name, server in cfg.mcp_servers.items()
         }
+        self._filter = _RedactingFilter(lambda: [v for c in self.connections.values() for v in c._secrets()])
+        self._loggers = _sdk_loggers() if self.connections else []
+        for logger in self._loggers:
+            logger.addFilter(self._filter)
 
     @property
     def names(self) -> list[str]:
@@ -378,6 +414,8 @@ class McpToolbox:
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.connections.values()), return_exceptions=True)
+        for logger in self._loggers:
+            logger.removeFilter(self._filter)
 
 
 def _describe(exc: BaseException) -> str:
