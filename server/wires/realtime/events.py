@@ -258,7 +258,7 @@ class ClientError(ValueError):
 
 #: Pipeline event -> kame.* event type, and the payload fields passed on.
 KAME_EVENTS: dict[type[PipelineEvent], tuple[str, tuple[str, ...]]] = {
-    pe.LlmRequestStarted: ("kame.backend.request_started", ("request_id", "backend", "turn_id", "reason")),
+    pe.LlmRequestStarted: ("kame.backend.request_started", ("request_id", "backend", "turn_id", "reason", "tools")),
     pe.LlmFirstToken: ("kame.backend.first_token", ("request_id", "backend", "ttft_s")),
     pe.LlmDone: ("kame.backend.done", ("request_id", "backend", "text", "duration_s")),
     pe.LlmCancelled: ("kame.backend.cancelled", ("request_id", "reason")),
