@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +330,34 @@ def test_the_final_transcript_cancels_the_guess(llm_server: LlmServer, encode: C
     assert len(cancelled) == 1 and "turn ended" in cancelled[0]["reason"]
     assert [a.text for a in c.answers] == ["Here is the answer."]
     assert not [e for e in c.sent if e["type"] == "kame.oracle.reset"]
+
+
+def test_a_round_reaches_the_oracle_word_by_word_as_it_streams(
+    llm_server: LlmServer,  # noqa: F811
+    encode: Callable[[str], list[int]],
+) -> None:
+    answer = "It is sunny and warm in Paris today, with a light breeze from the sea."
+    llm_server.push(Reply(text=answer, chunk_delay_s=0.05))
+    fed: list[tuple[str, tuple[int, ...], bool]] = []  # (kind, ids, the round's response already completed)
+
+    async def main() -> Client:
+        c = Client(llm_server, encode, speculate=False)
+        done = lambda: bool(c.nested("response.completed"))  # noqa: E731
+        c.wire.responses_hooks = replace(  # the runtime's push, as the Live endpoint gives it
+            c.wire.responses_hooks,
+            answer=lambda a: fed.append(("reset", a.ids, done())),
+            push=lambda ids: fed.append(("push", tuple(ids), done())),
+        )
+        start(c, tools=[])
+        c.sends(c.wire.speech_started(1, 0.0))
+        c.sends(c.wire.final(1, 1.0, "How is the weather?", 1.0))
+        await c.until(lambda: bool(c.of_type("kame.responses.answer")))
+        await c.registry.aclose()
+        return c
+
+    c = asyncio.run(main())
+    assert fed[0][0] == "reset" and all(kind == "push" for kind, _, _ in fed[1:]) and len(fed) > 3
+    assert not fed[0][2] and not fed[1][2]  # Moshi had the first words while the answer still streamed
+    ids = [i for _, chunk, _ in fed for i in chunk]
+    reached = c.of_type("kame.responses.answer")[0]
+    assert ids == encode(reached["text"]) and reached["tokens"] == len(ids)  # one encode of the whole answer

@@ -317,6 +317,11 @@ class Pipeline:
         if self.slot is not None and ids:
             self.slot.oracle_reset(list(ids), done)
 
+    def inject_push(self, ids: list[int]) -> None:
+        """Append ``ids`` to the oracle sequence :meth:`inject_answer` started (an answer that streams)."""
+        if self.slot is not None and ids:
+            self.slot.oracle_push(list(ids))
+
     # ------------------------------------------------------------------ out
     def _put(self, event: PipelineEvent) -> None:
         self._events.put_nowait(event)

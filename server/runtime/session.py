@@ -539,6 +539,12 @@ class _RuntimeIO:
     def answer(self, ids: Sequence[int], received_t: float) -> None:
         self._runtime._answer(AnswerIn(tuple(ids), received_t))
 
+    def push(self, ids: Sequence[int]) -> None:
+        pipeline = self._runtime.pipeline
+        if pipeline is not None and ids:
+            pipeline.inject_push(list(ids))
+            self._runtime.metrics.oracle_tokens.inc(len(ids))
+
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         if self._runtime.ended is not None:  # too late: nothing would cancel it
             work.close()

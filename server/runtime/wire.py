@@ -184,5 +184,8 @@ class WireIO(Protocol):
     def answer(self, ids: Sequence[int], received_t: float) -> None:
         """A new oracle sequence of these token ids, now (as :class:`AnswerIn`)."""
 
+    def push(self, ids: Sequence[int]) -> None:
+        """More token ids for the oracle sequence the last :meth:`answer` started."""
+
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``work`` as a task of the session: cancelled when it ends; a failure is logged, never ends it."""

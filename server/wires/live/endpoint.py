@@ -129,6 +129,7 @@ class LiveEndpointWire:
                 source=registry_source(responses.registry),
                 send=self._send_later,
                 answer=self._answer_later,
+                push=self._push_later,
                 spawn=self._spawn,
                 server_tools=McpServerTools(responses.toolbox) if responses.toolbox is not None else None,
                 on_tool_call=responses.on_tool_call,
@@ -158,6 +159,10 @@ class LiveEndpointWire:
     def _answer_later(self, answer: OracleAnswer) -> None:
         if self._io is not None:
             self._io.answer(answer.ids, time.monotonic())
+
+    def _push_later(self, ids: Sequence[int]) -> None:
+        if self._io is not None:
+            self._io.push(ids)
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         if self._io is None:  # not served (a unit test without a runtime): a plain task

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from kame.backend.speculation import ToolCallEvent
 from kame.oracle.config import OracleConfig
 from kame.oracle.debounce import Debouncer
+from kame.oracle.word_tokenizer import WordStreamTokenizer
 from kame.server.wires.live.commentary import OracleAnswer, commentary_answer
 from kame.server.wires.live.delegation import DelegationBook
 from kame.server.wires.live.events import Info, KameEvent, LiveError, LiveEvent, ResponseEventOut
@@ -44,11 +45,13 @@ from kame.server.wires.live.responses_run import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,
+    DelegationDone,
     PromptOptions,
     ResponsesDelegator,
     RoundSource,
     RoundText,
     ServerTools,
+    TextOut,
 )
 from kame.server.wires.live.responses_speculation import Speculator
 from kame.server.wires.live.responses_stream import Event, new_id
@@ -73,6 +76,9 @@ class ResponsesHooks:
     server_tools: ServerTools | None = None
     #: Ask the back-end on the growing transcript too (:mod:`.responses_speculation`), as KAME does.
     speculate: bool = True
+    #: Append token ids to the oracle sequence started by ``answer``: with it, a round's text reaches
+    #: Moshi word by word as it streams; without it, whole at the round's end.
+    push: Callable[[Sequence[int]], None] | None = None
     #: Tool-call metrics: (event, label) with label ``client_function`` or the MCP tool's name
     #: (``Metrics.on_tool_call(event, tool=label)``).
     on_tool_call: Callable[[ToolCallEvent, str], None] | None = None
@@ -102,6 +108,7 @@ class ResponsesMode:
             elif role in _SPEAKERS:
                 self.conversation.add(ClientMessage(_SPEAKERS[role], text))
         self._heard: list[str] = []
+        self._feeds: dict[tuple[str, int], _Feed] = {}
         prompt = PromptOptions(
             max_words=oracle_config.max_answer_words,
             language=oracle_config.language,
@@ -111,7 +118,9 @@ class ResponsesMode:
             settings=settings,
             source=hooks.source,
             send=self._send,
+            on_text=self._text,
             on_round_text=self._round_text,
+            on_done=self._done,
             conversation=self.conversation,
             prompt=prompt,
             function_timeout_s=hooks.function_timeout_s,
@@ -203,9 +212,23 @@ class ResponsesMode:
         else:  # pragma: no cover - the driver sends nothing else
             raise ValueError(f"unexpected event {event.get('type')!r}")
 
+    def _text(self, out: TextOut) -> None:
+        """A round's text as it streams: settled words go to the oracle at once (when the runtime can push)."""
+        if self.hooks.push is None:
+            return
+        feed = self._feed(out.delegation_id, out.round)
+        if feed.speak:
+            self._deliver(feed, feed.tokenizer.feed(out.delta))
+
     def _round_text(self, out: RoundText) -> None:
-        verdict = self.book.judge(out.delegation_id, kind="response")
-        if not verdict.speak:
+        """A round ended: the rest of its words, and what reached Moshi."""
+        feed = self._feeds.pop((out.delegation_id, out.round), None)
+        ids: list[int] = []
+        if feed is None:  # no streaming (or no delta came through it)
+            feed = self._new_feed(out.delegation_id)
+            if feed.speak:
+                ids = feed.tokenizer.feed(out.text)
+        if not feed.speak:
             self.hooks.send(
                 Info(
                     "delegation_superseded",
@@ -214,10 +237,10 @@ class ResponsesMode:
                 )
             )
             return
-        answer = commentary_answer(out.text, self.encode, self.oracle_config, out.delegation_id)
-        if answer is None:
-            return
-        self.hooks.answer(answer)
+        ids += feed.tokenizer.flush()
+        if not feed.started and not ids:
+            return  # nothing speakable (symbols, markup)
+        self._deliver(feed, ids)
         self.hooks.send(
             KameEvent(
                 "kame.responses.answer",
@@ -225,9 +248,46 @@ class ResponsesMode:
                     "delegation_id": out.delegation_id,
                     "round": out.round,
                     "after_tools": out.after_tools,
-                    "standing": verdict.standing,
-                    "text": answer.text,
-                    "tokens": len(answer.ids),
+                    "standing": feed.standing,
+                    "text": feed.tokenizer.text,
+                    "tokens": len(feed.tokenizer.ids),
                 },
             )
         )
+
+    def _done(self, done: DelegationDone) -> None:
+        for key in [k for k in self._feeds if k[0] == done.delegation_id]:
+            del self._feeds[key]  # a failed or cancelled round: what was said stays said
+
+    def _feed(self, delegation_id: str, round_no: int) -> _Feed:
+        key = (delegation_id, round_no)
+        feed = self._feeds.get(key)
+        if feed is None:
+            feed = self._feeds[key] = self._new_feed(delegation_id)
+        return feed
+
+    def _new_feed(self, delegation_id: str) -> _Feed:
+        verdict = self.book.judge(delegation_id, kind="response")
+        tokenizer = WordStreamTokenizer.from_config(self.encode, self.oracle_config)
+        return _Feed(delegation_id, tokenizer, verdict.speak, verdict.standing)
+
+    def _deliver(self, feed: _Feed, ids: Sequence[int]) -> None:
+        """The first ids start the round's oracle sequence (a reset), the next ones extend it."""
+        if not ids:
+            return
+        if not feed.started:
+            feed.started = True
+            self.hooks.answer(OracleAnswer(tuple(ids), feed.tokenizer.text, feed.delegation_id))
+        elif self.hooks.push is not None:
+            self.hooks.push(list(ids))
+
+
+@dataclass
+class _Feed:
+    """One round's text on its way to the oracle."""
+
+    delegation_id: str
+    tokenizer: WordStreamTokenizer
+    speak: bool
+    standing: str
+    started: bool = False
