@@ -4,7 +4,7 @@ Moshi consumes one 80 ms frame per step, and the engine steps every slot
 that has a frame: a client that sends audio faster than real time would
 make the engine tick faster for everyone, and a client that sends a file in
 one go would lose all but the engine's last 2 s. The pacer sits between
-the socket and the Tandem: frames within a small burst allowance pass at
+the socket and the pipeline: frames within a small burst allowance pass at
 once (a real-time client sees no added latency), frames ahead of that wait
 in a bounded queue and are released at real time, and frames beyond the
 queue are dropped and counted. ``buffer_s=0`` gives a pure guard (drop
