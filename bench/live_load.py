@@ -2,7 +2,8 @@
 
 Each session is an application on the official SDK (``client.live.connect()``, through
 :class:`kame.client.live_client.LiveClient`): ``session.start`` in client delegation, then audio at real
-time in 20 ms appends (PCM16 at 24 kHz unless ``--live-format`` says otherwise), and every
+time in ``--chunk``-sample appends (80 ms by default, as the other protocols' clients; PCM16 at 24 kHz
+unless ``--live-format`` says otherwise), and every
 ``--commentary-every`` seconds a ``session.commentary.append`` (no delegation id: the CPU demo runs
 without ASR, so there are no delegations), as an application answering would. Output frames are
 timestamped as by the other protocols' clients, so server_load.py prints the same real-time factor and
@@ -53,7 +54,7 @@ async def one_live_session(url: str, pcm: np.ndarray, chunk: int, token: str | N
     session: dict[str, Any] = {"model": "gpt-live-1", "audio": {"format": FORMATS[fmt]}}
     if await client.start(session, timeout=30) is not None:
         talker = asyncio.create_task(_commentaries(client, commentary_every_s))
-        await client.send_pcm(pcm, chunk=min(chunk, LiveClient.DEFAULT_CHUNK))
+        await client.send_pcm(pcm, chunk=chunk)
         talker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await talker
