@@ -188,6 +188,19 @@ def test_finals_match_the_spoken_words(recognizer: WhisperRecognizer) -> None:
     assert len(by_type(events, EventType.SPEECH_STARTED)) == len(SENTENCES)
 
 
+def test_a_final_that_starts_the_turn_over_is_kept_once(recognizer: WhisperRecognizer) -> None:
+    """tiny.en decodes this question, followed by silence, as "... France? What is the": the restart is cut.
+
+    Found driving kame with Pipecat's OpenAILiveLLMService (scripts/pipecat_live_check.py): the loop
+    reached its TranscriptionFrame and the back-end's request."""
+    pcm = np.concatenate([silence(0.3), synthesize("What is the capital of France?"), silence(4.8)])
+    finals = by_type(list(transcribe_offline(recognizer.new_transcriber(), pcm)), EventType.FINAL)
+    assert len(finals) == 1, finals
+    text = finals[0].text
+    assert content_recall("What is the capital of France?", text) >= 0.6, text
+    assert words(text).count("what") == 1, text
+
+
 def test_silence_and_low_noise_give_no_words(recognizer: WhisperRecognizer) -> None:
     pcm = np.concatenate([silence(2.0), noise(3.0, -45, seed=3), noise(2.0, -60, seed=4), silence(1.0)])
     events = list(transcribe_offline(recognizer.new_transcriber(), pcm))

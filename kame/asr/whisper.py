@@ -198,7 +198,7 @@ class WhisperTranscriber(SegmentingTranscriber):
 
     def partial_text(self, utt: Utterance) -> str:
         w = self.cfg.whisper
-        # A turn cut mid-word makes Whisper loop; the final (complete audio) rarely does.
+        # A turn cut mid-word makes Whisper loop.
         text = self.decoder.decode(
             utt.audio(), beam_size=w.beam_size, window=w.partial_window, padding_s=w.partial_padding_s
         )
@@ -206,9 +206,13 @@ class WhisperTranscriber(SegmentingTranscriber):
 
     def final_text(self, utt: Utterance) -> str:
         w = self.cfg.whisper
-        return self.decoder.decode(
+        # The final loops too: tiny.en hears "What is the capital of France?" (espeak, then silence) as
+        # "What is the capital on France? What is the", which a Live client (Pipecat's
+        # TranscriptionFrame) and the back-end would otherwise get as the user's words.
+        text = self.decoder.decode(
             utt.audio(), beam_size=w.final_beam_size, window=w.final_window, padding_s=w.final_padding_s
         )
+        return drop_loops(text)
 
 
 class WhisperRecognizer(Recognizer):
