@@ -115,7 +115,7 @@ class ObservedLiveService(OpenAILiveLLMService):
         self.record = record
 
     async def _handle_server_event(self, evt: events.ServerEvent) -> None:
-        self.record.server_events.append(evt.model_dump(exclude_none=True))
+        self.record.server_events.append({**evt.model_dump(exclude_none=True), "_received": time.monotonic()})
         if isinstance(evt, events.SessionStartedEvent):
             self.record.session_started.set()
         await super()._handle_server_event(evt)

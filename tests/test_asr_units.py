@@ -192,6 +192,51 @@ def test_segmenting_transcriber_event_order() -> None:
     assert len(first_turn) >= 3 and np.all(gaps <= 0.2 + 0.081)  # a check every 200 ms of audio
 
 
+class _VoicedEchoTranscriber(_EchoTranscriber):
+    """The hypothesis is the voiced audio so far in 100 ms units: a pause adds no word."""
+
+    def partial_text(self, utt: Utterance) -> str:
+        return " ".join(["w"] * (utt.voiced_upto // 1600))
+
+
+def test_a_pause_settles_the_last_words_before_the_final() -> None:
+    """With two hypotheses to agree, the last words spoken would wait for the final (end_silence_s
+    later); one decode in the pause settles them, and a partial reports them although its text is
+    the same as the one before (only its stable part grew)."""
+    from kame.asr import transcribe_offline
+
+    tr = _VoicedEchoTranscriber(AsrConfig(agreement=2))
+    pcm = np.concatenate([silence(0.3), synthesize("A somewhat longer turn to transcribe."), silence(1.5)])
+    evs = list(transcribe_offline(tr, pcm))
+    stopped = next(e for e in evs if e.type is EventType.SPEECH_STOPPED)
+    partials = [e for e in evs if e.type is EventType.PARTIAL and e.audio_s <= stopped.audio_s]
+    assert partials, evs
+    last = partials[-1]
+    assert last.text and last.stable == last.text, [(e.audio_s, e.text, e.stable) for e in partials]
+
+
+class _UnsettledTranscriber(_VoicedEchoTranscriber):
+    """Its last word never agrees with the previous hypothesis's; records ``voiced_upto`` per decode."""
+
+    def __init__(self, cfg: AsrConfig) -> None:
+        super().__init__(cfg)
+        self.voiced_at_decode: list[int] = []
+
+    def partial_text(self, utt: Utterance) -> str:
+        self.voiced_at_decode.append(utt.voiced_upto)
+        return super().partial_text(utt) + f" x{len(self.voiced_at_decode)}"
+
+
+def test_a_pause_is_decoded_once_even_when_the_words_do_not_settle() -> None:
+    from kame.asr import transcribe_offline
+
+    tr = _UnsettledTranscriber(AsrConfig(agreement=2, turn=TurnConfig(end_silence_s=1.0)))
+    list(transcribe_offline(tr, np.concatenate([silence(0.3), synthesize("A short turn."), silence(1.5)])))
+    seen = tr.voiced_at_decode
+    pause_decodes = [b for a, b in zip(seen, seen[1:]) if a == b]
+    assert len(seen) >= 3 and len(pause_decodes) == 1, seen
+
+
 def test_threaded_stream_reports_a_crash_and_stops() -> None:
     class Boom(_EchoTranscriber):
         def partial_text(self, utt: Utterance) -> str:

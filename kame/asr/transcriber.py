@@ -69,6 +69,8 @@ class Utterance:
     decoded_at: int = 0  #: utterance length at the last partial decode
     voiced_upto: int = 0  #: utterance length after its last voiced audio
     last_partial: str = ""
+    last_stable: str = ""
+    settled_upto: int = -1  #: ``voiced_upto`` when a pause was last decoded to settle the words
 
     def append(self, x: np.ndarray, voiced: bool = True) -> None:
         if x.size:
@@ -140,15 +142,17 @@ class SegmentingTranscriber(Transcriber):
         utt = self._current
         if utt is None or not self._partial_due():
             return []
+        if utt.voiced_upto <= utt.decoded_at:
+            utt.settled_upto = utt.voiced_upto  # the one decode of this pause (see _partial_due)
         utt.decoded_at = utt.samples
         t0 = time.perf_counter()
         hyp = self.partial_text(utt)
         self.stats.decode_s += time.perf_counter() - t0
         self.stats.partial_decodes += 1
         partial, stable = utt.agreement.update(hyp)
-        if partial == utt.last_partial:
-            return []
-        utt.last_partial = partial
+        if partial == utt.last_partial and stable == utt.last_stable:
+            return []  # a hypothesis that agrees with the last one still reports the words it settles
+        utt.last_partial, utt.last_stable = partial, stable
         return [Emission(EventType.PARTIAL, partial, stable, utt.index)]
 
     def finish(self) -> list[Emission]:
@@ -162,14 +166,18 @@ class SegmentingTranscriber(Transcriber):
 
     def _partial_due(self) -> bool:
         # Due every partial_interval_s of audio, but only if speech (not a pause) came since the
-        # last decode: re-decoding a pause rarely changes the words and costs as much.
+        # last decode: re-decoding a pause rarely changes the words and costs as much. Except once
+        # per pause while the last hypothesis has words no two decodes agreed on yet: that decode
+        # settles the turn's last words (usually the last one spoken) during the pause instead of at
+        # the final, end_silence_s later. A Live client sees the user's words as the stable
+        # transcript's deltas, and Pipecat's OpenAILiveLLMService ends a user turn after 0.8 s
+        # without one: a last word held back until the final split the turn in two.
         u = self._current
-        return (
-            u is not None
-            and u.samples >= self._min_partial
-            and u.samples - u.decoded_at >= self._interval
-            and u.voiced_upto > u.decoded_at
-        )
+        if u is None or u.samples < self._min_partial or u.samples - u.decoded_at < self._interval:
+            return False
+        if u.voiced_upto > u.decoded_at:
+            return True
+        return u.last_partial != u.last_stable and u.settled_upto != u.voiced_upto
 
     def _route(self, signals: list[TurnSignal]) -> list[Emission]:
         out: list[Emission] = []
