@@ -316,7 +316,7 @@ async def client_mode(args: argparse.Namespace, pcm: bytes, results: list[bool])
     context = LLMContext([
         {"role": "user", "content": "Hello there."},
         {"role": "assistant", "content": "Hi! How can I help?"},
-        {"role": "developer", "content": "Greet the user briefly."},
+        {"role": "developer", "content": "Hello! Ask me anything."},
     ])
     await run_pipeline(service, record, pcm + pcm_silence(args.gap) + pcm, 2 * args.seconds + args.gap,
                        context, 2 * args.seconds + args.gap + 6)
