@@ -81,10 +81,18 @@ class SharedSttStream(AsrStream):
         if not flush:
             self.mark_done()
 
+    async def release_engine(self, flush: bool = True) -> None:
+        """The flush needs the slot: step the STT's delay (and silence prefix) in silence through it."""
+        slot, self._slot = self._slot, None
+        if flush and slot is not None and not self.done:
+            await slot.stt_flush(self.flush_frames, 3.0)
+
     async def aclose(self, flush: bool = True, timeout: float | None = 30.0) -> bool:
-        if flush and self._slot is not None and not self.done:
-            await self._slot.stt_flush(self.flush_frames, 3.0 if timeout is None else min(3.0, timeout))
-        self.finish() if flush else self.mark_done()
+        await self.release_engine(flush)  # a no-op when the pipeline did it already
+        if flush:
+            self.finish()
+        else:
+            self.mark_done()
         return True
 
 

@@ -126,6 +126,11 @@ class AsrStream:
         audio ignore it; one that runs inside the front-end's engine (the shared Kyutai STT) subscribes
         to its steps there."""
 
+    async def release_engine(self, flush: bool = True) -> None:
+        """Called by the pipeline at the end of a session, before it releases the engine slot: whatever the
+        stream still needs the slot for (the shared Kyutai STT steps its delay in silence to flush its last
+        words). Recognisers that listen to audio need nothing: their flush runs after the slot is free."""
+
     def feed(self, pcm: np.ndarray) -> bool:
         """Queue audio; False if it was dropped (queue full, stream closed or failed).
 

@@ -225,17 +225,26 @@ class Pipeline:
                 log.exception("closing the session's tools failed")
 
     async def aclose(self, flush_asr: bool = True) -> None:
-        """Stop the ASR (flushing its last words unless ``flush_asr`` is False), the oracle and its LLM
-        request, then release the slot (whatever failed before)."""
+        """Release the slot as soon as nothing needs it any more (the ASR may still need it to flush), then
+        stop the ASR (flushing its last words unless ``flush_asr`` is False), the oracle and its LLM
+        request. The slot is released whatever fails."""
         if self._closed:
             return
         self._closed = True
         try:
-            await self._close_parts(flush_asr)
+            if self.asr is not None:
+                try:
+                    await self.asr.release_engine(flush_asr)
+                except Exception:  # noqa: BLE001 - a broken recogniser must not keep the slot
+                    log.exception("releasing the ASR stream's engine use failed")
         finally:
-            if self.slot is not None:
-                self.dropped_frames += self.slot.dropped_outputs
-                self.slot.detach()
+            self._release_slot()
+        await self._close_parts(flush_asr)
+
+    def _release_slot(self) -> None:
+        if self.slot is not None:
+            self.dropped_frames += self.slot.dropped_outputs
+            self.slot.detach()
 
     async def reset(self) -> None:
         """Fresh Moshi, Mimi and oracle state and a fresh transcript on the slot this session keeps
