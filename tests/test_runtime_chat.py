@@ -17,7 +17,7 @@ from kame.server.runtime.session import SessionRuntime
 from kame.server.telemetry.logs import session_logger
 from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.wires.moshi.wire import MoshiWire
-from kame.session.events import AssistantFrame, EngineFailed, PipelineEvent
+from kame.session.events import AssistantFrame, EngineFailed, PipelineEvent, UserFinal
 from kame.session.settings import SessionSettings
 
 
@@ -63,6 +63,7 @@ class FakePipeline:
         self.slot_index = 0
         self.flush_on_exit = True
         self.settings: list[SessionSettings] = []
+        self.on_exit: list[PipelineEvent] = []  # what the pipeline reports while it closes (the ASR's last final)
 
     async def __aenter__(self) -> FakePipeline:
         self.entered = True
@@ -70,6 +71,14 @@ class FakePipeline:
 
     async def __aexit__(self, *exc: object) -> None:
         self.detached = True
+        for event in self.on_exit:
+            self.events.put_nowait(event)
+
+    def drain_events(self) -> list[PipelineEvent]:
+        out: list[PipelineEvent] = []
+        while not self.events.empty():
+            out.append(self.events.get_nowait())
+        return out
 
     async def reset(self) -> None:
         self.resets += 1
@@ -210,6 +219,40 @@ def test_recording_writes_both_voices_and_the_event_log(tmp_path: Path) -> None:
     assert events[-1]["reason"] == "client_closed"
     assert sum(f.size for f in host.slot.fed) >= 1920 * 10  # the user's audio reached the engine in whole frames
     assert all(f.size == 1920 for f in host.slot.fed)
+
+
+def test_the_last_words_reported_while_the_pipeline_closes_are_recorded(tmp_path: Path) -> None:
+    """The ASR's final comes when the pipeline flushes on exit, after the session's pump stopped: the client
+    is gone, but the recording must keep it (and whatever the oracle said last)."""
+    metrics = ServerMetrics()
+    host = FakeHost()
+    host.pipeline.on_exit = [UserFinal(utterance=1, audio_s=1.2, text="how many brothers"), _output(99, text_id=7)]
+    ws = FakeWebSocket()
+
+    async def main() -> SessionRecorder:
+        made: list[SessionRecorder] = []
+
+        def new_recorder(settings: SessionSettings) -> SessionRecorder:
+            made.append(SessionRecorder(tmp_path, "rec", 24000, {}))
+            return made[-1]
+
+        session = _session(ws, host, metrics, ServerConfig(record_dir=tmp_path), new_recorder=new_recorder)
+        task = asyncio.create_task(session.run())
+        for i in range(3):
+            host.pipeline.put(_output(i, text_id=None))
+            await asyncio.sleep(0.02)
+        ws.disconnect()
+        await asyncio.wait_for(task, 5)
+        return made[0]
+
+    recorder = asyncio.run(main())
+    recorder.join(5)
+    events = [json.loads(line) for line in (recorder.directory / "events.jsonl").read_text().splitlines()]
+    finals = [e for e in events if e["type"] == "asr.final"]
+    assert [e["text"] for e in finals] == ["how many brothers"], events
+    assert events[-1]["type"] == "session.end"  # recorded before the end, not after
+    with wave.open(str(recorder.directory / "assistant.wav")) as w:
+        assert w.getnframes() == 1920 * 4  # the three frames served plus the one reported while closing
 
 
 def test_audio_sent_far_ahead_of_real_time_is_dropped_then_the_session_closed() -> None:

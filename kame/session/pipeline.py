@@ -341,6 +341,14 @@ class Pipeline:
             self._frames_queued -= 1
         return event
 
+    def drain_events(self) -> list[PipelineEvent]:
+        """What is still queued (events reported while the pipeline closed, such as the ASR's last final), without
+        waiting: once the session's pump has stopped, the runtime hands these to its recording."""
+        out: list[PipelineEvent] = []
+        while not self._events.empty():
+            out.append(self._events.get_nowait())
+        return out
+
     async def events(self) -> AsyncIterator[PipelineEvent]:
         """Everything the pipeline reports, in order (runs until the consumer stops)."""
         while True:

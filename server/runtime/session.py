@@ -191,6 +191,7 @@ class SessionRuntime:
             self.end("bad_params", status.WS_1008_POLICY_VIOLATION, "invalid session settings", error=str(exc),
                      error_code="invalid_value", error_type="invalid_request_error")
             await self._goodbye(self.ended)  # type: ignore[arg-type]
+        self._record_leftovers(pipeline)
         self._count_end(pipeline)
 
     async def _serve(self, pipeline: Pipeline) -> None:
@@ -519,6 +520,17 @@ class SessionRuntime:
     def _start_recording(self) -> None:
         if self.recorder is None and self.new_recorder is not None:
             self.recorder = self.new_recorder(self.settings)
+
+    def _record_leftovers(self, pipeline: Pipeline) -> None:
+        """Events the pipeline reported while it closed (the ASR's last final, the oracle's last words): the
+        pump has stopped, so nobody sends them, but the recording keeps them."""
+        if self.recorder is None:
+            return
+        for event in pipeline.drain_events():
+            if isinstance(event, AssistantFrame):
+                self.recorder.assistant_audio(event.pcm)
+            elif not isinstance(event, EngineFailedEvent):
+                self.recorder.event(event.name, event.fields())
 
     def _stop_recording(self, reason: str, code: int | None) -> None:
         if self.recorder is not None:
