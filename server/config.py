@@ -87,6 +87,13 @@ class ServerConfig(BaseModel):
         description="Longest wait for the engine thread to attach or reset a session's slot; beyond it the "
         "session fails (1011) and its slot is released.",
     )
+    engine_stall_s: float = Field(
+        30.0,
+        gt=0,
+        description="A model step or engine command that has not returned for this long means the engine thread "
+        "hangs: the server turns failed (/health and /ready 503, so liveness restarts it), new sessions are "
+        "refused and live ones end with 1011.",
+    )
     max_message_bytes: int = Field(
         1 << 20, ge=1024, description="Largest websocket message accepted from a client."
     )

@@ -291,12 +291,25 @@ class ModelHost:
     # ------------------------------------------------------------------ state
     @property
     def ready(self) -> bool:
+        self._check_hung()
         return self.state == READY and self.engine is not None and self.engine.alive
 
     @property
     def failed(self) -> bool:
-        """The models failed to load or the engine thread died: restart the process."""
+        """The models failed to load, or the engine thread died or hangs: restart the process."""
+        self._check_hung()
         return self.state == FAILED
+
+    def _check_hung(self) -> None:
+        """A hung engine thread never dies, so its ``on_death`` never runs: a step or command that has not
+        returned for ``server.engine_stall_s`` is declared a death (checked whenever the health, readiness or
+        admission asks, which the orchestrator's probes do every few seconds)."""
+        engine = self.engine
+        if self.state != READY or engine is None or not engine.alive:
+            return
+        stuck = engine.stuck_for()
+        if stuck > self.cfg.server.engine_stall_s:
+            engine.declare_dead(f"hung: a model step or command has not returned for {stuck:.1f} s")
 
     @property
     def free_slots(self) -> int:

@@ -191,13 +191,48 @@ def test_a_dead_thread_says_so(engine: EngineThread, monkeypatch: pytest.MonkeyP
     assert engine.deaths == ["RuntimeError: a bug"]  # type: ignore[attr-defined]
 
 
+def test_a_hung_tick_shows_as_stuck_and_can_be_declared_dead(engine: EngineThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    original = engine.core.tick
+
+    def hang(frames: Any) -> Any:
+        release.wait(30)
+        return original(frames)
+
+    async def main() -> None:
+        live = AsyncSlot(engine)
+        await live.attach()
+        await a_frame_comes_out(live)
+        assert engine.stuck_for() < 1.0  # waiting for work is not being stuck
+        monkeypatch.setattr(engine.core, "tick", hang)
+        live.feed(np.zeros(1920 * 2, np.float32))
+        deadline = time.monotonic() + 5
+        while engine.stuck_for() < 0.3:
+            assert time.monotonic() < deadline, "the hung tick does not show"
+            await asyncio.sleep(0.02)
+        assert engine.alive  # hung, not dead: nothing but stuck_for() tells
+        engine.declare_dead("hung")
+        item = await asyncio.wait_for(live.outputs.get(), 5)
+        while isinstance(item, SlotOutput):  # frames from before the hang
+            item = await asyncio.wait_for(live.outputs.get(), 5)
+        assert isinstance(item, EngineFailed) and "the engine stopped" in str(item)  # the live session is told
+        with pytest.raises(EngineFailed, match="engine thread is dead"):
+            await AsyncSlot(engine).attach()
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+    assert not engine.alive and engine.deaths == ["hung"]  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- the server
 
 
 class InProcessServer:
     """The real app under uvicorn in a thread on loopback: its model host can be reached for injection."""
 
-    def __init__(self, ckpt: Path, cache_dir: Path) -> None:
+    def __init__(self, ckpt: Path, cache_dir: Path, engine_stall_s: float = 30.0) -> None:
         import uvicorn
 
         from kame.server.app.factory import create_app
@@ -208,7 +243,7 @@ class InProcessServer:
             "device": "cpu",
             "frontend": {"checkpoint": str(ckpt), "batch_size": 2},
             "asr": {"kind": "none"},
-            "server": {"engine_command_timeout_s": 0.5, "warmup_steps": 1, "gc_interval_s": 0},
+            "server": {"engine_command_timeout_s": 0.5, "warmup_steps": 1, "gc_interval_s": 0, "engine_stall_s": engine_stall_s},
         })
         self.app = create_app(cfg, device="cpu", environ={})
         self.port = free_port()
@@ -334,3 +369,44 @@ def test_a_dead_engine_thread_fails_the_server_loudly(server: InProcessServer, m
     assert server.metric("kame_sessions_ended_total", 'reason="engine_error"') == 2
     assert server.metric("kame_sessions_rejected_total", 'reason="failed"') == 1
     assert "kame_ready 0.0" in server.app.state.kame.metrics.render().decode()
+
+
+def test_a_hung_engine_thread_fails_the_server_loudly(
+    tiny_kame_ckpt: Path, kame_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model step that never returns (a wedged GPU): the thread does not die, yet the server must say it
+    is failed (liveness restarts the process), refuse new sessions and end the live ones."""
+    srv = InProcessServer(tiny_kame_ckpt, kame_cache_dir, engine_stall_s=1.5).start()
+    release = threading.Event()
+    core = srv.host.core
+    original = core.tick
+
+    def hang(frames: Any) -> Any:
+        release.wait(60)
+        return original(frames)
+
+    async def main() -> None:
+        chat = await MoshiClient.connect(srv.ws("/api/chat"))
+        assert await chat.wait_handshake(5)
+        await chat.send_silence(0.3)
+        monkeypatch.setattr(core, "tick", hang)
+        await chat.send_silence(0.3)
+        deadline = time.monotonic() + 15
+        while (await asyncio.to_thread(srv.get, "/health"))[0] != 503:  # the liveness probe
+            assert time.monotonic() < deadline, "a hung engine thread still looks healthy"
+            await asyncio.sleep(0.2)
+        assert (await chat.wait_closed(5))[0] == 1011  # the live session ends
+        refused = await MoshiClient.connect(srv.ws("/api/chat"))  # new ones are refused
+        assert not await refused.wait_handshake(5)
+        assert await refused.wait_closed(5) == (1013, "server failed, retry later")
+
+    try:
+        asyncio.run(main())
+        status, health = srv.get("/health")
+        assert status == 503 and health["status"] == "failed"
+        assert "hung" in health["models"]["error"]
+        assert srv.get("/ready") == (503, {"ready": False, "reason": "failed"})
+        assert srv.metric("kame_sessions_ended_total", 'reason="engine_error"') == 1
+    finally:
+        release.set()
+        srv.stop()

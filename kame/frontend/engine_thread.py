@@ -109,6 +109,8 @@ class EngineThread:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.ticks = 0
+        #: When the tick or the commands now running started (None while the thread waits for work).
+        self._busy_since: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -125,6 +127,20 @@ class EngineThread:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+    def stuck_for(self, now: float | None = None) -> float:
+        """How long the tick or command now running has been running (0 while the thread waits for work):
+        a thread that hangs in the model never dies, so only this shows it."""
+        since = self._busy_since
+        if since is None:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - since)
+
+    def declare_dead(self, reason: str) -> None:
+        """Called from outside when the thread hangs (:meth:`stuck_for` beyond the server's bound): the same
+        end as a thread that died, so the server turns failed and every live session is told."""
+        if self.error is None:
+            self._die(reason, exc_info=False)
 
     @property
     def alive(self) -> bool:
@@ -361,8 +377,8 @@ class EngineThread:
         except BaseException as exc:  # noqa: BLE001 - the last resort: never die silently (logged, then said)
             self._die(f"{exc.__class__.__name__}: {exc}")
 
-    def _die(self, reason: str) -> None:
-        log.critical("the engine thread died: %s", reason, exc_info=True)
+    def _die(self, reason: str, exc_info: bool = True) -> None:
+        log.critical("the engine thread died: %s", reason, exc_info=exc_info)
         with self._lock:
             self.error = reason
             live = list(self._io.items())
@@ -390,34 +406,42 @@ class EngineThread:
                         break
                     self._wake.wait(self._next_deadline(now))
                 callbacks = {s: self._io[s] for s in (taken[0] if taken else {}) if s in self._io}
-            self._drain_commands()
-            if taken is None:
-                continue
-            frames, waited = taken
-            # A slot detached since its frames were taken must not be stepped.
-            with self._lock:  # a slot detached (and maybe re-attached) since its frames were taken: drop them
-                frames = {s: f for s, f in frames.items() if s in callbacks and self._io.get(s) is callbacks[s]}
-            if not frames:
-                continue
-            t0 = time.perf_counter()
+            self._busy_since = time.monotonic()
             try:
-                outputs = self.core.tick(frames)
-            except EngineStepError as exc:
-                self._fail_slots(exc.slots, callbacks, str(exc.cause.__class__.__name__))
-                continue
-            except Exception as exc:  # noqa: BLE001 - e.g. a bad frame: those slots fail, the engine goes on
-                log.exception("engine tick failed for slots %s", sorted(frames))
-                self._fail_slots(sorted(frames), callbacks, exc.__class__.__name__)
-                continue
-            duration = time.perf_counter() - t0
-            self.ticks += 1
-            for slot, out in outputs.items():
-                self._deliver(slot, callbacks[slot], out)
-            if self.on_tick is not None:
-                try:
-                    self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
-                except Exception:  # noqa: BLE001
-                    log.exception("on_tick callback failed")
+                self._work(taken, callbacks)
+            finally:
+                self._busy_since = None
+
+    def _work(self, taken: tuple[dict[int, np.ndarray], float] | None, callbacks: dict[int, _SlotIO]) -> None:
+        """One turn of the loop: the queued commands, then one tick of the slots whose frames were taken."""
+        self._drain_commands()
+        if taken is None:
+            return
+        frames, waited = taken
+        # A slot detached since its frames were taken must not be stepped.
+        with self._lock:  # a slot detached (and maybe re-attached) since its frames were taken: drop them
+            frames = {s: f for s, f in frames.items() if s in callbacks and self._io.get(s) is callbacks[s]}
+        if not frames:
+            return
+        t0 = time.perf_counter()
+        try:
+            outputs = self.core.tick(frames)
+        except EngineStepError as exc:
+            self._fail_slots(exc.slots, callbacks, str(exc.cause.__class__.__name__))
+            return
+        except Exception as exc:  # noqa: BLE001 - e.g. a bad frame: those slots fail, the engine goes on
+            log.exception("engine tick failed for slots %s", sorted(frames))
+            self._fail_slots(sorted(frames), callbacks, exc.__class__.__name__)
+            return
+        duration = time.perf_counter() - t0
+        self.ticks += 1
+        for slot, out in outputs.items():
+            self._deliver(slot, callbacks[slot], out)
+        if self.on_tick is not None:
+            try:
+                self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
+            except Exception:  # noqa: BLE001
+                log.exception("on_tick callback failed")
 
     def _deliver(self, slot: int, io: _SlotIO, out: SlotOutput) -> None:
         try:

@@ -55,6 +55,7 @@ def status_of(state: AppState) -> str:
 async def health(request: Request) -> JSONResponse:
     state = _state(request)
     host = state.host
+    failed = host.failed  # first: it also notices an engine thread that hangs
     backends = host.backends
     body = {
         "status": status_of(state),
@@ -68,17 +69,18 @@ async def health(request: Request) -> JSONResponse:
         "versions": state.versions,
         "uptime_s": round(time.monotonic() - state.started, 1),
     }
-    return JSONResponse(body, status_code=503 if host.failed else 200)
+    return JSONResponse(body, status_code=503 if failed else 200)
 
 
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     state = _state(request)
     host = state.host
+    host_ready = host.ready  # first: it also notices an engine thread that hangs
     verdict = readiness(
         draining=state.sessions.draining,
         host_state=host.state,
-        host_ready=host.ready,
+        host_ready=host_ready,
         free_slots=host.free_slots,
         full_ok=flag(request.query_params.get("full_ok")),
     )
