@@ -10,7 +10,7 @@ each as its own session: 0.5 s of silence, the sentence, 1.5 s of silence.
 * Partial lag: for each spoken word, the time from its end in the audio to
   the first partial (or final) that contains it, aligned to the reference
   (difflib), so a word counts only where it belongs. Word ends come from
-  synthesizing every prefix of the sentence (tests/speech.py). Whisper
+  synthesizing every prefix of the sentence (tests/support/speech.py). Whisper
   sometimes guesses a word before its end, so lags can be negative. Words
   never recognised are counted apart, not in the lag. Also reported: the
   lag until a word is *committed* (in a partial's ``stable`` prefix, or the
@@ -39,11 +39,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from speech import RATE, silence, synthesize, word_end_times, words  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
 from kame.stats import percentile
+from tests.support.speech import RATE, silence, synthesize, word_end_times, words  # noqa: E402
 
 #: (text, espeak voice, words a minute)
 SENTENCES: list[tuple[str, str, int]] = [

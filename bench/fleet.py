@@ -1,7 +1,7 @@
 """Fleet bench: kame replicas behind a real HAProxy, then a rolling restart of one of them.
 
 Starts ``--replicas`` CPU-demo servers (ASR off, ``--slots`` sessions each) and HAProxy with the
-shipped ``deploy/haproxy.cfg`` (tests/haproxy.py adapts its addresses), then ``--clients``
+shipped ``deploy/haproxy.cfg`` (tests/support/haproxy.py adapts its addresses), then ``--clients``
 Moshi-protocol clients that stream audio at real time through the load balancer and reconnect
 like ``kame mic`` does (kame.client.reconnect: back-off with jitter on 1013, 1001, HTTP 503).
 
@@ -38,12 +38,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start_replicas  # noqa: E402
-from moshi_client import FRAME_S, MoshiClient, ServerProcess, percentile  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
 from kame.client.reconnect import Backoff  # noqa: E402
+from tests.support.haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start_replicas  # noqa: E402
+from tests.support.moshi_client import FRAME_S, MoshiClient, ServerProcess, percentile  # noqa: E402
 
 
 def window_stats(ws: MoshiClient, t0: float, t1: float) -> tuple[float, list[float]] | None:

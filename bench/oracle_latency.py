@@ -23,9 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from llm_server import Reply, running_llm_server  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
 from kame.backend.registry import BackendRegistry  # noqa: E402
 from kame.config import KameConfig  # noqa: E402
@@ -33,6 +31,7 @@ from kame.oracle.config import OracleConfig  # noqa: E402
 from kame.oracle.debounce import Debouncer  # noqa: E402
 from kame.oracle.loop import OracleLoop  # noqa: E402
 from kame.versions import versions_line  # noqa: E402
+from tests.support.llm_server import Reply, running_llm_server  # noqa: E402
 
 
 class TimedSink:

@@ -37,10 +37,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moshi_client import percentile
 from server_load import (
     _gap_at,
     histogram_mean,
@@ -52,6 +51,7 @@ from server_load import (
 )
 
 from kame.client.realtime_client import RealtimeClient
+from tests.support.moshi_client import percentile
 
 
 def realtime_url(url: str) -> str:
@@ -258,7 +258,7 @@ def main() -> int:
     server = None
     pid = args.server_pid
     if args.start_server:
-        from moshi_client import ServerProcess
+        from tests.support.moshi_client import ServerProcess
 
         tmp = Path(tempfile.mkdtemp(prefix="kame-realtime-load-"))
         server = ServerProcess(

@@ -41,9 +41,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
-from moshi_client import FRAME, FRAME_S, RATE, MoshiClient, percentile
+from tests.support.moshi_client import FRAME, FRAME_S, RATE, MoshiClient, percentile
 
 SENTENCES = (
     "Hello there. What is the capital of France?",
@@ -76,7 +76,7 @@ def http_get(base: str, path: str, token: str | None) -> tuple[int, str]:
 
 def speech_audio(seconds: float, seed: int) -> np.ndarray:
     """espeak sentences separated by silence, looped to ``seconds``."""
-    from speech import silence, synthesize
+    from tests.support.speech import silence, synthesize
 
     parts: list[np.ndarray] = [silence(0.3 * (seed % 4))]
     i = seed

@@ -1,6 +1,6 @@
 """Tools bench: how fast an answer built on a tool reaches Moshi, and how often tools finish before the user does.
 
-Prints, measured against the real local OpenAI-compatible server (tests/llm_server.py,
+Prints, measured against the real local OpenAI-compatible server (tests/support/llm_server.py,
 streaming ``tool_calls`` in the chat-completions format) through the real ``openai``
 client, with the real oracle loop, tool loop and speculation:
 
@@ -33,10 +33,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from llm_server import RecordedRequest, Reply, ToolCallScript, running_llm_server  # noqa: E402
-from speech import RATE, synthesize, word_end_times  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
 from kame.backend.registry import BackendRegistry  # noqa: E402
 from kame.backend.tool_loop import ToolLoopLimits  # noqa: E402
@@ -46,6 +43,8 @@ from kame.oracle.config import OracleConfig  # noqa: E402
 from kame.oracle.loop import OracleLoop  # noqa: E402
 from kame.oracle.session_tools import SessionTools  # noqa: E402
 from kame.versions import versions_line  # noqa: E402
+from tests.support.llm_server import RecordedRequest, Reply, ToolCallScript, running_llm_server  # noqa: E402
+from tests.support.speech import RATE, synthesize, word_end_times  # noqa: E402
 
 LOOKUP = ToolSpec(
     "lookup",

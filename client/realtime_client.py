@@ -5,7 +5,7 @@ schedule so pacing never drifts), collects every event with a timestamp,
 decodes the assistant's audio, and measures what a listener would notice:
 time to first audio, real-time factor and the lateness of each output frame
 against an 80 ms schedule (the same measures as the Moshi-protocol client
-in ``tests/moshi_client.py``). The bench, the CLI mic client and the
+in ``tests/support/moshi_client.py``). The bench, the CLI mic client and the
 evaluation harness build on it; anything the official OpenAI SDK can do
 with this server, this client does with fewer moving parts.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The scripted OpenAI-compatible LLM that scripts/pipecat_live_check.py runs kame and Pipecat against.
 
-Run with kame's own environment (it uses the test suite's real HTTP server, tests/llm_server.py); it
+Run with kame's own environment (it uses the test suite's real HTTP server, tests/support/llm_server.py); it
 prints its base URL on the first line, then serves until killed. One server plays two parts, told apart
 by the requested model:
 
@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
-from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript  # noqa: E402
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript  # noqa: E402
 
 BACKEND_MODEL = "pipecat-backend"
 

@@ -1,14 +1,101 @@
-"""Shared test set-up: no torch.compile, a per-run cache dir, an artifacts dir."""
+"""Shared test set-up: no torch.compile, a per-run cache dir, an artifacts dir, shared servers, and a count
+of the server processes a run starts.
+
+Helpers live in the support package (tests/support/, imported as ``tests.support.X``); no test file imports
+another test file (tests/test_suite_layout.py checks it).
+
+Shared fixtures
+- ``kame_cache_dir``, ``artifacts_dir``, ``tiny_kame_ckpt``, ``tiny_moshi_ckpt``: as before, once per run.
+- ``llm_server``: a fresh scriptable OpenAI-compatible server per test (tests/support/llm_server.py).
+- ``encode``: a real SentencePiece tokenizer (the tiny checkpoints' recipe), once per run.
+- ``demo_server``: the stock ``kame serve --config cpu-demo`` (tiny model, Whisper tiny.en, the scripted
+  back-end, 8 slots, no token), started once per run in its own process. Use it for any test that only
+  talks to the server; do not change its state (no signals, no drains, no limits): such a test starts its
+  own ``ServerProcess`` (or a module fixture) instead.
+
+Metrics on a shared server: read deltas, never absolute counters, e.g.
+``before = demo_server.metric("kame_sessions_total"); ...; assert demo_server.metric(...) - before == 1``.
+
+Server processes: every ``ServerProcess.start()`` is recorded; the terminal summary lists them. A run may
+start at most ``MAX_SERVERS`` of them, not counting those started by tests marked
+``@pytest.mark.server_process_subject`` (tests whose subject is the process itself: signals, environment
+variables, HAProxy replicas, the CLI), which the summary names. Going over the limit fails the run.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import moshi_client
+from tests.support.llm_server import LlmServer, running_llm_server
+
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: Server processes a full run may start beyond those of ``server_process_subject`` tests.
+MAX_SERVERS = 8
+SUBJECT = "server_process_subject"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
+        "the servers it starts are not counted against the limit of shared and own servers"
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _requester(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _requester(item):
+        return (yield)
+
+
+class _requester:
+    """Who starts a server: a module or session fixture is charged to the test that first needs it."""
+
+    def __init__(self, item: pytest.Item) -> None:
+        subject = item.get_closest_marker(SUBJECT) is not None
+        self.name = ("subject " if subject else "") + item.nodeid
+
+    def __enter__(self) -> None:
+        moshi_client.CURRENT_REQUESTER.append(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        moshi_client.CURRENT_REQUESTER.pop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    starts = moshi_client.SERVER_STARTS
+    counted = [s for s in starts if not s.requested_by.startswith("subject ")]
+    subject = [s for s in starts if s.requested_by.startswith("subject ")]
+    tr = terminalreporter
+    tr.section("server processes")
+    for s in counted:
+        tr.write_line(f"  {s.label:<24} ready in {s.seconds:5.1f} s  first for {s.requested_by}")
+    for s in subject:
+        tr.write_line(f"  {s.label:<24} ready in {s.seconds:5.1f} s  process subject: {s.requested_by[len('subject '):]}")
+    over = len(counted) > MAX_SERVERS
+    tr.write_line(
+        f"server processes: {len(counted)} shared or own (limit {MAX_SERVERS}{', EXCEEDED' if over else ''}) "
+        f"+ {len(subject)} by tests whose subject is the process; "
+        f"{sum(s.seconds for s in starts if s.seconds == s.seconds):.0f} s starting them"
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    counted = [s for s in moshi_client.SERVER_STARTS if not s.requested_by.startswith("subject ")]
+    if len(counted) > MAX_SERVERS and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +128,32 @@ def tiny_moshi_ckpt(kame_cache_dir: Path) -> Path:
     from kame.frontend.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(kame_cache_dir, seed=0, with_oracle=False)
+
+
+@pytest.fixture
+def llm_server() -> Iterator[LlmServer]:
+    """A fresh scriptable OpenAI-compatible server on 127.0.0.1 (``.base_url`` ends in ``/v1``)."""
+    with running_llm_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def encode(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real SentencePiece model (the tiny checkpoints' tokenizer recipe): text -> token ids."""
+    import sentencepiece as spm
+
+    from kame.frontend.tiny import train_tokenizer
+
+    path: Path = tmp_path_factory.mktemp("sp") / "tok.model"
+    train_tokenizer(path, vocab_size=400)
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    return lambda text: list(sp.encode(text, out_type=int))
+
+
+@pytest.fixture(scope="session")
+def demo_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    """The stock CPU demo (``--config cpu-demo``), one process for the whole run; see the module docstring."""
+    log = tmp_path_factory.mktemp("demo-server") / "server.log"
+    srv = moshi_client.ServerProcess(cache_dir=kame_cache_dir, log_path=log, label="cpu-demo (shared)").start()
+    yield srv
+    srv.stop()

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from moshi_client import FRAME, MoshiClient, ServerProcess
 
 from kame.client.realtime_client import RealtimeClient, RealtimeStats
 from kame.media import FRAME_S
+from tests.support.moshi_client import FRAME, MoshiClient, ServerProcess
 
 BASELINE_S = 6.0
 

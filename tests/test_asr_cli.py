@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from speech import content_recall, silence, synthesize
 
 from kame.audio import write_wav
+from tests.support.speech import content_recall, silence, synthesize
 
 TEXT = "Remind me to call my mother after the meeting on Thursday."
 

@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
-from speech import content_words, silence, synthesize, words
 
 from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer
 from kame.asr.process import ProcessStream
 from kame.asr.sphinx import PocketsphinxRecognizer
 from kame.media import FRAME_SIZE
+from tests.support.speech import content_words, silence, synthesize, words
 
 FRAME = FRAME_SIZE
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from speech import noise, silence, synthesize
 
 from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer
 from kame.asr.agreement import LocalAgreement, drop_loops
@@ -23,6 +22,7 @@ from kame.asr.vad import TurnAudio, TurnDetector, TurnEnd, TurnStart
 from kame.asr.wav import load_wav_24k_mono, read_wav
 from kame.audio import write_wav
 from kame.errors import UserError
+from tests.support.speech import noise, silence, synthesize
 
 
 def ev(kind: EventType, text: str = "") -> AsrEvent:

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from speech import content_recall, noise, silence, speech_end, synthesize, words
 
 from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer, transcribe_offline
 from kame.asr.stream import ThreadedStream
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.asr.whisper import WhisperRecognizer
 from kame.media import FRAME_SIZE
+from tests.support.speech import content_recall, noise, silence, speech_end, synthesize, words
 
 FRAME = FRAME_SIZE
 

@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, llm_server  # noqa: F401  (fixture)
 from pydantic import ValidationError
 
 from kame.backend.config import BackendConfig, LlmConfig
@@ -14,6 +13,7 @@ from kame.backend.presets import PRESETS, apply_preset
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import BackendConfigError, resolve_backends
 from kame.config import ConfigError, KameConfig, dump_yaml, load_config
+from tests.support.llm_server import LlmServer
 
 USER = [{"role": "user", "content": "Hi"}]
 KEY = "sk-kametest-PRESET-5b1e0c"

@@ -10,7 +10,6 @@ import traceback
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, Reply, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.config import BackendConfig
 from kame.backend.errors import (
@@ -25,6 +24,7 @@ from kame.backend.errors import (
     redact,
 )
 from kame.backend.openai_backend import OpenAIBackend
+from tests.support.llm_server import LlmServer, Reply
 
 KEY = "sk-kametest-SECRET-7f3a9c0d1e2b"
 USER = [{"role": "user", "content": "Hello?"}]

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, Reply, llm_server, running_llm_server  # noqa: F401  (fixture)
 
 from kame.backend.breaker import CircuitBreaker
 from kame.backend.errors import (
@@ -25,6 +24,7 @@ from kame.backend.limits import Busy, RateLimiter
 from kame.backend.registry import BackendRegistry
 from kame.backend.stats import BackendEvent
 from kame.config import KameConfig
+from tests.support.llm_server import LlmServer, Reply, running_llm_server
 
 USER = [{"role": "user", "content": "Hello?"}]
 

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.config import BackendConfig, ScriptedConfig, ScriptedToolRule
 from kame.backend.errors import BackendServerError, BackendToolsNotAllowed
@@ -23,6 +22,7 @@ from kame.backend.tools import (
     ToolResult,
     ToolSpec,
 )
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 WEATHER = ToolSpec(
     "get_weather",

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess
 from playwright.sync_api import Browser, sync_playwright
-from speech import silence, synthesize
-from test_browser import BASE_ARGS, CHROMIUM, DESKTOP, Console, summary, wait_until
 
 from kame.audio import write_wav
+from tests.support.browser import BASE_ARGS, CHROMIUM, DESKTOP, Console, summary, wait_until
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 MCP_SERVER = textwrap.dedent('''
     from mcp.server.mcpserver import MCPServer

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess, run_session
-from speech import silence, synthesize
+
+from tests.support.moshi_client import ServerProcess, run_session
+from tests.support.speech import silence, synthesize
 
 SECRET = "mcp-chat-secret-91ab77c2e0"
 

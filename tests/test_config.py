@@ -11,6 +11,7 @@ import pytest
 from kame.config import ConfigError, KameConfig, dump_yaml
 from kame.config_docs import render_markdown
 from kame.server.config import AppConfig, load_app_config
+from tests.support.environment import K8S_SERVICE_LINKS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,17 +102,6 @@ def test_cli_config_show_and_error(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
-#: What Kubernetes injects into every pod of a namespace with a Service named ``kame``.
-K8S_SERVICE_LINKS = {
-    "KAME_SERVICE_HOST": "10.0.0.1",
-    "KAME_SERVICE_PORT": "8998",
-    "KAME_SERVICE_PORT_HTTP": "8998",
-    "KAME_PORT": "tcp://10.0.0.1:8998",
-    "KAME_PORT_8998_TCP": "tcp://10.0.0.1:8998",
-    "KAME_PORT_8998_TCP_PROTO": "tcp",
-    "KAME_PORT_8998_TCP_PORT": "8998",
-    "KAME_PORT_8998_TCP_ADDR": "10.0.0.1",
-}
 
 
 def test_names_without_double_underscore_that_are_no_setting_warn_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from moshi_client import free_port
 
 from kame.client.moshi_client import MoshiClient
 from kame.client.realtime_client import RealtimeClient
@@ -30,6 +29,7 @@ from kame.frontend.config import FrontendConfig
 from kame.frontend.engine import EngineCore, SlotOutput
 from kame.frontend.engine_thread import AsyncSlot, EngineFailed, EngineThread
 from kame.frontend.models import load_frontend
+from tests.support.moshi_client import free_port
 
 SILENCE = np.zeros(1920, np.float32)
 

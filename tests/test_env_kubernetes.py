@@ -5,8 +5,13 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from moshi_client import ServerProcess
-from test_config import K8S_SERVICE_LINKS
+import pytest
+
+from tests.support.environment import K8S_SERVICE_LINKS
+from tests.support.moshi_client import ServerProcess
+
+#: The servers here are the subject (environment variables, replicas behind HAProxy): not counted.
+pytestmark = pytest.mark.server_process_subject
 
 
 def test_serve_starts_with_kubernetes_service_link_variables(kame_cache_dir: Path, tmp_path: Path) -> None:

@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from llm_server import LlmServer, Reply
-from moshi_client import ServerProcess
 
 from kame.cli import main as kame_main
 from kame.eval.analysis import read_stereo_wav
@@ -34,6 +32,8 @@ from kame.eval.results import FIELDS
 from kame.eval.runner import trim_silence
 from kame.eval.tts import make_tts
 from kame.eval.vad import speech_segments, turn_latency
+from tests.support.llm_server import LlmServer, Reply
+from tests.support.moshi_client import ServerProcess
 
 MAX_REPLY_S = 3.0
 Q104 = "David has three sisters. Each of them has one brother. How many brothers does David have?"
@@ -69,11 +69,9 @@ class JudgeServer(LlmServer):
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("eval-server") / "server.log"
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=log).start()
-    yield srv
-    srv.stop(signal.SIGKILL)
+def server(demo_server: ServerProcess) -> ServerProcess:
+    """The shared CPU demo (tests/conftest.py)."""
+    return demo_server
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,12 @@
 """kame eval's judge against a real HTTP chat-completions server: prompts, retries, garbled judgements."""
 
-# ruff: noqa: F811 - the llm_server fixture is imported and used as a parameter
-
 from __future__ import annotations
 
 import asyncio
 
-from llm_server import LlmServer, Reply, llm_server  # noqa: F401 - the fixture
-
 from kame.eval.judge import Judge, JudgeConfig
 from kame.eval.questions import load_judge_prompts, load_questions
+from tests.support.llm_server import LlmServer, Reply
 
 
 def _judge(server: LlmServer, retries: int = 2) -> Judge:

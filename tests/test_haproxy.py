@@ -19,8 +19,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start_replicas
-from moshi_client import MoshiClient, ServerProcess
+
+from tests.support.haproxy import Backend, HAProxy, StreamingClient, attribute_replicas, start_replicas
+from tests.support.moshi_client import MoshiClient, ServerProcess
+
+#: The servers here are the subject (environment variables, replicas behind HAProxy): not counted.
+pytestmark = pytest.mark.server_process_subject
 
 SLOTS = 2
 REPLICAS = 3
@@ -54,7 +58,7 @@ def fleet(
 
 def test_local_config_keeps_the_shipped_settings(tmp_path: Path) -> None:
     """Only the addresses change: both backends get the replicas, the session backend caps each at its slots."""
-    from haproxy import SHIPPED_CONFIG, local_config
+    from tests.support.haproxy import SHIPPED_CONFIG, local_config
 
     shipped = SHIPPED_CONFIG.read_text()
     text = local_config(shipped, port=18080, servers=[Backend("kame1", 18001, 2), Backend("kame2", 18002, 2)],
@@ -182,9 +186,8 @@ def test_config_file_is_the_shipped_one(fleet: tuple[HAProxy, list[ServerProcess
 
 @pytest.fixture(scope="module")
 def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from speech import silence, synthesize
-
     from kame.audio import write_wav
+    from tests.support.speech import silence, synthesize
 
     path = tmp_path_factory.mktemp("q") / "q.wav"
     write_wav(path, np.concatenate([synthesize("What is the capital of France?"), silence(0.3)]))

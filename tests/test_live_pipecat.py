@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from live_pipecat import pipecat_live_events
 
 from kame.oracle.config import OracleConfig
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import ErrorEvent, KameEvent, LiveEncoder, LiveIds
 from kame.server.wires.live.wire import LiveWire
+from tests.support.live_pipecat import pipecat_live_events
 
 INFO = LiveServerInfo(session_id="0123456789ab", asr="whisper", admitted_at=1_800_000_000.0)
 

@@ -1,5 +1,5 @@
 """Responses delegation on real back-ends: the registry, the real `openai` client and a real local
-server streaming `tool_calls` (tests/llm_server.py); every event is parsed with the SDK's own models."""
+server streaming `tool_calls` (tests/support/llm_server.py); every event is parsed with the SDK's own models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
 from openai.types.live import ServerEvent
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
@@ -21,6 +20,7 @@ from kame.server.wires.live.responses_config import DelegationConfigError, parse
 from kame.server.wires.live.responses_conversation import ConversationLog, UserSpeech
 from kame.server.wires.live.responses_run import DelegationDone, ResponsesDelegator
 from kame.server.wires.live.responses_stream import Usage
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 LIVE_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -80,7 +80,7 @@ class Session:
             await asyncio.sleep(0.01)
 
 
-def test_a_tool_round_through_the_real_client_and_a_second_question(llm_server: LlmServer) -> None:  # noqa: F811
+def test_a_tool_round_through_the_real_client_and_a_second_question(llm_server: LlmServer) -> None:
     llm_server.push(
         Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"}, id="call_srv")]),
         Reply(
@@ -130,7 +130,7 @@ def test_a_tool_round_through_the_real_client_and_a_second_question(llm_server: 
     assert third[-1]["content"] == "And tomorrow?" and third[-2]["content"] == "It is sunny and 21 degrees in Paris."
 
 
-def test_model_name_goes_to_the_default_backend(llm_server: LlmServer) -> None:  # noqa: F811
+def test_model_name_goes_to_the_default_backend(llm_server: LlmServer) -> None:
     llm_server.push(Reply(text="Hi."))
 
     async def main() -> DelegationDone:
@@ -146,7 +146,7 @@ def test_model_name_goes_to_the_default_backend(llm_server: LlmServer) -> None: 
     assert body["model"] == "gpt-4.1-mini" and "tools" not in body
 
 
-def test_backend_error_fails_the_response_and_the_session_goes_on(llm_server: LlmServer) -> None:  # noqa: F811
+def test_backend_error_fails_the_response_and_the_session_goes_on(llm_server: LlmServer) -> None:
     llm_server.push(Reply(status=500, error_message="boom"), Reply(text="Working again."))
 
     async def main() -> tuple[DelegationDone, DelegationDone, Session]:
@@ -163,7 +163,7 @@ def test_backend_error_fails_the_response_and_the_session_goes_on(llm_server: Ll
     assert failed["code"] == "server_error" and "500" in failed["message"] and failed["type"] == "server_error"
 
 
-def test_a_client_that_never_answers(llm_server: LlmServer) -> None:  # noqa: F811
+def test_a_client_that_never_answers(llm_server: LlmServer) -> None:
     llm_server.push(
         Reply(text="", tool_calls=[ToolCallScript("get_weather", {"city": "Oslo"})]),
         Reply(text="I could not get the weather right now."),
@@ -183,7 +183,7 @@ def test_a_client_that_never_answers(llm_server: LlmServer) -> None:  # noqa: F8
     assert "did not answer within 0.3 s" in tool["content"]
 
 
-def test_catalog_from_the_registry(llm_server: LlmServer) -> None:  # noqa: F811
+def test_catalog_from_the_registry(llm_server: LlmServer) -> None:
     registry = registry_for(llm_server)
     catalog = registry_catalog(registry, {"weather": ["forecast"]})
     assert catalog.default == "llm" and set(catalog.backends) == {"llm", "plain", "demo"}
@@ -195,7 +195,7 @@ def test_catalog_from_the_registry(llm_server: LlmServer) -> None:  # noqa: F811
     asyncio.run(registry.aclose())
 
 
-def test_usage_is_none_when_the_server_sends_none(llm_server: LlmServer) -> None:  # noqa: F811
+def test_usage_is_none_when_the_server_sends_none(llm_server: LlmServer) -> None:
     from kame.backend.tools import TurnReport
     from kame.server.wires.live.responses_backend import usage_of
 
@@ -226,7 +226,7 @@ if __name__ == "__main__":
 """
 
 
-def test_operator_mcp_server_runs_inside_kame(llm_server: LlmServer, tmp_path: Any) -> None:  # noqa: F811
+def test_operator_mcp_server_runs_inside_kame(llm_server: LlmServer, tmp_path: Any) -> None:
     import sys
 
     from kame.backend.config import McpServerConfig, ToolsConfig
@@ -293,7 +293,7 @@ def test_operator_mcp_server_runs_inside_kame(llm_server: LlmServer, tmp_path: A
     assert outputs[0] == "rain tomorrow in Oslo" and outputs[1].startswith("Error:")
 
 
-def test_a_backend_that_refuses_stream_options_is_asked_without(llm_server: LlmServer) -> None:  # noqa: F811
+def test_a_backend_that_refuses_stream_options_is_asked_without(llm_server: LlmServer) -> None:
     llm_server.push(
         Reply(status=400, error_message="Unrecognized request argument supplied: stream_options"),
         Reply(text="", tool_calls=[ToolCallScript("get_weather", {"city": "Nice"})]),
@@ -319,7 +319,7 @@ def test_a_backend_that_refuses_stream_options_is_asked_without(llm_server: LlmS
     assert all(e["response"]["usage"] is None for e in s.nested("response.completed"))
 
 
-def test_a_model_the_backend_does_not_serve_falls_back_to_its_own(llm_server: LlmServer) -> None:  # noqa: F811
+def test_a_model_the_backend_does_not_serve_falls_back_to_its_own(llm_server: LlmServer) -> None:
     llm_server.push(
         Reply(status=404, error_message="The model `gpt-5.4-mini` does not exist."),
         Reply(text="Answer one."),

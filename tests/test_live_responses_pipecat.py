@@ -4,7 +4,7 @@ Pipecat's own Live event models: its client events are built by its models and a
 model for it, and its delegation logic (run each ``completed`` function_call item from
 ``response.output_item.done``, answer with ``response.item.create``, send ``response.create`` once the
 response ended ``completed`` and every call is answered) gets the answer. The back-end is the registry with
-the real `openai` client against tests/llm_server.py."""
+the real `openai` client against tests/support/llm_server.py."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from live_pipecat import pipecat_live_events
-from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
-from test_live_responses_wire import WEATHER, Client, encode  # noqa: F401  (fixture)
+from tests.support.live_pipecat import pipecat_live_events
+from tests.support.live_responses import WEATHER, Client
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 
-def test_pipecat_models_and_flow(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+def test_pipecat_models_and_flow(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:
     pc = pipecat_live_events()
     llm_server.push(
         Reply(text="Let me look that up.", tool_calls=[ToolCallScript("get_weather", {"city": "Lyon"})]),

@@ -1,6 +1,6 @@
 """The official SDK's ``client.live.connect()`` in Responses delegation, against the Live wire on a real
 websocket (FastAPI + uvicorn on 127.0.0.1) with kame's registry and the real `openai` client streaming
-from tests/llm_server.py.
+from tests/support/llm_server.py.
 
 The websocket handler is the runtime's part in miniature (one ordered send queue, the oracle answers
 collected); the audio pipeline is left out: the question comes as a ``response.item.create`` message, so
@@ -23,7 +23,6 @@ import openai
 import pytest
 import uvicorn
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
@@ -35,6 +34,7 @@ from kame.server.wires.live.events import LiveEncoder, LiveEvent
 from kame.server.wires.live.responses_backend import registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 WEATHER = {
     "type": "function",
@@ -117,7 +117,7 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
 
 
 def test_sdk_client_runs_the_function_and_the_answer_reaches_the_oracle(
-    llm_server: LlmServer,  # noqa: F811
+    llm_server: LlmServer,
     encode: Callable[[str], list[int]],
 ) -> None:
     llm_server.push(

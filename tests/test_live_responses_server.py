@@ -1,6 +1,6 @@
 """/v1/live/sessions in Responses delegation on the real CPU demo server (tiny KAME model, Whisper tiny.en),
 driven by the official SDK's ``client.live.connect()`` (kame.client.live_client), with kame's back-end a
-real local LLM server that streams a tool call (tests/llm_server.py, through the real `openai` client).
+real local LLM server that streams a tool call (tests/support/llm_server.py, through the real `openai` client).
 
 An espeak question plays at real time; kame guesses while it plays (its own requests: no tools, only
 ``kame.backend.*`` events), then the user's turn becomes the delegation: ``session.delegation.created``
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
-from moshi_client import ServerProcess
-from speech import silence, synthesize
 
 from kame.client.live_client import LiveClient
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 TOKEN = "live-responses-5be1c0"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -227,12 +227,9 @@ def test_a_failing_backend_fails_the_response_and_the_session_goes_on(server: Se
 
 
 @pytest.fixture(scope="module")
-def demo(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def demo(demo_server: ServerProcess) -> ServerProcess:
     """The stock CPU demo (``--config cpu-demo``): its default back-end is the scripted one."""
-    tmp = tmp_path_factory.mktemp("live-responses-demo")
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config="cpu-demo").start()
-    yield srv
-    srv.stop()
+    return demo_server
 
 
 def test_a_framework_with_its_own_model_name_on_the_stock_cpu_demo(demo: ServerProcess) -> None:

@@ -1,6 +1,6 @@
 """The Live wire in Responses delegation: session.start with delegation.responses, the user's turn as the
 delegation, the nested response.event stream, the client's function output and response.create, answers
-to the oracle. The back-end is the registry with the real `openai` client against tests/llm_server.py;
+to the oracle. The back-end is the registry with the real `openai` client against tests/support/llm_server.py;
 every event is encoded as on the wire and parsed with the openai SDK's own Live models."""
 
 from __future__ import annotations
@@ -9,95 +9,14 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-import pytest
-from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
-from openai.types.live import ServerEvent
-from pydantic import TypeAdapter
-
-from kame.backend.config import BackendConfig
-from kame.backend.registry import BackendRegistry
-from kame.backend.resolve import ResolvedBackends
 from kame.oracle.config import OracleConfig
-from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
-from kame.server.wires.live.events import DelegationCreated, LiveEncoder, LiveEvent, LiveIds
-from kame.server.wires.live.responses_backend import registry_catalog, registry_source
-from kame.server.wires.live.responses_mode import ResponsesHooks
+from kame.server.wires.live.events import DelegationCreated
 from kame.server.wires.live.wire import LiveWire
-
-SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather of a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-
-
-@pytest.fixture(scope="module")
-def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int]]:
-    """A real SentencePiece model (the tiny checkpoints' tokenizer recipe)."""
-    import sentencepiece as spm
-
-    from kame.frontend.tiny import train_tokenizer
-
-    path: Path = tmp_path_factory.mktemp("sp") / "tok.model"
-    train_tokenizer(path, vocab_size=400)
-    sp = spm.SentencePieceProcessor(model_file=str(path))
-    return lambda text: list(sp.encode(text, out_type=int))
-
-
-class Client:
-    """The runtime's side: one ordered send queue, the oracle answers, encoded and SDK-checked events."""
-
-    def __init__(self, server: LlmServer, encode: Callable[[str], list[int]], **hooks: Any) -> None:
-        cfg = BackendConfig.model_validate(
-            {"base_url": server.base_url, "model": "test-model", "api_key_env": "", "allow_tools": True}
-        )
-        self.registry = BackendRegistry(ResolvedBackends({"llm": cfg}, "llm"), environ={})
-        self.encoder = LiveEncoder(LiveIds("t"))
-        self.sent: list[dict[str, Any]] = []
-        self.answers: list[OracleAnswer] = []
-        info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))
-        self.wire = LiveWire(
-            info,
-            encode=encode,
-            oracle_config=OracleConfig(),
-            responses=ResponsesHooks(
-                source=registry_source(self.registry), send=self.send, answer=self.answers.append, **hooks
-            ),
-        )
-
-    def send(self, event: LiveEvent) -> None:
-        data = self.encoder.to_json(event)
-        if not data["type"].startswith("kame."):  # kame's extension events are not in the contract
-            SERVER_EVENT.validate_python(data)
-        self.sent.append(data)
-
-    def sends(self, events: list[LiveEvent]) -> None:
-        for event in events:
-            self.send(event)
-
-    def message(self, obj: dict[str, Any], now: float = 1.0) -> Any:
-        out = self.wire.message(json.dumps(obj), now)
-        self.sends(out.events)
-        return out
-
-    def of_type(self, type_: str) -> list[dict[str, Any]]:
-        return [e for e in self.sent if e["type"] == type_]
-
-    def nested(self, type_: str) -> list[dict[str, Any]]:
-        return [e["event"] for e in self.of_type("response.event") if e["event"]["type"] == type_]
-
-    async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while not predicate():
-            assert loop.time() < end, "timed out"
-            await asyncio.sleep(0.01)
+from tests.support.live_responses import SERVER_EVENT, WEATHER, Client  # noqa: F401
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 
 def start(client: Client, **responses: Any) -> Any:
@@ -116,7 +35,7 @@ def start(client: Client, **responses: Any) -> Any:
     )
 
 
-def test_a_full_exchange_and_a_second_question(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+def test_a_full_exchange_and_a_second_question(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:
     llm_server.push(
         Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})]),
         Reply(text="It is sunny and twenty one degrees in Paris."),
@@ -175,7 +94,7 @@ def test_a_full_exchange_and_a_second_question(llm_server: LlmServer, encode: Ca
     assert c.answers[-1].text == "Tomorrow it will rain."
 
 
-def test_responses_commands_and_appends(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+def test_responses_commands_and_appends(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:
     llm_server.push(Reply(text="You asked about trains."))
 
     async def main() -> Client:
@@ -227,7 +146,7 @@ def test_client_delegation_still_refuses_responses_commands(encode: Callable[[st
         assert out.errors[0].code == "unsupported_event" and "Responses delegation" in out.errors[0].message
 
 
-def test_hosted_tools_are_refused_at_start(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+def test_hosted_tools_are_refused_at_start(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:
     c = Client(llm_server, encode)
     out = start(c, tools=[WEATHER, {"type": "web_search"}, {"type": "file_search"}])
     assert not out.started and out.errors[0].code == "unsupported_tool"
@@ -238,7 +157,7 @@ def test_hosted_tools_are_refused_at_start(llm_server: LlmServer, encode: Callab
 
 
 def test_update_changes_the_backend_prompt_and_keeps_the_type(
-    llm_server: LlmServer,  # noqa: F811
+    llm_server: LlmServer,
     encode: Callable[[str], list[int]],
 ) -> None:
     c = Client(llm_server, encode)
@@ -258,7 +177,7 @@ def test_update_changes_the_backend_prompt_and_keeps_the_type(
     asyncio.run(c.registry.aclose())
 
 
-def test_speculative_requests_stay_inside_kame(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+def test_speculative_requests_stay_inside_kame(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:
     from kame.oracle.prompt import PENDING_MARK
 
     llm_server.push(
@@ -309,7 +228,7 @@ def test_speculative_requests_stay_inside_kame(llm_server: LlmServer, encode: Ca
     )
 
 
-def test_the_final_transcript_cancels_the_guess(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:  # noqa: F811
+def test_the_final_transcript_cancels_the_guess(llm_server: LlmServer, encode: Callable[[str], list[int]]) -> None:
     llm_server.push(Reply(text="A slow guess.", first_token_delay_s=30.0), Reply(text="Here is the answer."))
 
     async def main() -> Client:
@@ -333,7 +252,7 @@ def test_the_final_transcript_cancels_the_guess(llm_server: LlmServer, encode: C
 
 
 def test_a_round_reaches_the_oracle_word_by_word_as_it_streams(
-    llm_server: LlmServer,  # noqa: F811
+    llm_server: LlmServer,
     encode: Callable[[str], list[int]],
 ) -> None:
     answer = "It is sunny and warm in Paris today, with a light breeze from the sea."

@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess
-from speech import silence, synthesize
 
 from kame.client.live_client import LiveClient
 from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 TOKEN = "live-secret-41c7aa"
 CONFIG = """
@@ -397,8 +397,9 @@ def test_pipecat_client_delegation_flow(server: ServerProcess) -> None:
     Pipecat treats every ``error`` as a pipeline failure and drops events its models reject."""
     import base64
 
-    from live_pipecat import pipecat_live_events
     from websockets.asyncio.client import connect
+
+    from tests.support.live_pipecat import pipecat_live_events
 
     pc = pipecat_live_events()
     audio = (np.clip(question_audio(), -1, 1) * 32767).astype("<i2").tobytes()

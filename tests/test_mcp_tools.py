@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.config import BackendConfig, McpServerConfig, ToolsConfig
 from kame.backend.mcp_tools import McpToolbox, UnknownMcpServer
@@ -21,6 +20,7 @@ from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
 from kame.backend.tool_loop import CallFinished, LoopDone, TextDelta, ToolLoop
 from kame.backend.tools import ToolCall
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 
 SECRET = "mcp-secret-KEY-4c1f9a77e2"
 
@@ -271,7 +271,7 @@ def test_streamable_http_server(server_script: Path) -> None:
         proc.wait(5)
 
 
-def test_the_llm_calls_an_mcp_tool_through_the_loop(server_script: Path, llm_server: LlmServer) -> None:  # noqa: F811
+def test_the_llm_calls_an_mcp_tool_through_the_loop(server_script: Path, llm_server: LlmServer) -> None:
     def llm(rec: RecordedRequest) -> Reply:
         if rec.tool_messages:
             return Reply(text=f"Here it is, {rec.tool_messages[-1]['content']}.")
@@ -304,7 +304,7 @@ def test_the_llm_calls_an_mcp_tool_through_the_loop(server_script: Path, llm_ser
 
 
 def test_catalog_gives_a_session_its_mcp_tools_and_the_oracle_speaks_their_answer(
-    server_script: Path, llm_server: LlmServer  # noqa: F811
+    server_script: Path, llm_server: LlmServer
 ) -> None:
     from kame.config import KameConfig
     from kame.oracle.config import OracleConfig

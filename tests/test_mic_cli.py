@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess
-from speech import silence, synthesize
 
 from kame.audio import write_wav
 from kame.client.mic import websocket_url
 from kame.errors import UserError
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 
 def test_websocket_url() -> None:
@@ -27,11 +27,9 @@ def test_websocket_url() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, kame_cache_dir: Path):  # type: ignore[no-untyped-def]
-    log = tmp_path_factory.mktemp("mic") / "server.log"
-    proc = ServerProcess(cache_dir=kame_cache_dir, log_path=log).start()
-    yield proc
-    proc.stop()
+def server(demo_server: ServerProcess) -> ServerProcess:
+    """The shared CPU demo (tests/conftest.py)."""
+    return demo_server
 
 
 @pytest.fixture(scope="module")

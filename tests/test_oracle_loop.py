@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
-from llm_server import LlmServer, Reply, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.registry import BackendRegistry
 from kame.config import KameConfig
 from kame.oracle.config import OracleConfig
 from kame.oracle.loop import OracleLoop, SessionOracleSettings
 from kame.oracle.sanitize import sanitize
+from tests.support.llm_server import LlmServer, Reply
 
 SECRET = "sk-test-SECRET-value-123456"
 
@@ -81,7 +81,7 @@ def kinds(events: list[tuple[str, dict]]) -> list[str]:
     return [k for k, _ in events]
 
 
-def test_tokens_fed_equal_encode_of_sanitized_answer(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:  # noqa: F811
+def test_tokens_fed_equal_encode_of_sanitized_answer(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:
     answer = "**Paris** is the capital of France; it's known for art, food, and the Eiffel Tower!"
     llm_server.set_default(Reply(text=answer, chunk_delay_s=0.01))
 
@@ -107,7 +107,7 @@ def test_tokens_fed_equal_encode_of_sanitized_answer(llm_server: LlmServer, sp: 
                                                                          ("llm.request_started", "llm.first_token", "oracle.reset")][:3]
 
 
-def test_debounce_restarts_and_cancels_with_disconnect(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:  # noqa: F811
+def test_debounce_restarts_and_cancels_with_disconnect(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:
     llm_server.set_default(Reply(text="Sure, here is a long answer " * 5, first_token_delay_s=0.05, chunk_delay_s=0.2))
 
     async def main() -> list:
@@ -134,7 +134,7 @@ def test_debounce_restarts_and_cancels_with_disconnect(llm_server: LlmServer, sp
     assert [r.last_user_message for r in reqs][-1].endswith("what is the capital of France")
 
 
-def test_rate_limit_five_starts_per_two_seconds(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:  # noqa: F811
+def test_rate_limit_five_starts_per_two_seconds(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:
     llm_server.set_default(Reply(text="ok", first_token_delay_s=1.0))
 
     async def main() -> list:
@@ -161,7 +161,7 @@ def test_rate_limit_five_starts_per_two_seconds(llm_server: LlmServer, sp: spm.S
     ("policy", "expect_resets"),
     [("reset", 2), ("keep_if_same_start", 1), ("freeze_when_speaking", 1)],
 )
-def test_answer_switch_policies(llm_server: LlmServer, sp: spm.SentencePieceProcessor, policy: str, expect_resets: int) -> None:  # noqa: F811
+def test_answer_switch_policies(llm_server: LlmServer, sp: spm.SentencePieceProcessor, policy: str, expect_resets: int) -> None:
     first = "Paris is the capital of France."
     second = "Paris is the capital of France, a city of art and food."
     llm_server.push(Reply(text=first, chunk_delay_s=0.01), Reply(text=second, chunk_delay_s=0.01))
@@ -197,7 +197,7 @@ def test_answer_switch_policies(llm_server: LlmServer, sp: spm.SentencePieceProc
         assert "llm.dropped" in kinds(events) and seqs[-1] == sp.encode(sanitize(first))
 
 
-def test_stale_answer_is_dropped(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:  # noqa: F811
+def test_stale_answer_is_dropped(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:
     llm_server.push(Reply(text="Old answer for the old turn.", first_token_delay_s=0.6))
 
     async def main() -> tuple[RecordingSink, list]:
@@ -216,7 +216,7 @@ def test_stale_answer_is_dropped(llm_server: LlmServer, sp: spm.SentencePiecePro
     assert "llm.cancelled" in kinds(events)
 
 
-def test_failures_reported_without_secrets_and_retried(llm_server: LlmServer, sp: spm.SentencePieceProcessor,  # noqa: F811
+def test_failures_reported_without_secrets_and_retried(llm_server: LlmServer, sp: spm.SentencePieceProcessor,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     llm_server.push(Reply(status=500, echo_auth_in_error=True), Reply(text="Recovered answer."))
 
@@ -237,7 +237,7 @@ def test_failures_reported_without_secrets_and_retried(llm_server: LlmServer, sp
     assert SECRET not in repr(events) and SECRET not in caplog.text
 
 
-def test_switch_backend_mid_session(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:  # noqa: F811
+def test_switch_backend_mid_session(llm_server: LlmServer, sp: spm.SentencePieceProcessor) -> None:
     llm_server.set_default(Reply(text="Fine."))
 
     async def main() -> None:
@@ -262,7 +262,7 @@ def test_switch_backend_mid_session(llm_server: LlmServer, sp: spm.SentencePiece
     Reply(status=429, retry_after="1"),
     Reply(text="slow " * 30, chunk_delay_s=0.2),
 ], ids=["hung", "stalled", "rate-limited", "slow"])
-def test_bad_llm_leaves_tick_cadence_unchanged(llm_server: LlmServer, sp: spm.SentencePieceProcessor,  # noqa: F811
+def test_bad_llm_leaves_tick_cadence_unchanged(llm_server: LlmServer, sp: spm.SentencePieceProcessor,
                                                tiny_kame_ckpt: Path, reply: Reply) -> None:
     """The engine's frames reach the session on the same cadence with a misbehaving LLM as without one.
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import sentencepiece as spm
-from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.registry import BackendRegistry
 from kame.backend.speculation import SpeculativeCalls, ToolCallEvent
@@ -24,6 +23,7 @@ from kame.oracle.config import OracleConfig
 from kame.oracle.loop import OracleLoop, SessionOracleSettings
 from kame.oracle.session_tools import SessionTools
 from kame.oracle.switch import FeedState, decide_switch
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 
 WEATHER = ToolSpec("get_weather", "Weather of a city.",
                    {"type": "object", "properties": {"city": {"type": "string"}}}, read_only=True)
@@ -146,7 +146,7 @@ def test_rule_staleness_after_a_backchannel(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_answer_on_tool_result_is_a_new_sequence_after_the_assistant_spoke_and_a_backchannel(
-    llm_server: LlmServer, sp: spm.SentencePieceProcessor, policy: str  # noqa: F811
+    llm_server: LlmServer, sp: spm.SentencePieceProcessor, policy: str
 ) -> None:
     llm_server.responder = llm
     tools = Tools(delay_s=0.6)
@@ -183,7 +183,7 @@ def test_answer_on_tool_result_is_a_new_sequence_after_the_assistant_spoke_and_a
 
 
 def test_a_real_user_turn_while_tools_run_makes_the_tool_answer_stale(
-    llm_server: LlmServer, sp: spm.SentencePieceProcessor  # noqa: F811
+    llm_server: LlmServer, sp: spm.SentencePieceProcessor
 ) -> None:
     llm_server.responder = llm
     tools = Tools(delay_s=0.6)
@@ -206,7 +206,7 @@ def test_a_real_user_turn_while_tools_run_makes_the_tool_answer_stale(
 
 
 def test_read_only_call_on_a_partial_survives_its_request_and_is_reused(
-    llm_server: LlmServer, sp: spm.SentencePieceProcessor  # noqa: F811
+    llm_server: LlmServer, sp: spm.SentencePieceProcessor
 ) -> None:
     llm_server.responder = llm
     tools = Tools(delay_s=0.8)
@@ -235,7 +235,7 @@ def test_read_only_call_on_a_partial_survives_its_request_and_is_reused(
 
 
 def test_side_effecting_call_runs_once_after_the_turn_and_its_result_reaches_the_next_request(
-    llm_server: LlmServer, sp: spm.SentencePieceProcessor  # noqa: F811
+    llm_server: LlmServer, sp: spm.SentencePieceProcessor
 ) -> None:
     llm_server.responder = llm
     tools = Tools(delay_s=0.8)

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moshi_client import MoshiClient, ServerProcess
 
 from kame.client.realtime_client import RealtimeClient
+from tests.support.moshi_client import MoshiClient, ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess
-from speech import silence, synthesize
 
 from kame.client.realtime_client import RealtimeClient
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 TOKEN = "rt-secret-6b1d0e"
 GOOD_ORIGIN = "http://good.example"

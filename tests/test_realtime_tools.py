@@ -1,7 +1,7 @@
 """Client-executed functions on /v1/realtime: the official OpenAI SDK's realtime client against the CPU demo.
 
 The back-end is a real local LLM server streaming ``tool_calls`` in the chat-completions
-format (tests/llm_server.py, reached by the server through the real ``openai`` client) or
+format (tests/support/llm_server.py, reached by the server through the real ``openai`` client) or
 the scripted back-end. The client defines functions in ``session.update``, receives each
 call as its own response, returns a result with ``conversation.item.create`` +
 ``response.create``, and the words of the answer built on it reach Moshi's oracle after the
@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
-from moshi_client import ServerProcess
-from speech import silence, synthesize
+
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 WEATHER = {
     "type": "function",

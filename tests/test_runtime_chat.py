@@ -17,102 +17,9 @@ from kame.server.runtime.session import SessionRuntime
 from kame.server.telemetry.logs import session_logger
 from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.wires.moshi.wire import MoshiWire
-from kame.session.events import AssistantFrame, EngineFailed, PipelineEvent, UserFinal
+from kame.session.events import EngineFailed, UserFinal
 from kame.session.settings import SessionSettings
-
-
-class FakeWebSocket:
-    """Records what the session sends; ``stall`` makes every send after the handshake hang."""
-
-    def __init__(self, stall: bool = False) -> None:
-        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.sent: list[bytes] = []
-        self.closed: tuple[int, str] | None = None
-        self.stall = stall
-
-    async def receive(self) -> dict[str, Any]:
-        return await self.incoming.get()
-
-    async def send_bytes(self, data: bytes) -> None:
-        if self.stall and self.sent:
-            await asyncio.Event().wait()  # a client that never reads: TCP buffers full
-        self.sent.append(data)
-
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        if self.stall:
-            await asyncio.Event().wait()
-        self.closed = (code, reason)
-
-    def push_audio(self, ogg: bytes) -> None:
-        self.incoming.put_nowait({"type": "websocket.receive", "bytes": b"\x01" + ogg})
-
-    def disconnect(self) -> None:
-        self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
-
-
-class FakePipeline:
-    """Stands in for :class:`kame.session.pipeline.Pipeline`: the test pushes its events."""
-
-    def __init__(self) -> None:
-        self.events: asyncio.Queue[PipelineEvent] = asyncio.Queue()
-        self.fed: list[np.ndarray] = []
-        self.entered = False
-        self.detached = False
-        self.resets = 0
-        self.dropped_frames = 0
-        self.slot_index = 0
-        self.flush_on_exit = True
-        self.settings: list[SessionSettings] = []
-        self.on_exit: list[PipelineEvent] = []  # what the pipeline reports while it closes (the ASR's last final)
-
-    async def __aenter__(self) -> FakePipeline:
-        self.entered = True
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.detached = True
-        for event in self.on_exit:
-            self.events.put_nowait(event)
-
-    def drain_events(self) -> list[PipelineEvent]:
-        out: list[PipelineEvent] = []
-        while not self.events.empty():
-            out.append(self.events.get_nowait())
-        return out
-
-    async def reset(self) -> None:
-        self.resets += 1
-
-    def feed(self, pcm: np.ndarray) -> None:
-        self.fed.append(pcm)
-
-    def update(self, settings: SessionSettings) -> None:
-        self.settings.append(settings)
-
-    async def next_event(self) -> PipelineEvent:
-        return await self.events.get()
-
-    def put(self, event: PipelineEvent) -> None:
-        self.events.put_nowait(event)
-
-
-class FakeHost:
-    sample_rate = 24000
-    frame_size = 1920
-
-    def __init__(self) -> None:
-        self.pipeline = FakePipeline()
-        self.slot = self.pipeline  # what the tests look at
-
-    def new_pipeline(self, settings: SessionSettings) -> FakePipeline:
-        self.pipeline.settings.append(settings)
-        return self.pipeline
-
-
-def _output(step: int, text_id: int | None = 5) -> AssistantFrame:
-    pcm = (0.1 * np.sin(np.arange(1920) / 24000 * 2 * np.pi * 300)).astype(np.float32)
-    piece = None if text_id is None or text_id in (0, 3) else ("\u2581word" if text_id % 2 else "s")
-    return AssistantFrame(step=step, pcm=pcm, text_id=text_id, piece=piece, oracle_id=3)
+from tests.support.runtime_fakes import FakeHost, FakePipeline, FakeWebSocket, output_frame  # noqa: F401
 
 
 def _session(ws: FakeWebSocket, host: FakeHost, metrics: ServerMetrics, cfg: ServerConfig, **kw: Any) -> SessionRuntime:
@@ -140,7 +47,7 @@ def test_a_client_that_never_reads_gets_frames_dropped_then_closed() -> None:
         session = _session(ws, host, metrics, cfg)
         task = asyncio.create_task(session.run())
         for step in range(60):  # 4.8 s of output produced faster than it can leave
-            host.pipeline.put(_output(step, text_id=None))
+            host.pipeline.put(output_frame(step, text_id=None))
             await asyncio.sleep(0.01)
             assert session.send_q.qsize() <= 3 * cfg.send_queue_frames  # bounded
         await asyncio.wait_for(task, 5)
@@ -161,7 +68,7 @@ def test_engine_failure_ends_the_session_with_an_error() -> None:
     async def main() -> SessionRuntime:
         session = _session(ws, host, metrics, ServerConfig())
         task = asyncio.create_task(session.run())
-        host.pipeline.put(_output(0))
+        host.pipeline.put(output_frame(0))
         host.pipeline.put(EngineFailed(message="engine step failed (RuntimeError)"))
         await asyncio.wait_for(task, 5)
         return session
@@ -196,7 +103,7 @@ def test_recording_writes_both_voices_and_the_event_log(tmp_path: Path) -> None:
             ogg = bytes(writer.append_pcm(pcm[i : i + 1920]))
             if ogg:
                 ws.push_audio(ogg)
-            host.pipeline.put(_output(i // 1920, text_id=7))
+            host.pipeline.put(output_frame(i // 1920, text_id=7))
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.1)
         ws.disconnect()
@@ -226,7 +133,7 @@ def test_the_last_words_reported_while_the_pipeline_closes_are_recorded(tmp_path
     is gone, but the recording must keep it (and whatever the oracle said last)."""
     metrics = ServerMetrics()
     host = FakeHost()
-    host.pipeline.on_exit = [UserFinal(utterance=1, audio_s=1.2, text="how many brothers"), _output(99, text_id=7)]
+    host.pipeline.on_exit = [UserFinal(utterance=1, audio_s=1.2, text="how many brothers"), output_frame(99, text_id=7)]
     ws = FakeWebSocket()
 
     async def main() -> SessionRecorder:
@@ -239,7 +146,7 @@ def test_the_last_words_reported_while_the_pipeline_closes_are_recorded(tmp_path
         session = _session(ws, host, metrics, ServerConfig(record_dir=tmp_path), new_recorder=new_recorder)
         task = asyncio.create_task(session.run())
         for i in range(3):
-            host.pipeline.put(_output(i, text_id=None))
+            host.pipeline.put(output_frame(i, text_id=None))
             await asyncio.sleep(0.02)
         ws.disconnect()
         await asyncio.wait_for(task, 5)
@@ -298,7 +205,7 @@ def test_a_client_that_vanishes_mid_send_ends_as_client_closed() -> None:
     async def main() -> SessionRuntime:
         session = _session(ws, host, metrics, ServerConfig())
         task = asyncio.create_task(session.run())
-        host.pipeline.put(_output(0, text_id=None))
+        host.pipeline.put(output_frame(0, text_id=None))
         await asyncio.wait_for(task, 5)
         return session
 

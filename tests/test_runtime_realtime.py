@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 from starlette.websockets import WebSocketDisconnect
-from test_runtime_chat import FakeHost, FakeWebSocket, _output
 
 from kame.server.config import ServerConfig
 from kame.server.runtime.recording import SessionRecorder
@@ -24,6 +23,7 @@ from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session.events import EngineFailed, SpeechStarted, SpeechStopped
 from kame.session.settings import SessionSettings
+from tests.support.runtime_fakes import FakeHost, FakeWebSocket, output_frame
 
 
 class FakeTextSocket(FakeWebSocket):
@@ -78,12 +78,12 @@ def test_output_frames_become_responses_and_a_user_turn_ends_one() -> None:
         task = asyncio.create_task(session.run())
         _append(ws, 0.5)
         for step in range(3):
-            host.pipeline.put(_output(step, text_id=3))  # silent pad: loud audio still speaks
+            host.pipeline.put(output_frame(step, text_id=3))  # silent pad: loud audio still speaks
         await asyncio.sleep(0.1)
         host.pipeline.put(SpeechStarted(utterance=0, audio_s=0.2))
         host.pipeline.put(SpeechStopped(utterance=0, audio_s=0.9))
         for step in range(3, 5):
-            host.pipeline.put(_output(step, text_id=7))
+            host.pipeline.put(output_frame(step, text_id=7))
         await asyncio.sleep(0.1)
         ws.disconnect()
         await asyncio.wait_for(task, 5)
@@ -112,7 +112,7 @@ def test_a_client_that_never_reads_loses_audio_not_events_then_is_closed() -> No
         session = _session(ws, host, metrics, cfg, settings=SessionSettings())
         task = asyncio.create_task(session.run())
         for step in range(60):
-            host.pipeline.put(_output(step))
+            host.pipeline.put(output_frame(step))
             await asyncio.sleep(0.01)
             assert session.send_q.qsize() <= cfg.send_queue_frames + 2 * 60  # audio capped, events bounded
         await asyncio.wait_for(task, 5)
@@ -143,7 +143,7 @@ def test_a_client_that_vanishes_mid_send_ends_as_closed_not_as_an_internal_error
         session = _session(ws, host, metrics, ServerConfig(idle_timeout_s=30), settings=SessionSettings())
         task = asyncio.create_task(session.run())
         for step in range(5):
-            host.pipeline.put(_output(step))
+            host.pipeline.put(output_frame(step))
         await asyncio.wait_for(task, 5)
         return session
 
@@ -161,7 +161,7 @@ def test_engine_failure_sends_an_error_event_then_closes_1011() -> None:
     async def main() -> None:
         session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings())
         task = asyncio.create_task(session.run())
-        host.pipeline.put(_output(0))
+        host.pipeline.put(output_frame(0))
         host.pipeline.put(EngineFailed(message="engine step failed (boom)"))
         await asyncio.wait_for(task, 5)
 
@@ -186,7 +186,7 @@ def test_recording_follows_kame_record(tmp_path: Path) -> None:
         session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings(record=True), new_recorder=new_recorder)
         task = asyncio.create_task(session.run())
         _append(ws, 0.2)
-        host.pipeline.put(_output(0))
+        host.pipeline.put(output_frame(0))
         await asyncio.sleep(0.1)
         ws.push_event({"type": "session.update", "session": {"kame": {"record": False}}})
         await asyncio.sleep(0.1)
@@ -214,7 +214,7 @@ def test_reset_while_audio_keeps_coming() -> None:
         _append(ws, 1.0)  # ahead of real time: most of it waits in the pacer and trickles in during the reset
         ws.push_event({"type": "kame.session.reset"})
         await asyncio.sleep(0.5)
-        host.pipeline.put(_output(0))
+        host.pipeline.put(output_frame(0))
         await asyncio.sleep(0.1)
         ws.disconnect()
         await asyncio.wait_for(task, 5)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moshi_client import MoshiClient, ServerProcess
+
+from tests.support.moshi_client import MoshiClient, ServerProcess
 
 TOKEN = "tok-3f9a1c77e2b54d0c"
 GOOD_ORIGIN = "http://good.example"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moshi_client import FRAME, MoshiClient, ServerProcess, run_session
-from speech import silence, synthesize
+
+from tests.support.moshi_client import FRAME, MoshiClient, ServerProcess, run_session
+from tests.support.speech import silence, synthesize
 
 QUESTION = "Hello there. What is the capital of France?"
 
@@ -213,7 +214,8 @@ def test_one_server_info_message_right_after_the_handshake(server: ServerProcess
     import json
 
     import websockets
-    from test_server_protocol import assert_kyutai_server_info
+
+    from tests.support.kyutai_protocol import assert_kyutai_server_info
 
     async def main() -> tuple[list[bytes], list[bytes]]:
         url = server.ws_url + "?text_temperature=0.45&text_topk=10"

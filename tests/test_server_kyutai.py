@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess
 
 from kame.client.realtime_client import RealtimeClient
+from tests.support.moshi_client import ServerProcess
 
 
 @pytest.fixture(scope="module")

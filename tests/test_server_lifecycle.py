@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moshi_client import MoshiClient, ServerProcess
+
+from tests.support.moshi_client import MoshiClient, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +173,7 @@ def test_tiny_checkpoint_spec_resolves_in_the_cache(kame_cache_dir: Path) -> Non
         resolve_checkpoint_spec("tiny:x", kame_cache_dir)
 
 
+@pytest.mark.server_process_subject
 def test_a_second_signal_ends_a_long_drain_at_once(kame_cache_dir: Path, tmp_path: Path) -> None:
     """With a Kubernetes-like grace (30 s) a first SIGTERM starts the drain; a second one (an operator's
     second Ctrl-C, or docker stop's escalation) ends it: 1001 at once, exit within seconds."""

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llm_server import LlmServer, Reply, llm_server  # noqa: F401  (fixture)
-from speech import silence, speech_end, synthesize
 
 from kame.audio import write_wav
+from tests.support.llm_server import LlmServer, Reply
+from tests.support.speech import silence, speech_end, synthesize
 
 QUESTION = "What is the capital of France and why is it famous?"
 ANSWER = "The capital of France is Paris, famous for art, food and the Eiffel Tower."
@@ -27,7 +27,7 @@ def question_wav(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]
     return path, speech_end(pcm)
 
 
-def test_tandem_run_end_to_end(tiny_kame_ckpt: Path, question_wav: tuple[Path, float], llm_server: LlmServer,  # noqa: F811
+def test_tandem_run_end_to_end(tiny_kame_ckpt: Path, question_wav: tuple[Path, float], llm_server: LlmServer,
                                tmp_path: Path) -> None:
     wav, end_s = question_wav
     llm_server.set_default(Reply(text=ANSWER, first_token_delay_s=0.1, chunk_delay_s=0.02))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kame.client.moshi_client import (  # noqa: F401  (re-exported for tests and benches)
@@ -29,6 +30,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class ServerStart:
+    """One ``kame serve`` process a run started: its label, who asked for it, how long it took to be ready."""
+
+    label: str
+    requested_by: str
+    seconds: float
+
+
+#: Every start in this Python process, in order (tests/conftest.py prints them at the end of a run).
+SERVER_STARTS: list[ServerStart] = []
+#: Who is asking for a server right now (set by tests/conftest.py around each test's set-up and call).
+CURRENT_REQUESTER: list[str] = ["(outside pytest)"]
+
+
 class ServerProcess:
     """``kame serve`` in a subprocess on 127.0.0.1 and a free port, for tests and benches.
 
@@ -46,6 +62,7 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
         port: int | None = None,
+        label: str | None = None,
     ) -> None:
         import os
         import sys
@@ -67,6 +84,7 @@ class ServerProcess:
         self.cmd = [sys.executable, "-m", "kame.cli", "serve", "--config", config, "--port", str(self.port), *args]
         self.proc: Any = None
         self.statuses_seen: list[str] = []
+        self.label = label or (Path(config).stem if config != "cpu-demo" else "cpu-demo")
 
     @property
     def http_url(self) -> str:
@@ -81,6 +99,9 @@ class ServerProcess:
         import subprocess
 
         self._log = open(self.log_path, "wb")  # noqa: SIM115
+        t0 = time.monotonic()
+        SERVER_STARTS.append(ServerStart(self.label, CURRENT_REQUESTER[-1], float("nan")))
+        record = SERVER_STARTS[-1]
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -93,6 +114,7 @@ class ServerProcess:
                     if not self.statuses_seen or self.statuses_seen[-1] != state:
                         self.statuses_seen.append(state)
                     if state == "ok":
+                        record.seconds = time.monotonic() - t0
                         return self
             except OSError:
                 pass

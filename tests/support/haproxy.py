@@ -82,7 +82,7 @@ class HAProxy:
     """``haproxy -f`` with the shipped config adapted to loopback, in the foreground (``-db``)."""
 
     def __init__(self, run_dir: Path, servers: Sequence[Backend], port: int | None = None) -> None:
-        from moshi_client import free_port
+        from tests.support.moshi_client import free_port
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,9 +203,9 @@ class StreamingClient:
 
     async def run(self, stop_at: float, policy: Any = None) -> None:
         import numpy as np
-        from moshi_client import RATE, MoshiClient
 
         from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, open_with_retry, retry_reason
+        from tests.support.moshi_client import RATE, MoshiClient
 
         retrier = Retrier(policy or Backoff(), say=self.said.append)
         tone = (0.05 * np.sin(2 * np.pi * 220 * np.arange(RATE) / RATE)).astype(np.float32)
@@ -249,7 +249,7 @@ def start_replicas(count: int, *, cache_dir: Any, run_dir: Path, env: dict[str, 
     """``count`` kame servers (CPU demo) started in parallel; each waits until ready."""
     import concurrent.futures
 
-    from moshi_client import ServerProcess
+    from tests.support.moshi_client import ServerProcess
 
     procs = [
         ServerProcess(cache_dir=cache_dir, log_path=Path(run_dir) / f"kame{i + 1}.log", env=env) for i in range(count)

@@ -28,8 +28,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
 
@@ -492,10 +490,3 @@ def running_llm_server(models: list[str] | None = None) -> Iterator[LlmServer]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def llm_server() -> Iterator[LlmServer]:
-    """A fresh scriptable OpenAI-compatible server on 127.0.0.1 (``.base_url`` ends in ``/v1``)."""
-    with running_llm_server() as server:
-        yield server
