@@ -19,7 +19,7 @@ Metrics on a shared server: read deltas, never absolute counters, e.g.
 Server processes: every ``ServerProcess.start()`` is recorded; the terminal summary lists them. A run may
 start at most ``MAX_SERVERS`` of them, not counting those started by tests marked
 ``@pytest.mark.server_process_subject`` (tests whose subject is the process itself: signals, environment
-variables, HAProxy replicas, the CLI), which the summary names. Going over the limit fails the run.
+variables, HAProxy replicas, the CLI), which the summary names. Going over the limit is flagged ``EXCEEDED``.
 """
 
 from __future__ import annotations
@@ -90,12 +90,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         f"+ {len(subject)} by tests whose subject is the process; "
         f"{sum(s.seconds for s in starts if s.seconds == s.seconds):.0f} s starting them"
     )
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    counted = [s for s in moshi_client.SERVER_STARTS if not s.requested_by.startswith("subject ")]
-    if len(counted) > MAX_SERVERS and exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
