@@ -21,8 +21,8 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:  # both pull in torch; metrics must stay importable without it
-    from kame.backend.stats import BackendEvent
     from kame.backend.speculation import ToolCallEvent
+    from kame.backend.stats import BackendEvent
     from kame.frontend.engine_thread import TickStats
     from kame.session.events import PipelineEvent
 
