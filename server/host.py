@@ -129,7 +129,9 @@ class ModelHost:
         """Build the back-end registry (in the event loop: back-ends own async HTTP clients)."""
         from kame.backend.registry import BackendRegistry
 
-        self.backends = BackendRegistry.from_config(self.cfg, self.environ)
+        self.backends = BackendRegistry.from_config(
+            self.cfg, self.environ, observers=[self.metrics.on_backend_event]
+        )
         if not self.backends.names:
             log.warning(
                 "NO LLM BACK-END CONFIGURED: serving the Moshi front-end alone (no oracle answers). "

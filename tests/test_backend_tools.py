@@ -176,18 +176,21 @@ def test_a_fallback_that_may_not_take_tools_is_skipped(llm_server: LlmServer) ->
     primary = BackendConfig.model_validate(
         {"base_url": llm_server.base_url, "model": "primary", "api_key_env": "", "allow_tools": True, "fallback": "fb"}
     )
-    fallback = BackendConfig.model_validate({"base_url": llm_server.base_url, "model": "fb", "api_key_env": ""})
-    assert not fallback.tools_allowed()  # no preset, no allow_tools: off
+    fallback = BackendConfig.model_validate(
+        {"base_url": llm_server.base_url, "model": "fb", "api_key_env": "", "allow_tools": False}
+    )
+    assert not fallback.tools_allowed()
     reg = BackendRegistry(ResolvedBackends({"p": primary, "fb": fallback}, "p"), environ={})
     with pytest.raises(BackendServerError):
         asyncio.run(_drain(reg.stream_turn(None, USER, tools=[WEATHER])))
     assert [r.model for r in llm_server.chat_requests()] == ["primary"]
 
 
-def test_preset_defaults_of_allow_tools() -> None:
+def test_allow_tools_defaults_to_true_for_every_kind_and_preset() -> None:
     assert BackendConfig(preset="openai").tools_allowed()
-    assert not BackendConfig(preset="vllm").tools_allowed()
-    assert BackendConfig(preset="vllm", allow_tools=True).tools_allowed()
+    assert BackendConfig(preset="vllm").tools_allowed()
+    assert BackendConfig(base_url="http://localhost:8000/v1").tools_allowed()
+    assert not BackendConfig(preset="vllm", allow_tools=False).tools_allowed()
     assert BackendConfig(kind="scripted").tools_allowed()
 
 

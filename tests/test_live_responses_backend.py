@@ -36,7 +36,9 @@ def registry_for(server: LlmServer, **extra: Any) -> BackendRegistry:
     llm = BackendConfig.model_validate(
         {"base_url": server.base_url, "model": "test-model", "api_key_env": "", "allow_tools": True}
     )
-    plain = BackendConfig.model_validate({"base_url": server.base_url, "model": "plain-model", "api_key_env": ""})
+    plain = BackendConfig.model_validate(
+        {"base_url": server.base_url, "model": "plain-model", "api_key_env": "", "allow_tools": False}
+    )
     scripted = BackendConfig.model_validate({"kind": "scripted"})
     return BackendRegistry(ResolvedBackends({"llm": llm, "plain": plain, "demo": scripted}, "llm"), environ={}, **extra)
 

@@ -27,6 +27,8 @@ _EXPORTS = {
     "BackendUnavailable": "kame.backend.errors",
     "BackendBusy": "kame.backend.errors",
     "BackendCircuitOpen": "kame.backend.errors",
+    "BackendToolsRefused": "kame.backend.errors",
+    "tools_refusal": "kame.backend.tool_refusal",
     "UnknownBackend": "kame.backend.errors",
     "PRESETS": "kame.backend.presets",
     "resolve_backends": "kame.backend.resolve",

@@ -143,10 +143,11 @@ class BackendConfig(BaseModel):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig, description="Time limits of one request.")
     caps: CapsConfig = Field(default_factory=CapsConfig, description="Concurrency and rate caps of this back-end.")
     breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="Circuit breaker of this back-end.")
-    allow_tools: bool | None = Field(
-        None,
-        description="May requests with function tools go to this back-end (null: the preset's default; "
-        "true for openai, anthropic, gemini, openrouter and scripted; vLLM needs --enable-auto-tool-choice)?",
+    allow_tools: bool = Field(
+        True,
+        description="May requests with function tools go to this back-end (every kind, every preset; false: never "
+        "offer tools)? A server that refuses them (HTTP 400, e.g. vLLM without --enable-auto-tool-choice) is "
+        "marked tool-less at its first refusal and asked again without them.",
     )
     mcp_servers: list[str] = Field(
         default_factory=list, description="MCP servers (tools.mcp_servers names) enabled for sessions on this back-end."
@@ -176,12 +177,8 @@ class BackendConfig(BaseModel):
         return self
 
     def tools_allowed(self) -> bool:
-        """Whether requests that carry function tools may be sent here."""
-        if self.allow_tools is not None:
-            return self.allow_tools
-        if self.kind == "scripted":
-            return True
-        return self.preset in ("openai", "anthropic", "gemini", "openrouter")
+        """Whether requests that carry function tools may be sent here (``allow_tools``)."""
+        return self.allow_tools
 
     def key_env_names(self) -> list[str]:
         """The environment variables to try for the key, in order (empty: no key)."""

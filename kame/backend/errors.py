@@ -100,6 +100,21 @@ class BackendToolsNotAllowed(BackendError):
     kind = "tools_not_allowed"
 
 
+class BackendToolsRefused(BackendError):
+    """The server refused the request because of its function tools (e.g. vLLM without
+    ``--enable-auto-tool-choice``): the registry marks the back-end tool-less and asks again without them.
+
+    ``reason`` is the server's own message (redacted), ``server`` which refusal it matched.
+    """
+
+    kind = "tools_refused"
+
+    def __init__(self, backend: str, message: str, *, reason: str, server: str, status_code: int | None = None) -> None:
+        super().__init__(backend, message, status_code=status_code)
+        self.reason = reason
+        self.server = server
+
+
 class BackendBusy(BackendError):
     """A concurrency or rate cap was hit and no slot freed within the short wait."""
 

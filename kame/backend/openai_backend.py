@@ -33,10 +33,12 @@ from kame.backend.errors import (
     BackendRequestError,
     BackendServerError,
     BackendTimeout,
+    BackendToolsRefused,
     BackendUnavailable,
     redact,
 )
 from kame.backend.presets import apply_preset
+from kame.backend.tool_refusal import tools_refusal
 from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport, tool_choice_value
 
 log = logging.getLogger(__name__)
@@ -137,9 +139,19 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------ errors
 
-    def _map_api_error(self, exc: openai.APIError, phase: str) -> BackendError:
+    def _map_api_error(self, exc: openai.APIError, phase: str, *, offered_tools: bool = False) -> BackendError:
         detail = redact(_server_message(exc), self._secrets())
         suffix = f": {detail}" if detail else ""
+        if offered_tools and isinstance(exc, openai.APIStatusError):
+            server = tools_refusal(exc.status_code, detail)
+            if server is not None:
+                return BackendToolsRefused(
+                    self.name,
+                    f"HTTP {exc.status_code} the server refuses function tools{suffix}",
+                    reason=detail,
+                    server=server,
+                    status_code=exc.status_code,
+                )
         if isinstance(exc, openai.APITimeoutError):
             limit = self.cfg.timeouts.connect_s if phase == "connect" else self.cfg.timeouts.total_s
             return BackendTimeout(self.name, phase, limit)
@@ -338,7 +350,7 @@ class OpenAIBackend:
                     got_first = True
                     yield item
         except openai.APIError as exc:
-            failure = self._map_api_error(exc, phase)
+            failure = self._map_api_error(exc, phase, offered_tools=bool(tools))
         except ValueError:  # invalid JSON in an SSE event, or a chunk that fails validation
             failure = BackendMalformedStream(self.name, "invalid JSON in the event stream")
         finally:

@@ -9,6 +9,14 @@ call goes through:
 3. the back-end's own caps (no slot within ``max_wait_s``: skip to the fallback),
 4. the request; an error before the first chunk also moves on to the fallback.
 
+A server that refuses a request because of its function tools (HTTP 400
+from vLLM without ``--enable-auto-tool-choice``, see
+:mod:`kame.backend.tool_refusal`) marks that back-end tool-less for the
+process: one warning, one ``tools_refused`` event to the observers, the same
+request asked again at once without tools (the turn is still answered), and
+every later request sent without them (no retry on every turn: KAME asks
+again every few words). :meth:`BackendRegistry.tools_refused` tells callers.
+
 Only one fallback hop is taken (the fallback's own fallback is not used).
 Once a chunk has been yielded the answer is committed to that back-end: a
 later error is raised to the consumer, who is already speaking it.
@@ -40,6 +48,7 @@ from kame.backend.errors import (
     BackendCircuitOpen,
     BackendError,
     BackendToolsNotAllowed,
+    BackendToolsRefused,
     UnknownBackend,
 )
 from kame.backend.limits import Busy, Caps
@@ -89,6 +98,8 @@ class ReplyStream:
         self.backend: str | None = None  # the back-end whose answer this is (set with the first chunk)
         self.fell_back = False
         self.ttft_s: float | None = None
+        #: the server's reason when this answer went without the tools it was asked with (refused)
+        self.tools_refused: str | None = None
         self._gen: AsyncGenerator[Any, None] | None = None
 
     def _attach(self: _Stream, gen: AsyncGenerator[Any, None]) -> _Stream:
@@ -157,6 +168,7 @@ class BackendRegistry:
             clock=clock,
         )
         self._entries: dict[str, _Entry] = {}
+        self._tools_refused: dict[str, str] = {}  # back-end -> the server's reason
         for name, cfg in resolved.backends.items():
             backend = (backends or {}).get(name) or build_backend(name, cfg, environ)
             self._entries[name] = _Entry(name, cfg, backend, self._caps_of(cfg), self._breaker_of(name, cfg))
@@ -259,9 +271,34 @@ class BackendRegistry:
             return None
 
     def tools_allowed(self, name: str | None) -> bool:
-        """May requests with function tools go to back-end ``name`` (its ``allow_tools``)?"""
+        """May requests with function tools go to back-end ``name`` (its ``allow_tools``)?
+
+        The configuration's answer: a back-end whose server refused tools
+        still says True here (sessions may declare functions; they are just
+        not offered), see :meth:`tools_refused`.
+        """
         entry = self._entries[self.resolve_name(name)]
         return entry.cfg.tools_allowed() and isinstance(entry.backend, ToolCapableBackend)
+
+    def tools_refused(self, name: str | None) -> str | None:
+        """The server's reason if back-end ``name`` refused function tools in this process (then its
+        requests go without them), else None."""
+        try:
+            return self._tools_refused.get(self.resolve_name(name))
+        except UnknownBackend:
+            return None
+
+    def _mark_tools_refused(self, entry: _Entry, requested: str, exc: BackendToolsRefused) -> None:
+        if entry.name in self._tools_refused:
+            return  # a concurrent request was refused first: one log line, one event
+        self._tools_refused[entry.name] = exc.reason or str(exc)
+        log.warning(
+            "back-end %s: the server (%s) refuses function tools: %s; its requests go without tools from now on "
+            "(start the server with tool calling on, e.g. vLLM --enable-auto-tool-choice --tool-call-parser, "
+            "and restart kame; or set backends.%s.allow_tools: false)",
+            entry.name, exc.server, exc.reason or "(no message)", entry.name,
+        )
+        self._emit(BackendEvent("tools_refused", entry.name, requested=requested, error=exc.reason or exc.kind))
 
     def stream_turn(
         self,
@@ -344,6 +381,9 @@ class BackendRegistry:
                     entry.breaker.neutral(ticket)
                     raise
                 attempt_opts = opts if index == 0 else {k: v for k, v in opts.items() if k != "model"}
+                if attempt_opts.get("tools") and entry.name in self._tools_refused:
+                    attempt_opts = _without_tools(attempt_opts)
+                    reply.tools_refused = self._tools_refused[entry.name]
                 attempt = self._attempt(
                     reply, entry, ticket, name, msgs, attempt_opts, last=index == len(chain) - 1, turn=turn
                 )
@@ -379,21 +419,33 @@ class BackendRegistry:
         self._emit(BackendEvent("request", entry.name, requested=requested))
         gen: AsyncGenerator[Any, None]
         backend = entry.backend
-        if turn and isinstance(backend, ToolCapableBackend):
-            gen = backend.stream_turn(msgs, **opts)
-        else:
-            gen = backend.stream(msgs, max_tokens=opts.get("max_tokens"), temperature=opts.get("temperature"))
         try:
-            try:
-                async for chunk in gen:
-                    if chunks == 0:
-                        reply.backend = entry.name
-                        reply.ttft_s = self._clock() - started
-                        self._emit(BackendEvent("first_token", entry.name, requested=requested, ttft_s=reply.ttft_s))
-                    chunks += 1
-                    yield chunk
-            finally:
-                await gen.aclose()  # close the HTTP stream now, not at GC
+            while True:
+                if turn and isinstance(backend, ToolCapableBackend):
+                    gen = backend.stream_turn(msgs, **opts)
+                else:
+                    gen = backend.stream(msgs, max_tokens=opts.get("max_tokens"), temperature=opts.get("temperature"))
+                try:
+                    async for chunk in gen:
+                        if chunks == 0:
+                            reply.backend = entry.name
+                            reply.ttft_s = self._clock() - started
+                            self._emit(
+                                BackendEvent("first_token", entry.name, requested=requested, ttft_s=reply.ttft_s)
+                            )
+                        chunks += 1
+                        yield chunk
+                except BackendToolsRefused as exc:
+                    if chunks or not opts.get("tools"):
+                        raise
+                    # This turn is answered now, without tools; later requests skip them (see the module doc).
+                    self._mark_tools_refused(entry, requested, exc)
+                    opts = _without_tools(opts)
+                    reply.tools_refused = self._tools_refused[entry.name]
+                    continue
+                finally:
+                    await gen.aclose()  # close the HTTP stream now, not at GC
+                break
             outcome = "done"
         except BackendError as exc:
             outcome = "error"
@@ -453,6 +505,7 @@ class BackendRegistry:
                         "times_opened": breaker.times_opened,
                     },
                     "caps": e.caps.snapshot(),
+                    "tools": "refused" if name in self._tools_refused else ("on" if self.tools_allowed(name) else "off"),
                     "stats": self.stats.get(name).as_dict(),
                 }
             )
@@ -467,6 +520,11 @@ class BackendRegistry:
                 await e.backend.aclose()
             except Exception:
                 log.exception("back-end %s: error while closing", e.name)
+
+
+def _without_tools(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options of one request with its function tools (and tool choice) taken out."""
+    return {**opts, "tools": None, "tool_choice": None}
 
 
 class _TryNext(Exception):

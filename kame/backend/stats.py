@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-EventKind = Literal["request", "first_token", "done", "error", "cancelled", "busy", "fallback", "breaker"]
+EventKind = Literal[
+    "request", "first_token", "done", "error", "cancelled", "busy", "fallback", "breaker", "tools_refused"
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class BackendEvent:
     - ``busy``: refused by a cap (``error`` says which: "busy" or "circuit_open").
     - ``fallback``: ``backend`` is used instead of ``requested``.
     - ``breaker``: the breaker of ``backend`` moved to ``breaker_state``.
+    - ``tools_refused``: the server of ``backend`` refused function tools (``error``: its reason);
+      sent once per back-end and process, its requests go without tools from then on.
     """
 
     kind: EventKind

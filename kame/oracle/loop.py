@@ -58,6 +58,7 @@ from kame.session.events import (
     PipelineEvent,
     ToolCallFinished,
     ToolCallStarted,
+    ToolsRefused,
 )
 from kame.session.settings import OracleChoice
 
@@ -149,6 +150,7 @@ class OracleLoop:
         self.closed = False
         self.tools = tools
         self._turn_words: dict[int, int] = {}
+        self._tools_noticed: set[str] = set()  #: back-ends whose refusal of tools this session was told
         self.counters = {"requests": 0, "cancelled": 0, "errors": 0, "dropped": 0, "resets": 0, "tokens": 0}
 
     # ------------------------------------------------------------------ settings
@@ -263,6 +265,9 @@ class OracleLoop:
         messages = build_messages_from_config(self.transcript.view(), self.config, instructions=self.settings.instructions)
         self.counters["requests"] += 1
         use_tools = self.tools is not None and bool(self.tools.specs) and self.registry.tools_allowed(backend)
+        if use_tools and self.registry.tools_refused(backend) is not None:
+            use_tools = False  # its server refused tools earlier in this process: ask without them
+            self._notice_tools_refused(backend)
         self.emit(LlmRequestStarted(request_id=req.id, backend=backend, turn_id=req.turn_id, reason=trigger.reason or "words",
                                     tools=use_tools))
         work = self._consume_tools(req, messages) if use_tools else self._consume(req, messages)
@@ -345,6 +350,7 @@ class OracleLoop:
                 async for ev in events:
                     if isinstance(ev, TextDelta):
                         if req.first_token_t is None:
+                            self._notice_tools_refused(req.backend)  # this very request may have been refused
                             self._first_token(req, req.backend)
                         if ev.after_tools != seg.after_tools:
                             self._segment_end(req, seg)
@@ -370,6 +376,7 @@ class OracleLoop:
                     elif isinstance(ev, LoopDone):
                         break
             self._segment_end(req, seg)
+            self._notice_tools_refused(req.backend)
             tools.calls.mark_delivered(all_calls)
             self.emit(LlmDone(request_id=req.id, backend=req.backend, text=seg.raw,
                              duration_s=self.clock() - req.started, tool_calls=len(all_calls)))
@@ -383,6 +390,14 @@ class OracleLoop:
         finally:
             if self._current is req:
                 self._current = None
+
+    def _notice_tools_refused(self, backend: str) -> None:
+        """Tell the session once that its back-end's server refused tools (answers go without them)."""
+        assert self.registry is not None
+        reason = self.registry.tools_refused(backend)
+        if reason is not None and backend not in self._tools_noticed:
+            self._tools_noticed.add(backend)
+            self.emit(ToolsRefused(backend=backend, reason=reason))
 
     def _first_token(self, req: _Request, backend: str) -> None:
         req.first_token_t = self.clock()

@@ -195,6 +195,16 @@ class BackendUp(PipelineEvent):
     backend: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class ToolsRefused(PipelineEvent):
+    """The session's back-end refused function tools (``reason``: the server's words, may hold URLs:
+    mask before sending); its answers go without tools. Once per session and back-end."""
+
+    name: ClassVar[str] = "backend.tools_refused"
+    backend: str
+    reason: str
+
+
 # --------------------------------------------------------------------------- tools
 
 
@@ -287,6 +297,7 @@ class OracleCleared(PipelineEvent):
 AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed
 LlmEvent = (
     LlmRequestStarted | LlmFirstToken | LlmDone | LlmCancelled | LlmDropped | LlmDeferred | LlmError | BackendDown | BackendUp
+    | ToolsRefused
 )
 ToolEvent = ToolCallStarted | ToolCallFinished | FunctionCallRequested
 OracleEvent = OracleReset | OracleText | OracleCleared

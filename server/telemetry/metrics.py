@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:  # both pull in torch; metrics must stay importable without it
     from kame.backend.speculation import ToolCallEvent
+    from kame.backend.stats import BackendEvent
     from kame.frontend.engine_thread import TickStats
     from kame.session.events import PipelineEvent
 
@@ -96,6 +97,13 @@ class ServerMetrics:
             "kame_llm_ttft_seconds", "LLM time to first token.", ["backend"], buckets=_LLM_BUCKETS, registry=r
         )
         self.llm_errors = Counter("kame_llm_errors", "LLM requests that failed.", ["backend"], registry=r)
+        self.llm_tools_refused = Counter(
+            "kame_llm_tools_refused",
+            "Back-ends whose server refused function tools (HTTP 400, e.g. vLLM without --enable-auto-tool-choice); "
+            "counted once per back-end and process, their requests go without tools from then on.",
+            ["backend"],
+            registry=r,
+        )
         self.oracle_resets = Counter("kame_oracle_resets", "Oracle sequences started (new answers fed).", registry=r)
         self.oracle_tokens = Counter("kame_oracle_tokens", "Oracle tokens queued for the front-end.", registry=r)
         self.asr_partial_latency = Histogram(
@@ -124,6 +132,11 @@ class ServerMetrics:
         self.tool_calls.labels(tool=_label(tool), outcome=event.outcome or "error").inc()
         if event.duration_s is not None and event.duration_s >= 0:
             self.tool_call_seconds.labels(tool=_label(tool)).observe(event.duration_s)
+
+    def on_backend_event(self, event: BackendEvent) -> None:
+        """A back-end registry observer: what concerns the process, not one session."""
+        if event.kind == "tools_refused":
+            self.llm_tools_refused.labels(backend=_label(event.backend)).inc()
 
     def on_tick(self, stats: TickStats) -> None:
         """``EngineThread(on_tick=...)`` callback (engine thread)."""

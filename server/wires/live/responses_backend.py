@@ -24,6 +24,7 @@ from kame.backend.tools import ToolCall, ToolSpec, TurnReport
 from kame.server.wires.live.responses_config import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
 from kame.server.wires.live.responses_run import RoundEnd, RoundRequest, RoundSource, ServerTool
 from kame.server.wires.live.responses_stream import Usage
+from kame.server.wires.realtime.events import client_safe
 
 log = logging.getLogger(__name__)
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
@@ -47,9 +48,13 @@ def registry_source(registry: BackendRegistry) -> RoundSource:
     output asks again without it; responses then carry no usage) and the
     client's model name (a 404 before any output, the provider does not
     serve it: asked again with the back-end's own model, and a notice).
+    Function tools a server refuses are the registry's business (it asks
+    again without them, and sends none from then on); the session is told
+    once per back-end (``RoundEnd.tools_notice``).
     """
     no_usage: set[str] = set()
     no_model: set[tuple[str, str]] = set()
+    tools_told: set[str] = set()
 
     async def source(request: RoundRequest) -> AsyncIterator[Any]:
         specs = [tool_spec(f) for f in request.functions]
@@ -87,10 +92,17 @@ def registry_source(registry: BackendRegistry) -> RoundSource:
                     no_usage.add(request.backend)
                     continue
                 raise
+            tools_notice: str | None = None
+            if stream.tools_refused is not None and request.backend not in tools_told:
+                tools_told.add(request.backend)
+                tools_notice = (
+                    f"back-end {request.backend!r} refuses function tools ({client_safe(stream.tools_refused, 200)}): "
+                    "it answers without them"
+                )
             if report is None:
-                yield RoundEnd(None, None, notice)
+                yield RoundEnd(None, None, notice, tools_notice)
             else:
-                yield RoundEnd(report.finish_reason, usage_of(report), notice)
+                yield RoundEnd(report.finish_reason, usage_of(report), notice, tools_notice)
             return
 
     return source

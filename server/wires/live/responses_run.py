@@ -116,6 +116,7 @@ class RoundEnd:
     finish_reason: str | None = None
     usage: Usage | None = None
     notice: str | None = None  #: something the client should know (an ``info`` ``kame.backend_notice``)
+    tools_notice: str | None = None  #: the back-end refused function tools (an ``info`` ``kame.tools_refused``)
 
 
 @dataclass(frozen=True)
@@ -500,6 +501,8 @@ class ResponsesDelegator:
                         end = item
                         if item.notice:
                             self._info("kame.backend_notice", item.notice)
+                        if item.tools_notice:
+                            self._info("kame.tools_refused", item.tools_notice)
                     else:
                         self._piece(item, names, args, order, settings.parallel_tool_calls)
             finally:

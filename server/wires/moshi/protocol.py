@@ -275,6 +275,11 @@ def draining_notice(seconds_left: float) -> str:
     return f"the server is shutting down: this session ends in {max(0.0, seconds_left):.0f} s"
 
 
+def tools_refused_notice(backend: str, reason: str) -> str:
+    """The 0x05 notice sent once when the session's back-end refused function tools (``reason`` made safe)."""
+    return f"back-end {backend!r} refuses function tools ({reason}): answering without them"
+
+
 def close_notice(reason: str, error: str | None = None) -> str:
     """The 0x05 text sent before a close frame: the error when there is one, else the close reason."""
     return error or reason

@@ -25,7 +25,8 @@ from kame.server.runtime.wire import AudioIn, Command, Fault, FunctionOutputIn, 
 from kame.server.wires.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.wires.moshi import protocol
 from kame.server.wires.moshi.protocol import ServerInfo
-from kame.session.events import AssistantFrame, PipelineEvent
+from kame.server.wires.realtime.events import client_safe
+from kame.session.events import AssistantFrame, PipelineEvent, ToolsRefused
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
 
@@ -87,7 +88,10 @@ class MoshiWire:
         return out
 
     def event(self, event: PipelineEvent) -> list[Outgoing]:
-        return []  # Moshi's protocol has no transcript or back-end messages
+        # Moshi's protocol has no transcript or back-end messages; a refusal of tools is a 0x05 notice.
+        if isinstance(event, ToolsRefused):
+            return [Outgoing(protocol.encode_notice(protocol.tools_refused_notice(event.backend, client_safe(event.reason, 200))))]
+        return []
 
     def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
         return []

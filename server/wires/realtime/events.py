@@ -266,6 +266,7 @@ KAME_EVENTS: dict[type[PipelineEvent], tuple[str, tuple[str, ...]]] = {
     pe.LlmError: ("kame.backend.error", ("request_id", "backend", "error", "message")),
     pe.BackendDown: ("kame.backend.down", ("backend", "error", "retry_in_s")),
     pe.BackendUp: ("kame.backend.up", ("backend",)),
+    pe.ToolsRefused: ("kame.backend.tools_refused", ("backend", "reason")),
     pe.OracleReset: ("kame.oracle.reset", ("request_id", "text", "tokens")),
     pe.OracleText: ("kame.oracle.text", ("request_id", "text", "tokens")),
     pe.OracleCleared: ("kame.oracle.cleared", ("reason",)),
@@ -293,7 +294,7 @@ def kame_event(event: PipelineEvent) -> Event | None:
     out: Event = {"type": name}
     for key in fields:
         value = getattr(event, key)
-        if key == "message" and value is not None:
+        if key in ("message", "reason") and value is not None:
             value = client_safe(value)
         elif isinstance(value, float):
             value = round(value, 4)
