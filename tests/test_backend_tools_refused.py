@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llm_server import LlmServer, Reply, ToolCallScript, llm_server  # noqa: F401  (fixture)
-from vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
+from tests.support.vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
 
 from kame.backend.config import BackendConfig
 from kame.backend.errors import BackendRequestError
@@ -200,7 +200,7 @@ def test_a_server_that_accepts_tools_is_never_marked() -> None:
     (500, "tools param requires --jinja flag"),  # llama-server without --jinja
     (400, "registry.ollama.ai/library/gemma:2b does not support tools"),  # Ollama
 ])
-def test_llama_cpp_and_ollama_refusals(llm_server: LlmServer, status: int, message: str) -> None:  # noqa: F811
+def test_llama_cpp_and_ollama_refusals(llm_server: LlmServer, status: int, message: str) -> None:
     llm_server.push(Reply(status=status, error_message=message))
     llm_server.set_default(Reply(text="Fine."))
     events: list[BackendEvent] = []
@@ -218,7 +218,7 @@ def test_llama_cpp_and_ollama_refusals(llm_server: LlmServer, status: int, messa
     assert [e.kind for e in events if e.kind in ("tools_refused", "error")] == ["tools_refused"]
 
 
-def test_an_unrelated_400_is_not_a_refusal(llm_server: LlmServer) -> None:  # noqa: F811
+def test_an_unrelated_400_is_not_a_refusal(llm_server: LlmServer) -> None:
     llm_server.push(Reply(status=400, error_message="max_tokens must be at least 1, got 0."))
     reg = registry(llm_server.base_url)
 
@@ -234,7 +234,7 @@ def test_an_unrelated_400_is_not_a_refusal(llm_server: LlmServer) -> None:  # no
     assert len(llm_server.chat_requests()) == 1  # not asked again
 
 
-def test_the_refusal_without_tools_in_the_request_is_not_a_refusal_of_tools(llm_server: LlmServer) -> None:  # noqa: F811
+def test_the_refusal_without_tools_in_the_request_is_not_a_refusal_of_tools(llm_server: LlmServer) -> None:
     """A request that offered no tools cannot be refused for them (the same message is an ordinary error)."""
     llm_server.push(Reply(status=400, error_message=VLLM_TOOLS_MESSAGE))
     reg = registry(llm_server.base_url)

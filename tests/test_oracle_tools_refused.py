@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import sentencepiece as spm
-from llm_server import Reply
-from vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
+from tests.support.llm_server import Reply
+from tests.support.vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
 
 from kame.backend.registry import BackendRegistry
 from kame.backend.tool_loop import ToolLoopLimits

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from llm_server import RecordedRequest, Reply, ToolCallScript
-from moshi_client import ServerProcess
-from speech import silence, synthesize
-from vllm_like_server import VllmLikeServer, running_vllm_like_server
+from tests.support.llm_server import RecordedRequest, Reply, ToolCallScript
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
+from tests.support.vllm_like_server import VllmLikeServer, running_vllm_like_server
 
 from kame.client.live_client import LiveClient
 

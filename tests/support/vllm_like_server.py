@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from llm_server import LlmServer, RecordedRequest
+from tests.support.llm_server import LlmServer, RecordedRequest
 
 VLLM_TOOLS_MESSAGE = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
