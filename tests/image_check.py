@@ -40,6 +40,8 @@ DOCKER = os.environ.get("KAME_IMAGE_DOCKER", "/usr/bin/docker")
 CACHE = Path(os.environ.get("KAME_IMAGE_CACHE", Path.home() / ".cache" / "kame-image"))
 BASE = "kame-test-base:bookworm"  # kept between runs (like the frameworks' virtualenvs): warm builds
 RUN_ID = secrets.token_hex(4)
+# the module's first test includes the build (cold: a base and every dependency, minutes)
+pytestmark = pytest.mark.timeout(560)
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
