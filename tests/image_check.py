@@ -156,7 +156,7 @@ def built(work: Path) -> Iterator[Built]:
         yield Built(tag, build_s, markers, commit)
     finally:
         for c in docker("ps", "-aq", "--filter", f"label=kame-test-run={RUN_ID}", check=False).stdout.split():
-            docker("rm", "-f", c, check=False)
+            docker("rm", "-f", "-v", c, check=False)  # -v: its anonymous /data volume too
         docker("rmi", tag, check=False)
 
 
