@@ -12,15 +12,20 @@
 #    torch); its other runtime dependencies are kame's own dependencies.
 #  * everything else is pinned by requirements/constraints.txt, plus a
 #    constraint torch==<installed version> so no package can swap torch.
-# Usage: scripts/install.sh [--test]   (--test adds test tools and Debian packages)
+# Usage: scripts/install.sh [--test] [--deps-only]
+#   --test adds test tools and Debian packages; --deps-only installs torch, moshi and kame's
+#   pinned dependencies but not kame itself (needs only pyproject.toml, requirements/ and this
+#   script: the Dockerfile's cached dependency layer, built before the source is copied).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV="$ROOT/.venv"
 WITH_TEST=0
+DEPS_ONLY=0
 for a in "$@"; do
   case "$a" in
     --test) WITH_TEST=1 ;;
+    --deps-only) DEPS_ONLY=1 ;;
     *) echo "install.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -67,6 +72,12 @@ CONS="$VENV/kame-constraints.txt"
 { cat requirements/constraints.txt; echo "torch==$TORCH_VERSION"; } > "$CONS"
 
 "${PIP[@]}" -c "$CONS" --no-deps "moshi==0.2.13"
+if [ "$DEPS_ONLY" = "1" ]; then
+  mapfile -t deps < <("$VPY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+  "${PIP[@]}" -c "$CONS" "${deps[@]}"
+  echo "install.sh: dependencies ready in $VENV (torch $TORCH_VERSION); kame itself not installed (--deps-only)"
+  exit 0
+fi
 extras=""
 [ "$WITH_TEST" = "1" ] && extras="[test]"
 "${PIP[@]}" -c "$CONS" -e ".$extras"

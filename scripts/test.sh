@@ -41,4 +41,5 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 phase tests "" .venv/bin/python -m pytest -ra --durations=15 "$@"
+phase image "the image phase failed (scripts/test_image.sh)" ./scripts/test_image.sh
 finish

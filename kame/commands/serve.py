@@ -45,6 +45,22 @@ def _secrets(cfg: AppConfig, environ: dict[str, str]) -> list[str]:
     return out
 
 
+def unwritable_dirs(dirs: list[Path]) -> list[Path]:
+    """Those of ``dirs`` where no file can be created (made first when missing): a container's
+    ``/data`` volume mounted read-only or owned by another uid fails here, at start, in one line,
+    instead of as a traceback deep in a model download."""
+    bad: list[Path] = []
+    for d in dirs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            probe = d / f".kame-write-check-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError:
+            bad.append(d)
+    return bad
+
+
 def run(args: argparse.Namespace) -> int:
     from kame.errors import UserError
     from kame.server.config import load_app_config
@@ -82,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
     from kame.server.telemetry.logs import configure_logging
 
     configure_logging(cfg.log.level, cfg.log.json_format, secrets=_secrets(cfg, environ))
+
+    dirs = [Path(cfg.cache_dir).expanduser()] + ([Path(environ["HF_HOME"])] if environ.get("HF_HOME") else [])
+    for d in unwritable_dirs(dirs):
+        log.error(
+            "%s is not writable by uid %d: models and generated files cannot be stored there "
+            "(a read-only or root-owned volume? in Docker: chown the /data volume to uid 10001)",
+            d, os.getuid(),
+        )
 
     from kame.server.app.allocator import AllocatorSettings, tune_allocator
 
