@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Write kame's generated set into DATA_DIR (no server needed) and stop.")
     p.add_argument("--per-task", type=int, default=4, metavar="N", help="--generate: samples per task (default 4).")
     p.add_argument("--seed", type=int, default=0, help="--generate: the seed (default 0).")
+    p.add_argument("--vad", choices=("webrtc", "energy"), default="webrtc",
+                   help="backchannel: the VAD that finds the output's speech segments (the benchmark uses Silero; "
+                        "kame's own, kame/eval/vad.py; default webrtc).")
     p.add_argument("--server-token-env", default="KAME_AUTH_TOKEN", metavar="NAME",
                    help="Environment variable with the server's token, used when set.")
 
@@ -134,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from kame.eval.duplex.client import Target
     from kame.eval.duplex.runner import DuplexConfig, run_duplex
     from kame.eval.duplex.scoring import load_human_timing
+    from kame.eval.vad import VadConfig
     from kame.session.settings import ORACLE_POLICIES
 
     if args.oracle_policy and args.oracle_policy not in ORACLE_POLICIES:
@@ -179,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = DuplexConfig(task=args.task, data_dir=data_dir, variants=vs, dataset=_dataset_name(data_dir, args.dataset),
                        alignment=args.alignment, concurrency=concurrency, target=target, out_dir=out,
                        score_only=args.score_only, asr=asr, asr_name=asr_name, human=human,
-                       say=lambda s: print(s, flush=True))
+                       vad=VadConfig(kind=args.vad), say=lambda s: print(s, flush=True))
 
     async def main() -> dict[str, Any]:
         judge = None

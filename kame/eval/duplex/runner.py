@@ -19,6 +19,7 @@ variant's folder unchanged.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import time
@@ -90,6 +91,9 @@ async def record_sample(cfg: DuplexConfig, variant: Variant, sample: Sample, whe
     write_wav(where / "output.wav", out, OUTPUT_RATE)
     words = await cfg.asr.words_async(out, OUTPUT_RATE)
     write_words(where / "output.json", words)
+    if got.events:  # /v1/realtime: every non-audio event (kame.oracle.*, transcripts), on the session's clock
+        with open(where / "events.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(e) + "\n" for e in got.events)
     return {"handshake_s": None if got.handshake_s is None else round(got.handshake_s, 3),
             "wall_s": round(got.wall_s, 2), "received_s": round(sum(c.size for c in got.chunks) / OUTPUT_RATE, 2)}
 
