@@ -63,7 +63,7 @@ def test_turn_taking_latency_and_negative_as_zero() -> None:
 
 def test_interruption_scores_only_words_after_its_end() -> None:
     lab = Labels(interrupt_start_s=4.0, interrupt_end_s=6.0, context="c", interrupt="i")
-    ws = words(("talking", 1.0, 1.5), ("over", 1.5, 2.0), ("you", 4.5, 5.0), ("still", 5.0, 5.5),
+    ws = words(("talking", 1.0, 1.5), ("over", 1.5, 2.0), ("you", 4.5, 5.0), ("still", 5.0, 6.2),
                ("ok", 6.4, 6.6), ("tokyo", 6.6, 7.2), ("time", 7.2, 7.6))
     after = after_interruption(ws, 6.0)
     assert [w.text for w in after] == ["ok", "tokyo", "time"] and after[0].start_s == pytest.approx(0.4)
