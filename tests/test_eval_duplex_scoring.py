@@ -21,7 +21,7 @@ import pytest
 from kame.cli import main as kame_main
 from kame.eval.duplex.align import align_output
 from kame.eval.duplex.relevance import parse_relevance
-from kame.eval.duplex.samples import Labels, load_sample, SampleProblem, write_wav
+from kame.eval.duplex.samples import Labels, SampleProblem, load_sample, write_wav
 from kame.eval.duplex.scoring import (
     Span,
     after_interruption,

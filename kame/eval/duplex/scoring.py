@@ -15,9 +15,9 @@
   of their text to the interruption, rated 0-5 (:mod:`.relevance`).
 - **backchannel**: the output's speech segments (a VAD on ``output.wav``);
   one longer than 3 s is a take-over (and ends the count); a shorter one is
-  counted as a backchannel, and is a take-over when more than 3 words fall
-  in it, or 3 words in less than 1 s, or any words over 1 s or more
-  (the scoring code's rules, quirks kept). Frequency = backchannels per
+  counted as a backchannel, and makes the sample a take-over when more than
+  2 words fall in it or it lasts 1 s or more; the last segment's verdict
+  stands (the scoring code's rules, quirks kept). Frequency = backchannels per
   second of output; JSD: their timing as a histogram of 0.2 s windows
   against the human distribution of the same sample (resampled linearly to
   the same length), the Jensen-Shannon *distance* (square root of the
@@ -134,12 +134,12 @@ def backchannels(segments: Sequence[Span], words: Sequence[Word]) -> tuple[bool,
 
 def timing_histogram(spans: Sequence[Span], duration_s: float) -> np.ndarray:
     """Backchannel counts per 0.2 s window (a span counts in every window it touches), normalised."""
-    bins = np.zeros(int(duration_s / JSD_WINDOW_S) + 1)
+    counts = np.zeros(int(duration_s / JSD_WINDOW_S) + 1)
     for s in spans:
         a, b = int(s.start_s / JSD_WINDOW_S), int(s.end_s / JSD_WINDOW_S)
-        bins[a : min(b, len(bins) - 1) + 1] += 1
-    bins = bins + JSD_EPS
-    return bins / bins.sum()
+        counts[a : min(b, len(counts) - 1) + 1] += 1
+    smoothed: np.ndarray = counts + JSD_EPS
+    return smoothed / smoothed.sum()
 
 
 def js_distance(p: np.ndarray, q: np.ndarray) -> float:
@@ -194,7 +194,7 @@ def score_backchannel(name: str, words: Sequence[Word], segments: Sequence[Span]
             jsd = 1.0
         elif ref is not None:
             hist = timing_histogram(found, duration_s)
-            jsd = round(js_distance(hist, resample_linear(ref, len(hist)) + 0.0), 4)
+            jsd = round(js_distance(hist, resample_linear(ref, len(hist))), 4)
     extra = {"backchannels": len(found), "frequency_hz": round(freq, 4), "jsd": jsd,
              "segments": [[round(s.start_s, 3), round(s.end_s, 3)] for s in found]}
     return SampleScore(name, tor, None, len(words), " ".join(w.text for w in words), extra)
