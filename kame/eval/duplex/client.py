@@ -86,7 +86,21 @@ class Target:
 
 
 class SampleSessionError(Exception):
-    """The session could not run (refused, closed early): the sample is reported, not scored."""
+    """The session could not run (refused, closed early): the sample is reported, not scored.
+
+    :attr:`retry_reason` is not None when a new session is worth a try (1013 server full, 1001 drain,
+    HTTP 503), as ``kame eval`` retries them (:mod:`kame.client.reconnect`)."""
+
+    def __init__(self, message: str, *, close_code: int | None = None, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.close_code = close_code
+        self.http_status = http_status
+
+    @property
+    def retry_reason(self) -> str | None:
+        from kame.client.reconnect import retry_reason
+
+        return retry_reason(close_code=self.close_code, http_status=self.http_status)
 
 
 @dataclass
@@ -115,7 +129,13 @@ async def stream_sample(target: Target, pcm: np.ndarray, settings: Mapping[str, 
 
 
 def _refused(code: int | None, reason: str) -> SampleSessionError:
-    return SampleSessionError(f"the server closed the session ({code} {reason})".strip())
+    return SampleSessionError(f"the server closed the session ({code} {reason})".strip(), close_code=code)
+
+
+def _connect_error(url: str, exc: BaseException) -> SampleSessionError:
+    from kame.client.reconnect import handshake_status
+
+    return SampleSessionError(f"cannot connect to {url}: {type(exc).__name__}: {exc}", http_status=handshake_status(exc))
 
 
 async def _stream_chat(target: Target, pcm: np.ndarray, settings: Mapping[str, Any], timeout: float) -> Received:
@@ -126,7 +146,7 @@ async def _stream_chat(target: Target, pcm: np.ndarray, settings: Mapping[str, A
         client = await MoshiClient.connect(target.ws_url(), query=chat_query(settings), token=target.token,
                                            open_timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - connection and handshake errors of websockets
-        raise SampleSessionError(f"cannot connect to {target.ws_url()}: {type(exc).__name__}: {exc}") from None
+        raise _connect_error(target.ws_url(), exc) from None
     try:
         got = await client.wait_handshake(HANDSHAKE_WAIT_S)
         hs = (client.stats.handshake_t - t0) if got and client.stats.handshake_t else None
@@ -149,7 +169,7 @@ async def _stream_realtime(target: Target, pcm: np.ndarray, settings: Mapping[st
         client = await RealtimeClient.connect(target.ws_url(), token=target.token, open_timeout=timeout,
                                               query=dict(REALTIME_OPT_IN))
     except Exception as exc:  # noqa: BLE001
-        raise SampleSessionError(f"cannot connect to {target.ws_url()}: {type(exc).__name__}: {exc}") from None
+        raise _connect_error(target.ws_url(), exc) from None
     try:
         created = await client.wait_for_type("session.created", timeout)
         if created is None:
@@ -159,6 +179,8 @@ async def _stream_realtime(target: Target, pcm: np.ndarray, settings: Mapping[st
         await client.update_session(audio={"input": {"format": fmt}, "output": {"format": fmt}},
                                     kame=realtime_kame(settings))
         ev = await client.wait_for(lambda e: e.get("type") in ("session.updated", "error"), timeout, start=mark)
+        if ev is None and client.closed.is_set():
+            raise _refused(client.close_code, client.close_reason)
         if ev is None or ev.get("type") == "error":
             why = (ev or {}).get("error", {}).get("message", "no session.updated") if ev else "no session.updated"
             raise SampleSessionError(f"session.update refused: {why}")

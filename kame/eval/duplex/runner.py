@@ -67,6 +67,7 @@ class DuplexConfig:
     relevance: Any = None  # RelevanceJudge or None
     human: Mapping[str, Sequence[float]] | None = None
     vad: VadConfig = field(default_factory=lambda: VadConfig(kind="webrtc"))
+    retries: int = 8
     say: Callable[[str], None] = print
 
 
@@ -86,7 +87,7 @@ async def record_sample(cfg: DuplexConfig, variant: Variant, sample: Sample, whe
     assert cfg.target is not None and cfg.asr is not None
     pcm16, rate = read_wav(sample.input_path)
     pcm = to_wire_rate(pcm16, rate)
-    got = await stream_sample(cfg.target, pcm, variant.settings)
+    got = await _stream_with_retries(cfg, variant, sample, pcm)
     out = align_output(got.chunks, round(sample.input_s * OUTPUT_RATE), cfg.alignment)
     write_wav(where / "output.wav", out, OUTPUT_RATE)
     words = await cfg.asr.words_async(out, OUTPUT_RATE)
@@ -96,6 +97,21 @@ async def record_sample(cfg: DuplexConfig, variant: Variant, sample: Sample, whe
             f.writelines(json.dumps(e) + "\n" for e in got.events)
     return {"handshake_s": None if got.handshake_s is None else round(got.handshake_s, 3),
             "wall_s": round(got.wall_s, 2), "received_s": round(sum(c.size for c in got.chunks) / OUTPUT_RATE, 2)}
+
+
+async def _stream_with_retries(cfg: DuplexConfig, variant: Variant, sample: Sample, pcm: np.ndarray) -> Any:
+    """A refused or drained session (1013, 1001, HTTP 503) is tried again from the sample's start,
+    with back-off and jitter, up to ``cfg.retries`` times in a row."""
+    from kame.client.reconnect import Backoff, Retrier
+
+    assert cfg.target is not None
+    retrier = Retrier(Backoff(attempts=cfg.retries), say=lambda m: cfg.say(f"  {variant.name} {sample.name}: {m}"))
+    while True:
+        try:
+            return await stream_sample(cfg.target, pcm, variant.settings)
+        except SampleSessionError as exc:
+            if exc.retry_reason is None or not await retrier.wait(f"{exc.retry_reason}: {exc}"):
+                raise
 
 
 def score_folder(cfg: DuplexConfig, sample: Sample, where: Path) -> SampleScore:
