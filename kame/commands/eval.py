@@ -27,9 +27,15 @@ DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", required=True, metavar="URL",
-                   help="The server: http://HOST:PORT (or ws://HOST:PORT/v1/realtime).")
-    p.add_argument("--out", required=True, metavar="DIR", help="Output directory (resumed if it exists).")
+    from kame.commands import eval_duplex
+
+    sub = p.add_subparsers(dest="eval_kind", metavar="{duplex}")
+    d = sub.add_parser("duplex", help=eval_duplex.HELP, description=eval_duplex.HELP)
+    eval_duplex.add_arguments(d)
+    d.set_defaults(_run=eval_duplex.run)
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="The server: http://HOST:PORT (or ws://HOST:PORT/v1/realtime). Required.")
+    p.add_argument("--out", default=None, metavar="DIR", help="Output directory (resumed if it exists). Required.")
     p.add_argument("--questions", metavar="FILE", default=None,
                    help="Questions in MT-Bench's JSONL layout (default: the bundled 30 of the KAME paper).")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="Only the first N questions.")
@@ -109,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     from kame.eval.tts import make_tts
     from kame.eval.vad import VadConfig
 
+    if not args.server or not args.out:
+        raise UserError("--server and --out are required (or: kame eval duplex DATA_DIR --task TASK --server URL)")
     _check_numbers(args)
     if args.judge_base_url and not args.judge_model:
         raise UserError("--judge-base-url needs --judge-model")

@@ -14,7 +14,8 @@ One module per idea:
 - :mod:`~kame.eval.summary` - ``summary.json`` and ``summary.md`` (with the paper's numbers);
 - :mod:`~kame.eval.published` - those published numbers, with their source;
 - :mod:`~kame.eval.sweep` - ``--sweep KEY=V1,V2`` parsing, ``sweep.md/json`` and the plot;
-- :mod:`~kame.eval.runner` - one question set end to end (concurrency, judging, wall time).
+- :mod:`~kame.eval.runner` - one question set end to end (concurrency, judging, wall time);
+- :mod:`~kame.eval.duplex` - ``kame eval duplex``: Full-Duplex-Bench v1's tasks and metrics.
 
 Nothing here measures real-model quality unless it is pointed at a server
 with the real weights and a real judge: see ``docs/evaluation.md``.

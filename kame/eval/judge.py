@@ -144,6 +144,11 @@ class Judge:
             last_error = f"no [[rating]] within 1-10 in the judgement after {attempts} attempt(s)"
         return Judgement(name, None, last_text, last_error, attempts)
 
+    async def complete(self, messages: list[dict[str, str]]) -> str:
+        """One completion with this judge's model and settings (other prompts: ``kame eval duplex``)."""
+        async with self._gate:
+            return await self._complete(messages)
+
     async def _complete(self, messages: list[dict[str, str]]) -> str:
         resp = await self._client.chat.completions.create(
             model=self.cfg.model,

@@ -27,6 +27,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -145,6 +146,7 @@ class Pipeline:
         self._asr_task: asyncio.Task[None] | None = None
         self._clock = _FeedClock()
         self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Pipeline:
@@ -174,6 +176,17 @@ class Pipeline:
     def _open_parts(self) -> None:
         """ASR stream and oracle loop for the attached slot, with the current settings applied."""
         assert self.slot is not None
+        self._open_oracle()
+        if self.settings.sampling() != (None, None):
+            self.slot.set_sampling(*self.settings.sampling())
+        if self.recognizer is not None:
+            self.asr = self.recognizer.open_stream()
+            self.asr.bind_engine(self.slot)
+            self._asr_task = asyncio.get_running_loop().create_task(self._asr_events(self.asr), name="kame-asr-events")
+
+    def _open_oracle(self) -> None:
+        """The oracle loop (and the session's tools) when the session asks an LLM (``settings.llm``)."""
+        assert self.slot is not None
         if self.registry is not None and self.settings.llm:
             if self.tool_catalog is not None:
                 self.tools = SessionToolState(
@@ -191,12 +204,6 @@ class Pipeline:
                 tools=self.tools.tools if self.tools is not None else None,
             )
             self.oracle.apply(OracleChoice.resolve(self.settings, self.oracle_config))
-        if self.settings.sampling() != (None, None):
-            self.slot.set_sampling(*self.settings.sampling())
-        if self.recognizer is not None:
-            self.asr = self.recognizer.open_stream()
-            self.asr.bind_engine(self.slot)
-            self._asr_task = asyncio.get_running_loop().create_task(self._asr_events(self.asr), name="kame-asr-events")
 
     async def _close_parts(self, flush_asr: bool) -> None:
         asr, self.asr = self.asr, None
@@ -291,6 +298,9 @@ class Pipeline:
     def update(self, settings: SessionSettings) -> None:
         """New session settings: applied as a whole, or not at all (``KeyError`` for an unknown back-end)."""
         old = self.settings
+        if settings.llm != old.llm:  # the front-end alone (no back-end), or the LLM again
+            self._switch_llm(settings)
+            old = replace(old, llm=settings.llm)
         if self.tools is not None and settings.tools_part() != old.tools_part():
             self._apply_tools(settings)  # first: it may refuse (an MCP server name not configured)
         if self.tools is not None:
@@ -300,6 +310,24 @@ class Pipeline:
         if self.slot is not None and settings.sampling() != old.sampling():
             self.slot.set_sampling(*settings.sampling())
         self.settings = settings
+
+    def _switch_llm(self, settings: SessionSettings) -> None:
+        """``llm`` changed: stop the oracle loop (its request is cancelled in the background; the slot's
+        FIFO keeps only what was already queued), or start one with the new settings."""
+        if not settings.llm:
+            oracle, self.oracle = self.oracle, None
+            self.tools = None
+            if oracle is not None:
+                task = asyncio.get_running_loop().create_task(oracle.aclose(), name="kame-oracle-close")
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            return
+        if self.slot is not None and self.oracle is None and not self._closed:
+            current, self.settings = self.settings, settings
+            try:
+                self._open_oracle()
+            finally:
+                self.settings = current
 
     def _apply_tools(self, settings: SessionSettings) -> None:
         assert self.tools is not None and self.registry is not None

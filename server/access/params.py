@@ -96,7 +96,10 @@ def parse_session_params(
         if unknown:
             valid = ", ".join(sorted(mcp_servers)) or "none configured"
             raise ParamError(f"query parameter mcp_servers: unknown MCP server {unknown[0][:64]!r} (configured: {valid})")
-    known = {"text_temperature", "text_topk", "backend", "oracle_policy", "mcp_servers"}
+    raw_llm = (query.get("llm") or "").strip().lower()
+    if raw_llm not in ("", "0", "1", "true", "false"):
+        raise ParamError("query parameter llm: expected 0 or 1")
+    known = {"text_temperature", "text_topk", "backend", "oracle_policy", "mcp_servers", "llm"}
     ignored = tuple(sorted(k for k in query if k not in known))
     settings = SessionSettings(
         text_temperature=None if temp in (None, "") else _float("text_temperature", temp, 0.0, 10.0),
@@ -104,5 +107,6 @@ def parse_session_params(
         backend=backend,
         oracle_policy=policy,  # type: ignore[arg-type]  # checked against oracle_policies above
         mcp_servers=servers,
+        llm=raw_llm not in ("0", "false"),
     )
     return QueryParams(settings=settings, ignored=ignored)

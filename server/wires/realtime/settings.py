@@ -36,6 +36,7 @@ KAME_KEYS = (
     "text_topk",
     "silence_audio",
     "mcp_servers",
+    "llm",
 )
 BETA_AUDIO_FORMATS = ("pcm16",)
 
@@ -224,7 +225,7 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
             out[key] = None if value is None else _number(value, param, 0.0, 10.0)
         elif key == "text_topk":
             out[key] = None if value is None else _integer(value, param, 1, 100_000)
-        elif key in ("record", "silence_audio"):
+        elif key in ("record", "silence_audio", "llm"):
             if not isinstance(value, bool):
                 raise ClientError("invalid_value", f"{param} must be true or false", param=param)
             if key == "record" and value and not info.record_available:
@@ -286,6 +287,7 @@ def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any
             "text_temperature": settings.text_temperature,
             "text_topk": settings.text_topk,
             "silence_audio": settings.silence_audio,
+            "llm": settings.llm,
             "mcp_servers": None if settings.mcp_servers is None else list(settings.mcp_servers),
             "server": {
                 "session_id": info.session_id,
