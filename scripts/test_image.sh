@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The image phase of the test command (README "Deploying"): build the Dockerfile on a local Debian
-# base and serve the CPU demo from the container (tests/image_check.py). Run on its own, after the
+# base and serve the CPU demo from the container (tests/image/image_check.py). Run on its own, after the
 # other tests: a build beside real-time tests would break their timing. Callable alone:
 #   ./scripts/test_image.sh            (needs .venv from ./scripts/install.sh --test; root or sudo)
 #   ./scripts/test_image.sh --clean    (also remove the cached base image, tarball and build cache)
@@ -49,7 +49,7 @@ if [ "${1:-}" = "--clean" ]; then
   exit 0
 fi
 t0=$(date +%s)
-NO_TORCH_COMPILE=1 .venv/bin/python -m pytest -ra -p no:cacheprovider -o testpaths= tests/image_check.py "$@"
+NO_TORCH_COMPILE=1 .venv/bin/python -m pytest -ra -p no:cacheprovider -o testpaths= tests/image/image_check.py "$@"
 rc=$?
 echo "test_image.sh: image phase $(( $(date +%s) - t0 )) s (exit $rc)"
 exit $rc

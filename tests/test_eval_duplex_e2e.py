@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_server import LlmServer, Reply
-from moshi_client import ServerProcess
+from tests.support.llm_server import LlmServer, Reply
+from tests.support.moshi_client import ServerProcess
 
 from kame.cli import main as kame_main
 from kame.eval.duplex.relevance import RelevanceJudge

@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from moshi_client import free_port
-from speech import silence, synthesize
+from tests.support.moshi_client import free_port
+from tests.support.speech import silence, synthesize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = os.environ.get("KAME_IMAGE_DOCKER", "/usr/bin/docker")
 CACHE = Path(os.environ.get("KAME_IMAGE_CACHE", Path.home() / ".cache" / "kame-image"))
 BASE = "kame-test-base:bookworm"  # kept between runs (like the frameworks' virtualenvs): warm builds
