@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.support.llm_server import LlmServer, Reply, ToolCallScript
-from tests.support.vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
 
 from kame.backend.config import BackendConfig
 from kame.backend.errors import BackendRequestError
@@ -26,6 +24,8 @@ from kame.backend.tool_loop import LoopDone, TextDelta, ToolLoop
 from kame.backend.tool_refusal import tools_refusal
 from kame.backend.tools import ToolCall, ToolCallDelta, ToolResult, ToolSpec
 from kame.config import KameConfig
+from tests.support.llm_server import LlmServer, Reply, ToolCallScript
+from tests.support.vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
 
 WEATHER = ToolSpec("get_weather", "Current weather of a city.",
                    {"type": "object", "properties": {"city": {"type": "string"}}}, read_only=True)

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.llm_server import LlmServer, Reply
-from tests.support.moshi_client import ServerProcess
 
 from kame.cli import main as kame_main
 from kame.eval.duplex.relevance import RelevanceJudge
 from kame.eval.judge import Judge, JudgeConfig
+from tests.support.llm_server import LlmServer, Reply
+from tests.support.moshi_client import ServerProcess
 
 
 @pytest.fixture(scope="module")

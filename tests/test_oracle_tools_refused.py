@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 import sentencepiece as spm
-from tests.support.llm_server import Reply
-from tests.support.vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
 
 from kame.backend.registry import BackendRegistry
 from kame.backend.tool_loop import ToolLoopLimits
@@ -25,6 +23,8 @@ from kame.oracle.session_tools import SessionTools
 from kame.server.wires.moshi.wire import MoshiWire
 from kame.server.wires.realtime.events import kame_event
 from kame.session.events import ToolsRefused
+from tests.support.llm_server import Reply
+from tests.support.vllm_like_server import VLLM_TOOLS_MESSAGE, VllmLikeServer, running_vllm_like_server
 
 WEATHER = ToolSpec("get_weather", "Weather of a city.",
                    {"type": "object", "properties": {"city": {"type": "string"}}}, read_only=True)

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from kame.client.live_client import LiveClient
 from tests.support.llm_server import RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
 from tests.support.speech import silence, synthesize
 from tests.support.vllm_like_server import VllmLikeServer, running_vllm_like_server
-
-from kame.client.live_client import LiveClient
 
 TOKEN = "tools-refused-7d21"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

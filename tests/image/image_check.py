@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from tests.support.moshi_client import free_port
 from tests.support.speech import silence, synthesize
 
