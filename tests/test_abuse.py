@@ -300,7 +300,8 @@ def test_abuse_matrix_on_both_websockets_keeps_other_sessions_on_cadence(server:
         timeline["rss_before"] = rss_mb(pid)
         timeline["abuse_start"] = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, rt_url, server.ws_url, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            sys.executable, "-m", "tests.test_abuse", rt_url, server.ws_url, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],
         )
         stdout, stderr = await proc.communicate()
         timeline["abuse_end"] = time.monotonic()

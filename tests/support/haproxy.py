@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "deploy" / "haproxy.cfg"
 #: The backend that websocket upgrades (sessions) go to; plain HTTP has its own (kame_http).
 SESSION_BACKEND = "kame"
