@@ -94,10 +94,12 @@ class RealtimeWire:
         #: item id -> the ASR utterance of a user item (its key in the back-end's history)
         self._utterances: dict[str, int] = {}
 
-    def _out(self, events: list[Event], index: int | None = None) -> list[Outgoing]:
+    def _out(self, events: list[Event], index: int | None = None, *, kame: bool = False) -> list[Outgoing]:
+        """Encode events; ``kame.*`` ones only where the session asked for them (or ``kame``: the answer to a
+        ``kame.*`` client event, which only a client that knows them sends)."""
         out: list[Outgoing] = []
         for e in events:
-            if not self.kame_events and e["type"].startswith("kame."):
+            if not (self.kame_events or kame) and e["type"].startswith("kame."):
                 continue
             self.items.saw(e)
             audio = index if index is not None and e["type"] in _AUDIO_EVENTS else None
@@ -265,7 +267,7 @@ class RealtimeWire:
     def reset_done(self) -> list[Outgoing]:
         self._new_conversation()
         self._outputs_pending_create = 0
-        return self._out([{"type": "kame.session.reset", "reason": "client"}])
+        return self._out([{"type": "kame.session.reset", "reason": "client"}], kame=True)
 
     # ------------------------------------------------------------------ server -> client
     def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
