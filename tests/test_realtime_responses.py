@@ -235,3 +235,17 @@ def test_items_create_retrieve_delete_truncate() -> None:
     assert [e["error"]["code"] for e in c.send({"type": "conversation.item.retrieve", "item_id": "nope"})] == ["item_not_found"]
     # output_audio_buffer.clear stays an error on a websocket
     assert [e["error"]["code"] for e in c.send({"type": "output_audio_buffer.clear"})] == ["unsupported_event"]
+
+
+def test_a_requested_response_ends_once_its_answer_was_fed_even_if_moshi_talks_on() -> None:
+    c = Client(RealtimeWire(INFO, SessionSettings()))
+    created = c.send({"type": "response.create"})[-1]["response"]["id"]
+    for i in range(6):  # the answer's tokens reach Moshi, one per step
+        c.step += 1
+        c.take(c.wire.frame(pe.AssistantFrame(step=c.step, pcm=LOUD, text_id=5, piece="\u2581Sure", oracle_id=40 + i),
+                            c.step, True))
+    got = c.frames(LOUD, 12, "\u2581blah")  # Moshi goes on (oracle idle: -1)
+    done = [e for e in got if e["type"] == "response.done"]
+    assert len(done) == 1 and done[0]["response"]["id"] == created and done[0]["response"]["status"] == "completed"
+    assert got[-1]["response_id"] != created  # what Moshi says next is a new, unrequested response
+    _check_one_response_at_a_time(c.events)

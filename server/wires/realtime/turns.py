@@ -66,6 +66,9 @@ class _Response:
     quiet: int = 0
     transcript: str = ""
     output: list[dict[str, Any]] = field(default_factory=list)  #: finished output items
+    waited: int = 0  #: frames since a requested response was created
+    answer_fed: bool = False  #: oracle tokens reached Moshi since it was requested
+    answer_idle: int = 0  #: frames since the oracle's last token (once fed)
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,10 @@ class AssistantTurns:
     An *unrequested* response starts on Moshi's speech and ends after silence,
     a user turn or 30 s. A *requested* one (``response.create``) starts at once,
     takes Moshi's speech from then on, and ends after the end gap of silence
-    once Moshi spoke in it (or after :data:`REQUEST_WAIT_FRAMES` if it never
-    does). ``response.cancel`` ends it ``cancelled`` and withholds Moshi's
+    once Moshi spoke in it, or once the back-end's answer has been fed to
+    Moshi in full and the end gap has passed (Moshi may go on talking: that
+    is a new response), or after :data:`REQUEST_WAIT_FRAMES` if no answer
+    reached Moshi at all. ``response.cancel`` ends it ``cancelled`` and withholds Moshi's
     remaining audio until it has been silent for the end gap or a response
     is requested. A function call is an output item of the open response,
     which then ends.
@@ -132,15 +137,27 @@ class AssistantTurns:
             return SpokenItem(item_id, r.first_step, self._step + 1)
         return self.spoken.get(item_id)
 
-    def frame(self, delta: str | None, *, speaking: bool, text: str | None = None, step: int | None = None) -> list[Event]:
+    def frame(self, delta: str | None, *, speaking: bool, text: str | None = None, step: int | None = None,
+              fed: bool = False) -> list[Event]:
         """Events for one output frame.
 
         ``delta`` is its base64 PCM16, None when the frame is dropped (a client
         that does not keep up): the response's lifecycle and transcript go on.
-        ``text`` is Moshi's text piece of this frame, if any; ``step`` its output step.
+        ``text`` is Moshi's text piece of this frame, if any; ``step`` its output step;
+        ``fed``: an oracle token (an answer's) was fed to Moshi at this step.
         """
         self._step = self._step + 1 if step is None else step
         out: list[Event] = []
+        r = self.current
+        if r is not None and r.requested:
+            r.waited += 1
+            if fed:
+                r.answer_fed, r.answer_idle = True, 0
+            elif r.answer_fed:
+                r.answer_idle += 1
+            answered = r.answer_fed and r.answer_idle >= self.end_silence_frames
+            if answered or (not r.answer_fed and r.item_id is None and r.waited >= self.request_wait_frames):
+                out += self.close("completed")  # this frame belongs to what comes next
         if self.withholding:
             self._withheld_quiet = 0 if speaking else self._withheld_quiet + 1
             if self._withheld_quiet < self.end_silence_frames:
@@ -149,15 +166,12 @@ class AssistantTurns:
         r = self.current
         if r is None:
             if not speaking:
-                return [ev.silence_delta(delta)] if self.silence_audio and delta is not None else []
+                return out + ([ev.silence_delta(delta)] if self.silence_audio and delta is not None else [])
             out += self._open()
             r = self.current
             assert r is not None
         if r.item_id is None:
             if not speaking:  # a requested response waits for Moshi's first words
-                r.frames += 1
-                if r.frames >= self.request_wait_frames:
-                    out += self.close("completed")
                 return out
             out += self._add_audio_item(r)
         item_id = r.item_id

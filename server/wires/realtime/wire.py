@@ -274,7 +274,8 @@ class RealtimeWire:
         text = frame.piece
         speaking = self.assistant.speaking(frame.pcm, text)
         delta = ev.pcm16_base64(frame.pcm) if send_audio else None
-        return self._out(self.assistant.frame(delta, speaking=speaking, text=text, step=frame.step), index)
+        fed = frame.oracle_id >= 0 and frame.oracle_id != self.vocab.pad_id
+        return self._out(self.assistant.frame(delta, speaking=speaking, text=text, step=frame.step, fed=fed), index)
 
     def event(self, event: pe.PipelineEvent) -> list[Outgoing]:
         return self._out(self._map(event))
