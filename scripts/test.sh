@@ -14,6 +14,7 @@ export NO_TORCH_COMPILE=1
 export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 .venv/bin/python -m pytest -ra "$@"
 rc=$?
+./scripts/test_frameworks.sh || rc=1  # its own timed phase: the frameworks in their virtualenvs
 t3=$(date +%s)
 echo "test.sh: install $((t1 - t0)) s, lint $((t2 - t1)) s, tests $((t3 - t2)) s, total $((t3 - t0)) s (exit $rc)"
 exit $rc

@@ -68,6 +68,7 @@ class DriverRun:
 
     report: dict[str, Any]
     stdout: str
+    report_name: str = ""
 
     @property
     def errors(self) -> list[str]:
@@ -107,4 +108,4 @@ def run_driver(framework: str, script: str, server: ServerProcess, audio: Path, 
         env=env, capture_output=True, text=True, timeout=seconds + 60,
     )
     assert proc.returncode == 0 and out.exists(), f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return DriverRun(json.loads(out.read_text()), proc.stdout + proc.stderr)
+    return DriverRun(json.loads(out.read_text()), proc.stdout + proc.stderr, framework)

@@ -35,4 +35,5 @@ def test_livekit_realtime_session(kame_server: ServerProcess, llm_backend: LlmSe
     assert any("weather" in t.lower() for t in run.report["user_transcripts"]), run.report["user_transcripts"]
     assert any(t.strip() for t in run.report["assistant_transcripts"]), run.report["assistant_transcripts"]
     audio_s, rtf = run.reply_rtf()
+    print(f"{run.report_name}: reply audio {audio_s:.1f} s at RTF {rtf:.3f}, {sum(run.events.values())} server events")
     assert audio_s > 2.0 and rtf >= 0.98, (audio_s, rtf)

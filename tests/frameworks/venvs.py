@@ -96,7 +96,7 @@ def main() -> int:
         parser.error(f"unknown framework(s): {', '.join(unknown)}")
     started = time.monotonic()
     with ThreadPoolExecutor(len(args.names)) as pool:
-        results = dict(zip(args.names, pool.map(lambda n: (ready(n), ensure(n)), args.names)))
+        results = dict(zip(args.names, pool.map(lambda n: (ready(n), ensure(n, log=root() / f"{n}-pip.log")), args.names)))
     for name, (was_ready, python) in results.items():
         print(f"venvs: {name}: {'reused' if was_ready else 'built'} {python}")
     print(f"venvs: {time.monotonic() - started:.0f} s")
