@@ -21,7 +21,6 @@ from kame.server.wires.realtime.functions import (
     MAX_OUTPUT_CHARS,
     FunctionOutput,
     FunctionProtocolError,
-    ResponseCreate,
     decode_function_output,
 )
 from kame.server.wires.realtime.items import (
@@ -66,7 +65,7 @@ class SessionReset:
 
 
 ClientCommand = (
-    AppendAudio | SessionUpdate | SessionReset | FunctionOutput | ResponseCreate | ResponseRequest | ResponseCancel
+    AppendAudio | SessionUpdate | SessionReset | FunctionOutput | ResponseRequest | ResponseCancel
     | MessageCreate | ItemRetrieve | ItemDelete | ItemTruncate
 )
 

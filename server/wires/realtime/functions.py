@@ -15,7 +15,7 @@
   ``.done``, ``response.output_item.done`` and ``conversation.item.done``.
 * The client answers with ``conversation.item.create`` holding a
   ``function_call_output`` (``call_id``, ``output``) and may send
-  ``response.create``: :func:`decode_function_output`,
+  ``response.create`` (which then continues the tool loop): :func:`decode_function_output`,
   :func:`output_accepted`. Waiting for the output is the session's
   :class:`~kame.backend.client_functions.ClientFunctions` (wire-independent).
 
@@ -242,13 +242,6 @@ class FunctionOutput:
     output: str
     item_id: str | None = None
     previous_item_id: str | None = None
-    event_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ResponseCreate:
-    """``response.create``: the client has sent its outputs (the loop goes on as soon as all are in)."""
-
     event_id: str | None = None
 
 

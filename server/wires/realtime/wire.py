@@ -1,11 +1,14 @@
 """The ``/v1/realtime`` wire: OpenAI Realtime (GA) JSON events over the session runtime. No I/O.
 
-Client events are decoded by :mod:`.decode` into commands; a bad event gets
-an ``error`` event and the session goes on (until :data:`MAX_CLIENT_ERRORS`,
-or a flood of messages, closes it with 1008). Output frames become responses
+Client events are decoded by :mod:`.decode` into commands (what changes the
+conversation or who answers goes to the pipeline as
+:mod:`kame.session.commands`); a bad event gets an ``error`` event and the
+session goes on (until :data:`MAX_CLIENT_ERRORS`, or a flood of messages,
+closes it with 1008). Output frames become responses, one at a time
 (:class:`~.turns.AssistantTurns`), ASR turns user items
 (:class:`~.turns.UserTurns`), LLM and oracle events ``kame.*`` events
-(:func:`~.events.kame_event`); docs/protocol.md section 3.
+(:func:`~.events.kame_event`), sent only to a session that asked for them;
+docs/protocol.md section 3.
 """
 
 from __future__ import annotations
