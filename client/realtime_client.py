@@ -97,11 +97,16 @@ class RealtimeClient(AudioSessionBase):
         subprotocols: Sequence[str] | None = None,
         open_timeout: float = 10.0,
         keep_audio: bool = True,
+        kame_events: bool = True,
     ) -> RealtimeClient:
-        """Open the websocket; ``token_via``: ``header`` (Bearer), ``query`` (?token=) or ``subprotocol``."""
+        """Open the websocket; ``token_via``: ``header`` (Bearer), ``query`` (?token=) or ``subprotocol``;
+        ``kame_events``: ask for kame's own events (``?kame_events=1``: transcripts in progress, the back-end's
+        answers, the audio outside responses), which a plain OpenAI client does not get."""
         from websockets.asyncio.client import connect
 
         params = dict(query or {})
+        if kame_events and "kame_events=" not in url:
+            params.setdefault("kame_events", "1")
         headers: dict[str, str] = {}
         protos = list(subprotocols or [])
         if token is not None:

@@ -41,5 +41,6 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 phase tests "" .venv/bin/python -m pytest -ra --durations=15 "$@"
+phase frameworks "the framework tests failed (scripts/test_frameworks.sh)" ./scripts/test_frameworks.sh
 phase image "the image phase failed (scripts/test_image.sh)" ./scripts/test_image.sh
 finish

@@ -150,7 +150,7 @@ class Matrix:
         ws = await self.rt_session()
         for bad in (b"\x01binary", "", "{nope", '{"type": "what.ever"}', '{"no": "type"}',
                     '{"type": "input_audio_buffer.append", "audio": "%%%"}',
-                    '{"type": "input_audio_buffer.append"}', '{"type": "response.create"}'):
+                    '{"type": "input_audio_buffer.append"}', '{"type": "output_audio_buffer.clear"}'):
             await ws.send(bad)
         for _ in range(10):  # still a live session: audio in, audio out
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(noise(0.08))}))

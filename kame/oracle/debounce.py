@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from kame.oracle.config import OracleConfig
 
-Reason = Literal["words", "final"]
+Reason = Literal["words", "final", "client"]
 
 
 @dataclass(frozen=True)

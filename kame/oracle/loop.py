@@ -40,7 +40,7 @@ from kame.oracle.prompt import build_messages_from_config
 from kame.oracle.sanitize import SanitizeOptions, settled_words, spoken_words
 from kame.oracle.session_tools import SessionTools
 from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
-from kame.oracle.transcript import Transcript
+from kame.oracle.transcript import Transcript, TranscriptView, Turn
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 from kame.session.events import (
     BackendDown,
@@ -98,6 +98,7 @@ class _Request:
     first_token_t: float | None = None
     turn_ended: bool = False  #: made after the user's turn ended (side-effecting tools allowed)
     tool_bound: bool = False  #: it called tools: its answer is built on their results
+    requested: bool = False  #: the client asked for it (fed whatever the answer-switch policy)
 
 
 @dataclass
@@ -184,21 +185,21 @@ class OracleLoop:
         self._count_words(update.turn_id, update.word_count)
         self._judge(self.debouncer.on_partial(self.clock(), update.turn_id, update.text))
 
-    def on_user_final(self, text: str) -> None:
+    def on_user_final(self, text: str, key: str | None = None) -> None:
         was_open = self.transcript.user_open
-        update = self.transcript.user_final(text)
+        update = self.transcript.user_final(text, key)
         if update.new_turn and not was_open:
             self._new_user_turn()
         self._count_words(update.turn_id, update.word_count)
         if update.text:
             self._judge(self.debouncer.on_final(self.clock(), update.turn_id, update.text))
 
-    def on_assistant_token(self, token_id: int | None) -> None:
-        """The front-end's text token of one step (None while nothing is generated)."""
+    def on_assistant_token(self, token_id: int | None, step: int | None = None) -> None:
+        """The front-end's text token of one step (None while nothing is generated); ``step``: the output step."""
         if token_id is None:
-            self.transcript.assistant_idle()
+            self.transcript.assistant_idle(step)
         else:
-            self.transcript.assistant_token(token_id)
+            self.transcript.assistant_token(token_id, step)
         if self.feed.turn_id is not None and self.transcript.assistant_spoke != self.feed.assistant_spoke:
             self.feed = replace(self.feed, assistant_spoke=self.transcript.assistant_spoke)
 
@@ -226,6 +227,29 @@ class OracleLoop:
         later = [self._turn_words.get(t, 0) for t in range(turn_id + 1, self.transcript.user_turn_id + 1)]
         return only_backchannels(later, self.config.tool_backchannel_words)
 
+    # ------------------------------------------------------------------ asked by the client
+    def respond(self, instructions: str | None = None, context: Sequence[Turn] | None = None) -> int | None:
+        """Ask the back-end now (a client's ``response.create``); its answer is fed whatever the switch policy.
+
+        ``instructions`` replace the session's for this request, ``context`` the conversation. Returns the
+        request id (None: no back-end, or it is backing off after failures).
+        """
+        if self.closed or not self.enabled:
+            return None
+        if self.clock() < self._backoff_until:
+            return None
+        return self._start(Trigger(True, "client", self.transcript.user_turn_id), requested=True,
+                           instructions=instructions, context=context)
+
+    def cancel(self, reason: str) -> None:
+        """Stop the answer in progress (a client's ``response.cancel``, or speech when the session interrupts):
+        its request is cancelled and the oracle stream cleared, so the next answer starts a new sequence."""
+        self._cancel_current(reason)
+        self.sink.oracle_clear()
+        self._feed_tokenizer = None
+        self.feed = FeedState()
+        self.emit(OracleCleared(reason=reason))
+
     # ------------------------------------------------------------------ requests
     def _judge(self, trigger: Trigger) -> None:
         if self.closed or not self.enabled:
@@ -245,24 +269,29 @@ class OracleLoop:
         self._retry = None
         self._judge(self.debouncer.poll(self.clock()))
 
-    def _start(self, trigger: Trigger) -> None:
+    def _start(self, trigger: Trigger, *, requested: bool = False, instructions: str | None = None,
+               context: Sequence[Turn] | None = None) -> int | None:
         now = self.clock()
-        if now < self._backoff_until:
+        if now < self._backoff_until and not requested:
             self._schedule_poll_after_backoff()
-            return
+            return None
         assert self.registry is not None
         cur = self._current
         if cur is not None and cur.tool_bound and cur.turn_id != self.transcript.user_turn_id \
                 and self._backchannel_only(cur.turn_id):
             # A backchannel while tools run: the answer on their results is still wanted.
             self.emit(LlmDeferred(request_id=cur.id, reason="backchannel while tools run"))
-            return
+            return None
         self._cancel_current("superseded by a newer request")
         backend = self.registry.resolve_name(self.settings.backend)
-        turn_ended = trigger.reason == "final" or not self.transcript.user_open
+        turn_ended = requested or trigger.reason == "final" or not self.transcript.user_open
         req = _Request(id=next(self._ids), turn_id=trigger.turn_id or self.transcript.user_turn_id, backend=backend,
-                       started=now, turn_ended=turn_ended)
-        messages = build_messages_from_config(self.transcript.view(), self.config, instructions=self.settings.instructions)
+                       started=now, turn_ended=turn_ended, requested=requested)
+        view = self.transcript.view()
+        if context is not None:
+            view = TranscriptView(tuple(context), "", view.user_turn_id)
+        messages = build_messages_from_config(
+            view, self.config, instructions=self.settings.instructions if instructions is None else instructions)
         self.counters["requests"] += 1
         use_tools = self.tools is not None and bool(self.tools.specs) and self.registry.tools_allowed(backend)
         if use_tools and self.registry.tools_refused(backend) is not None:
@@ -273,6 +302,7 @@ class OracleLoop:
         work = self._consume_tools(req, messages) if use_tools else self._consume(req, messages)
         req.task = asyncio.get_running_loop().create_task(work, name=f"kame-llm-{req.id}")
         self._current = req
+        return req.id
 
     def _schedule_poll_after_backoff(self) -> None:
         # A trigger during backoff is not lost: the debouncer keeps no pending start for it,
@@ -448,6 +478,7 @@ class OracleLoop:
         self, req: _Request, words: list[str], *, complete: bool, built_on_tools: bool = False
     ) -> tuple[str, int] | Literal["ignore"] | None:
         """None: wait for more; "ignore"; or ("reset"|"append", skip_words)."""
+        forced = built_on_tools or req.requested  # both are fed as a new sequence whatever the policy
         d = decide_switch(
             self.settings.policy,  # type: ignore[arg-type]
             self.feed,
@@ -455,8 +486,8 @@ class OracleLoop:
             current_turn_id=self.transcript.user_turn_id,
             answer_words=words,
             answer_complete=complete,
-            built_on_tools=built_on_tools,
-            backchannel_only=built_on_tools and self._backchannel_only(req.turn_id),
+            built_on_tools=forced,
+            backchannel_only=forced and self._backchannel_only(req.turn_id),
         )
         if d.action == "wait":
             return None

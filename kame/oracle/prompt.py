@@ -91,15 +91,13 @@ def build_messages(
     message after :data:`PENDING_MARK`. The list always ends with a user
     message (:data:`SILENCE_MARK` if the user has said nothing new).
     """
-    messages: list[Message] = [
-        {
-            "role": "system",
-            "content": system_prompt(
-                max_words=max_words, language=language, persona=persona, instructions=instructions
-            ),
-        }
-    ]
-    for turn in bound_turns(view.turns, max_turns=max_turns, max_chars=max_chars):
+    system = system_prompt(max_words=max_words, language=language, persona=persona, instructions=instructions)
+    notes = [t.text for t in view.turns if t.role == "system"]
+    if notes:  # system messages the client added to the conversation
+        system += "\n\nNotes from the application:\n" + "\n".join(notes)
+    messages: list[Message] = [{"role": "system", "content": system}]
+    spoken = [t for t in view.turns if t.role != "system"]
+    for turn in bound_turns(spoken, max_turns=max_turns, max_chars=max_chars):
         _add(messages, turn.role, turn.text)
     pending = " ".join(view.pending_user.split())
     if pending:

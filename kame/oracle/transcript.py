@@ -26,13 +26,24 @@ from kame.vocab import MOSHI_VOCAB, TextVocab
 if TYPE_CHECKING:
     from kame.oracle.config import OracleConfig
 
-Role = Literal["user", "assistant"]
+Role = Literal["user", "assistant", "system"]
 
 
 @dataclass(frozen=True)
 class Turn:
+    """One stretch of the conversation.
+
+    ``key`` names a turn a client can refer to (a message it added, a user
+    turn the ASR heard): turns with different keys are never merged, so one
+    can be removed alone. ``steps``: for the assistant's words, the output
+    step at which each word was completed (one per word of ``text``), so
+    that what the user did not hear can be removed.
+    """
+
     role: Role
     text: str
+    key: str | None = None
+    steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class Transcript:
         self._pending_count = 0
         self._open = False
         self._since_piece: int | None = None
+        self._step: int | None = None
         self.user_turn_id = 0
         self.last_word_by: Role | None = None
 
@@ -146,8 +158,8 @@ class Transcript:
             self.last_word_by = "user"
         return UserUpdate(self.user_turn_id, text, count, new_turn, grew, final=False)
 
-    def user_final(self, text: str) -> UserUpdate:
-        """The utterance is over: commit ``text`` as (part of) the user's turn."""
+    def user_final(self, text: str, key: str | None = None) -> UserUpdate:
+        """The utterance is over: commit ``text`` as (part of) the user's turn (``key``: see :class:`Turn`)."""
         text = _clean(text)
         new_turn = self._open_turn() if text else False
         count = len(text.split())
@@ -155,7 +167,7 @@ class Transcript:
         if grew:
             self.last_word_by = "user"
         if text:
-            self._append("user", text)
+            self._append("user", text, key)
         self._pending, self._pending_count, self._open = "", 0, False
         return UserUpdate(self.user_turn_id, text, count, new_turn, grew, final=True)
 
@@ -168,8 +180,9 @@ class Transcript:
         return True
 
     # ------------------------------------------------------------------ assistant
-    def assistant_token(self, token_id: int) -> list[str]:
-        """Moshi's text token of one step (call every step, pads included)."""
+    def assistant_token(self, token_id: int, step: int | None = None) -> list[str]:
+        """Moshi's text token of one step (call every step, pads included); ``step``: the output step."""
+        self._step = step
         words = self._pieces.push(token_id)
         self._tick(self._pieces.idle_steps == 0)
         return self._assistant_words(words)
@@ -180,8 +193,9 @@ class Transcript:
         self._tick(True)
         return self._assistant_words(words)
 
-    def assistant_idle(self) -> list[str]:
+    def assistant_idle(self, step: int | None = None) -> list[str]:
         """A step with no assistant text."""
+        self._step = step
         words = self._pieces.idle()
         self._tick(False)
         return self._assistant_words(words)
@@ -202,16 +216,51 @@ class Transcript:
 
     def _assistant_words(self, words: list[str]) -> list[str]:
         if words:
-            self._append("assistant", " ".join(words))
+            text = " ".join(words)
+            steps = (self._step,) * len(text.split()) if self._step is not None else ()
+            self._append("assistant", text, steps=steps)
             self.last_word_by = "assistant"
         return words
 
+    # ------------------------------------------------------------------ what a client changes
+    def add_item(self, key: str, role: Role, text: str) -> None:
+        """A message a client put into the conversation: a turn of its own, at the end."""
+        text = _clean(text)
+        if text:
+            self._turns.append(Turn(role, text, key))
+            self._trim()
+
+    def forget(self, key: str) -> bool:
+        """Remove the turns named ``key``; False when there were none."""
+        kept = [t for t in self._turns if t.key != key]
+        removed = len(kept) != len(self._turns)
+        self._turns = kept
+        return removed
+
+    def forget_steps(self, start_step: int, end_step: int) -> int:
+        """Remove the assistant's words completed at steps in ``[start_step, end_step)``; how many went."""
+        removed = 0
+        out: list[Turn] = []
+        for turn in self._turns:
+            if turn.role != "assistant" or not turn.steps:
+                out.append(turn)
+                continue
+            words = turn.text.split()
+            keep = [(w, s) for w, s in zip(words, turn.steps) if not start_step <= s < end_step]
+            removed += len(words) - len(keep)
+            if keep:
+                out.append(Turn(turn.role, " ".join(w for w, _ in keep), turn.key, tuple(s for _, s in keep)))
+        self._turns = out
+        return removed
+
     # ------------------------------------------------------------------ history
-    def _append(self, role: Role, text: str) -> None:
-        if self._turns and self._turns[-1].role == role:
-            self._turns[-1] = Turn(role, f"{self._turns[-1].text} {text}")
+    def _append(self, role: Role, text: str, key: str | None = None, steps: tuple[int, ...] = ()) -> None:
+        last = self._turns[-1] if self._turns else None
+        if last is not None and last.role == role and last.key == key and role != "system":
+            merged = last.steps + steps if last.steps and steps else ()
+            self._turns[-1] = Turn(role, f"{last.text} {text}", key, merged)
         else:
-            self._turns.append(Turn(role, text))
+            self._turns.append(Turn(role, text, key, steps))
         self._trim()
 
     def _trim(self) -> None:
@@ -224,7 +273,9 @@ class Transcript:
             total -= len(self._turns.pop(0).text)
         if total > self._max_chars:
             last = self._turns[0]
-            self._turns[0] = Turn(last.role, tail_words(last.text, self._max_chars))
+            text = tail_words(last.text, self._max_chars)
+            steps = last.steps[len(last.steps) - len(text.split()):] if last.steps else ()
+            self._turns[0] = Turn(last.role, text, last.key, steps)
 
 
 def tail_words(text: str, max_chars: int) -> str:

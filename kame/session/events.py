@@ -294,6 +294,18 @@ class OracleCleared(PipelineEvent):
     reason: str
 
 
+# --------------------------------------------------------------------------- answers
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerCancelled(PipelineEvent):
+    """The answer in progress was stopped (:class:`~kame.session.commands.CancelAnswer`): the back-end's request
+    was cancelled and the oracle stream cleared; ``reason``: ``client_cancelled`` or ``turn_detected``."""
+
+    name: ClassVar[str] = "answer.cancelled"
+    reason: str
+
+
 AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed
 LlmEvent = (
     LlmRequestStarted | LlmFirstToken | LlmDone | LlmCancelled | LlmDropped | LlmDeferred | LlmError | BackendDown | BackendUp

@@ -39,7 +39,18 @@ from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
 from kame.media import SAMPLE_RATE
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog
+from kame.oracle.transcript import Turn
+from kame.session.commands import (
+    AddContext,
+    CancelAnswer,
+    ConversationCommand,
+    ForgetContext,
+    ForgetSpeech,
+    RequestAnswer,
+    utterance_key,
+)
 from kame.session.events import (
+    AnswerCancelled,
     AsrFailed,
     AssistantFrame,
     EngineFailed,
@@ -348,6 +359,34 @@ class Pipeline:
             raise UnknownCallId(call_id)
         self.tools.deliver(call_id, output)
 
+    def apply(self, command: ConversationCommand) -> None:
+        """A change to the conversation or to who answers (:mod:`kame.session.commands`). Never blocks.
+
+        Without a back-end there is no context to change and nobody to ask: only a cancel does something
+        (its :class:`~kame.session.events.AnswerCancelled` is reported all the same, so the wire can end its
+        response).
+        """
+        oracle = self.oracle
+        if isinstance(command, CancelAnswer):
+            if oracle is not None:
+                oracle.cancel(command.reason)
+            self._put(AnswerCancelled(reason=command.reason))
+        elif oracle is None:
+            return
+        elif isinstance(command, AddContext):
+            oracle.transcript.add_item(command.item.key, command.item.role, command.item.text)
+        elif isinstance(command, ForgetContext):
+            oracle.transcript.forget(command.key)
+        elif isinstance(command, ForgetSpeech):
+            oracle.transcript.forget_steps(command.start_step, command.end_step)
+        elif isinstance(command, RequestAnswer):
+            if command.continue_tools:
+                return  # the tool loop waiting on the client's outputs goes on by itself
+            context = None
+            if command.context is not None:
+                context = [Turn(i.role, i.text, i.key) for i in command.context if i.text.strip()]
+            oracle.respond(command.instructions, context)
+
     def inject_answer(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
         """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``, a Live
         commentary); ``done(t)`` is called in the engine thread once the sequence is in the FIFO."""
@@ -388,7 +427,7 @@ class Pipeline:
             self._put(EngineFailed(message=str(item)))
             return
         if self.oracle is not None:
-            self.oracle.on_assistant_token(item.text_id)
+            self.oracle.on_assistant_token(item.text_id, item.step)
         if self._frames_queued >= self.max_queued_frames:  # a consumer that does not read loses frames
             self.dropped_frames += 1
             return
@@ -417,9 +456,11 @@ class Pipeline:
         elif ev.type is EventType.FINAL:
             self._put(UserFinal(utterance=utt, audio_s=audio_s, text=ev.text))
             if self.oracle is not None:
-                self.oracle.on_user_final(ev.text)
+                self.oracle.on_user_final(ev.text, utterance_key(utt))
         elif ev.type is EventType.SPEECH_STARTED:
             self._put(SpeechStarted(utterance=utt, audio_s=audio_s))
+            if self.settings.interrupt_response:  # the user's speech stops the answer in progress
+                self.apply(CancelAnswer("turn_detected"))
         elif ev.type is EventType.SPEECH_STOPPED:
             self._put(SpeechStopped(utterance=utt, audio_s=audio_s))
         elif ev.type is EventType.ERROR:

@@ -46,6 +46,8 @@ class SessionSettings:
     tool_choice: str | None = None
     #: Operator-configured MCP servers enabled by name (None: the server's and the back-end's defaults).
     mcp_servers: tuple[str, ...] | None = None
+    #: The user starting to speak stops the answer in progress (``/v1/realtime`` ``turn_detection.interrupt_response``).
+    interrupt_response: bool = False
 
     def sampling(self) -> tuple[float | None, int | None]:
         """The per-session text sampling (temperature, top-k); always changed as a pair."""

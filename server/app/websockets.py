@@ -54,7 +54,8 @@ def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[W
     )
     settings = replace(admitted.params.settings, record=_recording(state))
     vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
-    return realtime.RealtimeWire(info, settings, host.frame_size, vocab), settings
+    kame_events = realtime.kame_events_query(ws.query_params.get("kame_events"))
+    return realtime.RealtimeWire(info, settings, host.frame_size, vocab, kame_events=kame_events), settings
 
 
 CHAT = WireRoute(protocol=moshi.PROTOCOL, path=moshi.PATH, open=open_chat, refusal=moshi.refusal, send_reason=True)

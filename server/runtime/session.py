@@ -42,6 +42,7 @@ from kame.server.runtime.wire import (
     AnswerIn,
     AudioIn,
     Command,
+    ConversationIn,
     EndIn,
     Fault,
     FunctionOutputIn,
@@ -323,6 +324,9 @@ class SessionRuntime:
             self._answer(command)
         elif isinstance(command, EndIn):
             self.end_with(command.end)
+        elif isinstance(command, ConversationIn):
+            if self.pipeline is not None:
+                self.pipeline.apply(command.command)
         elif isinstance(command, Ignored):
             self.log.debug("ignored: %s", command.what)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from kame.server.runtime.end import SessionEnd
+from kame.session.commands import ConversationCommand
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
@@ -110,13 +111,20 @@ class EndIn:
 
 
 @dataclass(frozen=True)
+class ConversationIn:
+    """A change to the conversation or to who answers, for the pipeline (:mod:`kame.session.commands`)."""
+
+    command: ConversationCommand
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A message that asks for nothing (logged at debug level)."""
 
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | AnswerIn | EndIn | Ignored
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | AnswerIn | EndIn | ConversationIn | Ignored
 
 
 class Wire(Protocol):

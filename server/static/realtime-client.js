@@ -9,7 +9,8 @@ const KEY_PROTOCOL = "openai-insecure-api-key.";
 
 // Relative to the page, so a reverse proxy may serve it under a path prefix.
 export function realtimeUrl(base = document.baseURI) {
-  const url = new URL("v1/realtime?model=kame", base);
+  // kame_events=1: the page shows kame's own events (partials, the back-end, the oracle, audio between responses)
+  const url = new URL("v1/realtime?model=kame&kame_events=1", base);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   return url.href;
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,20 +21,27 @@ from kame.server.wires.realtime.functions import (
     MAX_OUTPUT_CHARS,
     FunctionOutput,
     FunctionProtocolError,
-    ResponseCreate,
     decode_function_output,
+)
+from kame.server.wires.realtime.items import (
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    MessageCreate,
+    ResponseCancel,
+    ResponseRequest,
+    item_event,
+    message_create,
+    response_request,
 )
 
 #: OpenAI client events this server knows but does not implement, and why.
 UNSUPPORTED: dict[str, str] = {
-    "response.cancel": "a response cannot be cancelled from outside; Moshi stops when the user talks over it",
     "input_audio_buffer.commit": "turns are detected by the server's speech recognition; there is no manual commit",
     "input_audio_buffer.clear": "appended audio is fed to the model as it arrives; there is no buffer to clear",
-    "output_audio_buffer.clear": "the output audio is a continuous stream; there is no buffer to clear",
-    "conversation.item.retrieve": "items are not stored on the server",
-    "conversation.item.truncate": "the conversation is the live audio; items cannot be truncated",
-    "conversation.item.delete": "the conversation is the live audio; items cannot be deleted",
-    "transcription_session.update": "transcription-only sessions are not supported",
+    "output_audio_buffer.clear": "OpenAI defines it for WebRTC and SIP only; on a websocket the client holds the "
+                                 "audio it has not played (stop playing it, and send response.cancel)",
+    "transcription_session.update": "transcription-only sessions are not supported: Moshi always listens and speaks",
 }
 
 
@@ -56,7 +64,10 @@ class SessionReset:
     event_id: str | None = None
 
 
-ClientCommand = AppendAudio | SessionUpdate | SessionReset | FunctionOutput | ResponseCreate
+ClientCommand = (
+    AppendAudio | SessionUpdate | SessionReset | FunctionOutput | ResponseRequest | ResponseCancel
+    | MessageCreate | ItemRetrieve | ItemDelete | ItemTruncate
+)
 
 
 def _event_id(obj: dict[str, Any]) -> str | None:
@@ -64,8 +75,11 @@ def _event_id(obj: dict[str, Any]) -> str | None:
     return value[:128] if isinstance(value, str) else None
 
 
-def decode_client_event(message: str | bytes | None, max_output_chars: int = MAX_OUTPUT_CHARS) -> ClientCommand:
-    """One websocket message -> a command, or :class:`ClientError`."""
+def decode_client_event(
+    message: str | bytes | None, max_output_chars: int = MAX_OUTPUT_CHARS, new_item_id: Callable[[], str] | None = None
+) -> ClientCommand:
+    """One websocket message -> a command, or :class:`ClientError` (``new_item_id``: for an item the client
+    gave no id)."""
     if isinstance(message, (bytes, bytearray)):
         raise ClientError(
             "binary_not_supported", "binary websocket frames are not part of this protocol: send JSON text events"
@@ -89,12 +103,24 @@ def decode_client_event(message: str | bytes | None, max_output_chars: int = MAX
     if etype == "kame.session.reset":
         return SessionReset(event_id)
     if etype == "conversation.item.create":
+        item = obj.get("item")
+        if isinstance(item, dict) and item.get("type", "message") == "message" and "role" in item:
+            return message_create(obj, new_item_id() if new_item_id is not None else "item_client", event_id)
         try:
             return decode_function_output(obj, max_output_chars)
         except FunctionProtocolError as exc:
             raise ClientError(exc.code, exc.message, param=exc.param, event_id=event_id) from None
     if etype == "response.create":
-        return ResponseCreate(event_id)
+        return response_request(obj, event_id)
+    if etype == "response.cancel":
+        rid = obj.get("response_id")
+        return ResponseCancel(event_id, rid if isinstance(rid, str) else None)
+    if etype == "conversation.item.retrieve":
+        return item_event(obj, "retrieve", event_id)
+    if etype == "conversation.item.delete":
+        return item_event(obj, "delete", event_id)
+    if etype == "conversation.item.truncate":
+        return item_event(obj, "truncate", event_id)
     if etype in UNSUPPORTED:
         raise ClientError("unsupported_event", f"{etype} is not supported: {UNSUPPORTED[etype]}", param="type", event_id=event_id)
     raise ClientError("unknown_event", f"unknown event type {etype[:64]!r}", param="type", event_id=event_id)

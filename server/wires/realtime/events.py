@@ -104,51 +104,87 @@ def assistant_item(item_id: str, status: str, transcript: str | None) -> dict[st
     }
 
 
-def response_object(response_id: str, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+def response_object(
+    response_id: str,
+    status: str,
+    output: list[dict[str, Any]],
+    metadata: dict[str, str] | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
     return {
         "id": response_id,
         "object": "realtime.response",
         "status": status,
-        "status_details": None if status in ("in_progress", "completed") else {"type": status, "reason": None},
+        "status_details": None if status in ("in_progress", "completed") else {"type": status, "reason": reason},
         "output": output,
         "output_modalities": ["audio"],
         "audio": {"output": {"format": dict(AUDIO_FORMAT), "voice": VOICE}},
         "conversation_id": None,
         "max_output_tokens": "inf",
-        "metadata": None,
+        "metadata": metadata,
         "usage": None,
     }
 
 
-def response_start(response_id: str, item_id: str, previous_item_id: str | None) -> list[Event]:
-    """The four events that open a response with its single audio item."""
+def response_created(response_id: str, metadata: dict[str, str] | None = None) -> Event:
+    return {"type": "response.created", "response": response_object(response_id, "in_progress", [], metadata)}
+
+
+def response_done(
+    response_id: str, status: str, output: list[dict[str, Any]], metadata: dict[str, str] | None = None,
+    reason: str | None = None,
+) -> Event:
+    return {"type": "response.done", "response": response_object(response_id, status, output, metadata, reason)}
+
+
+def audio_item_start(response_id: str, item_id: str, previous_item_id: str | None, output_index: int = 0) -> list[Event]:
+    """The three events that add the assistant's audio message to a response."""
     item = assistant_item(item_id, "in_progress", None)
-    where = {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
+    where = {"response_id": response_id, "item_id": item_id, "output_index": output_index, "content_index": 0}
     return [
-        {"type": "response.created", "response": response_object(response_id, "in_progress", [])},
-        {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": item},
+        {"type": "response.output_item.added", "response_id": response_id, "output_index": output_index, "item": item},
         {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": dict(item)},
         {"type": "response.content_part.added", **where, "part": {"type": "audio", "transcript": ""}},
     ]
 
 
-def audio_delta(response_id: str, item_id: str, delta: str) -> Event:
+def audio_item_end(
+    response_id: str, item_id: str, previous_item_id: str | None, transcript: str, status: str, output_index: int = 0
+) -> tuple[list[Event], dict[str, Any]]:
+    """The five events that close the audio message, and the item as ``response.done`` shows it."""
+    where = {"response_id": response_id, "item_id": item_id, "output_index": output_index, "content_index": 0}
+    item = assistant_item(item_id, "completed" if status == "completed" else "incomplete", transcript)
+    return [
+        {"type": "response.output_audio.done", **where},
+        {"type": "response.output_audio_transcript.done", **where, "transcript": transcript},
+        {"type": "response.content_part.done", **where, "part": {"type": "audio", "transcript": transcript}},
+        {"type": "response.output_item.done", "response_id": response_id, "output_index": output_index, "item": item},
+        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(item)},
+    ], item
+
+
+def response_start(response_id: str, item_id: str, previous_item_id: str | None) -> list[Event]:
+    """The four events that open a response with its single audio item."""
+    return [response_created(response_id), *audio_item_start(response_id, item_id, previous_item_id)]
+
+
+def audio_delta(response_id: str, item_id: str, delta: str, output_index: int = 0) -> Event:
     return {
         "type": "response.output_audio.delta",
         "response_id": response_id,
         "item_id": item_id,
-        "output_index": 0,
+        "output_index": output_index,
         "content_index": 0,
         "delta": delta,
     }
 
 
-def transcript_delta(response_id: str, item_id: str, delta: str) -> Event:
+def transcript_delta(response_id: str, item_id: str, delta: str, output_index: int = 0) -> Event:
     return {
         "type": "response.output_audio_transcript.delta",
         "response_id": response_id,
         "item_id": item_id,
-        "output_index": 0,
+        "output_index": output_index,
         "content_index": 0,
         "delta": delta,
     }
@@ -157,18 +193,9 @@ def transcript_delta(response_id: str, item_id: str, delta: str) -> Event:
 def response_end(
     response_id: str, item_id: str, previous_item_id: str | None, transcript: str, status: str
 ) -> list[Event]:
-    """The six events that close a response (``status``: completed or incomplete)."""
-    where = {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
-    item_status = "completed" if status == "completed" else "incomplete"
-    item = assistant_item(item_id, item_status, transcript)
-    return [
-        {"type": "response.output_audio.done", **where},
-        {"type": "response.output_audio_transcript.done", **where, "transcript": transcript},
-        {"type": "response.content_part.done", **where, "part": {"type": "audio", "transcript": transcript}},
-        {"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": item},
-        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(item)},
-        {"type": "response.done", "response": response_object(response_id, status, [dict(item)])},
-    ]
+    """The six events that close a response with its single audio item (``status``: completed or incomplete)."""
+    events, item = audio_item_end(response_id, item_id, previous_item_id, transcript, status)
+    return [*events, response_done(response_id, status, [dict(item)])]
 
 
 def silence_delta(delta: str) -> Event:

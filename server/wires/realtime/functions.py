@@ -7,16 +7,15 @@
   ``tool_choice`` (``auto``, ``none``, ``required`` or
   ``{"type": "function", "name": ...}``): :func:`parse_tools`,
   :func:`parse_tool_choice`.
-* A call is **its own response**, never part of a speech response:
-  :func:`function_call_response` gives ``response.created``,
-  ``response.output_item.added`` (a ``function_call`` item with ``call_id``
-  and ``name``), ``conversation.item.added``,
-  ``response.function_call_arguments.delta`` / ``.done``,
-  ``response.output_item.done``, ``conversation.item.done`` and
-  ``response.done`` carrying the item.
+* A call is an output item of the response in progress, which then ends
+  (or of a response of its own when none is open):
+  :func:`function_call_items` gives ``response.output_item.added`` (a
+  ``function_call`` item with ``call_id`` and ``name``),
+  ``conversation.item.added``, ``response.function_call_arguments.delta`` /
+  ``.done``, ``response.output_item.done`` and ``conversation.item.done``.
 * The client answers with ``conversation.item.create`` holding a
   ``function_call_output`` (``call_id``, ``output``) and may send
-  ``response.create``: :func:`decode_function_output`,
+  ``response.create`` (which then continues the tool loop): :func:`decode_function_output`,
   :func:`output_accepted`. Waiting for the output is the session's
   :class:`~kame.backend.client_functions.ClientFunctions` (wire-independent).
 
@@ -185,6 +184,35 @@ def _response(response_id: str, status: str, output: list[dict[str, Any]]) -> di
     }
 
 
+def function_call_items(
+    response_id: str,
+    output_index: int,
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    previous_item_id: str | None = None,
+    deltas: Sequence[str] | None = None,
+) -> tuple[list[Event], dict[str, Any]]:
+    """The events of one function-call output item of a response, in wire order, and the item as
+    ``response.done`` shows it."""
+    started = function_call_item(item_id, call_id, name, "", "in_progress")
+    done = function_call_item(item_id, call_id, name, arguments, "completed")
+    where = {"response_id": response_id, "item_id": item_id, "output_index": output_index, "call_id": call_id}
+    events: list[Event] = [
+        {"type": "response.output_item.added", "response_id": response_id, "output_index": output_index, "item": started},
+        {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": dict(started)},
+    ]
+    for delta in deltas if deltas is not None else ([arguments] if arguments else []):
+        events.append({"type": "response.function_call_arguments.delta", **where, "delta": delta})
+    events += [
+        {"type": "response.function_call_arguments.done", **where, "name": name, "arguments": arguments},
+        {"type": "response.output_item.done", "response_id": response_id, "output_index": output_index, "item": done},
+        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(done)},
+    ]
+    return events, done
+
+
 def function_call_response(
     response_id: str,
     item_id: str,
@@ -194,24 +222,13 @@ def function_call_response(
     previous_item_id: str | None = None,
     deltas: Sequence[str] | None = None,
 ) -> list[Event]:
-    """Every event of one function-call response, in wire order."""
-    started = function_call_item(item_id, call_id, name, "", "in_progress")
-    done = function_call_item(item_id, call_id, name, arguments, "completed")
-    where = {"response_id": response_id, "item_id": item_id, "output_index": 0, "call_id": call_id}
-    events: list[Event] = [
+    """Every event of a response whose only output is one function call, in wire order."""
+    events, done = function_call_items(response_id, 0, item_id, call_id, name, arguments, previous_item_id, deltas)
+    return [
         {"type": "response.created", "response": _response(response_id, "in_progress", [])},
-        {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": started},
-        {"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": dict(started)},
-    ]
-    for delta in deltas if deltas is not None else ([arguments] if arguments else []):
-        events.append({"type": "response.function_call_arguments.delta", **where, "delta": delta})
-    events += [
-        {"type": "response.function_call_arguments.done", **where, "name": name, "arguments": arguments},
-        {"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": done},
-        {"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": dict(done)},
+        *events,
         {"type": "response.done", "response": _response(response_id, "completed", [dict(done)])},
     ]
-    return events
 
 
 # --------------------------------------------------------------------------- the client's answer
@@ -225,13 +242,6 @@ class FunctionOutput:
     output: str
     item_id: str | None = None
     previous_item_id: str | None = None
-    event_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ResponseCreate:
-    """``response.create``: the client has sent its outputs (the loop goes on as soon as all are in)."""
-
     event_id: str | None = None
 
 

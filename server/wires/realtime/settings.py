@@ -37,6 +37,7 @@ KAME_KEYS = (
     "silence_audio",
     "mcp_servers",
     "llm",
+    "events",
 )
 BETA_AUDIO_FORMATS = ("pcm16",)
 
@@ -146,6 +147,42 @@ def _check_modalities(session: Mapping[str, Any]) -> None:
             )
 
 
+def kame_events_in(payload: Any) -> bool | None:
+    """Whether a (valid) ``session.update`` turns ``kame.*`` events on or off: a ``kame`` object turns them on
+    unless it says ``"events": false``; None: no ``kame`` object, no change."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("kame"), Mapping):
+        return None
+    return payload["kame"].get("events", True) is not False
+
+
+def _turn_detection(session: Mapping[str, Any]) -> tuple[bool, Any] | None:
+    """The ``turn_detection`` object the update carries (GA ``audio.input`` or beta top level), if any."""
+    audio = session.get("audio")
+    if isinstance(audio, Mapping) and isinstance(audio.get("input"), Mapping) and "turn_detection" in audio["input"]:
+        return True, audio["input"]["turn_detection"]
+    if "turn_detection" in session:
+        return True, session["turn_detection"]
+    return None
+
+
+def _parse_turn_detection(session: Mapping[str, Any], current: SessionSettings) -> dict[str, Any]:
+    found = _turn_detection(session)
+    if found is None:
+        return {}
+    value = found[1]
+    if value is None:
+        return {}  # client-driven turns: not yet (the ASR's VAD goes on)
+    td = _object(value, "session.audio.input.turn_detection")
+    out: dict[str, Any] = {}
+    if "interrupt_response" in td:
+        flag = td["interrupt_response"]
+        if not isinstance(flag, bool):
+            raise ClientError("invalid_value", "turn_detection.interrupt_response must be true or false",
+                              param="session.audio.input.turn_detection.interrupt_response")
+        out["interrupt_response"] = flag
+    return out
+
+
 def parse_session_update(payload: Any, current: SessionSettings, info: ServerInfo) -> tuple[SessionSettings, tuple[str, ...]]:
     """The settings after ``session.update``'s ``session`` object, and the fields ignored (accepted, without
     a meaning here); or :class:`ClientError`."""
@@ -175,6 +212,7 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
     kame = session.get("kame")
     if kame is not None:
         changes.update(_parse_kame(_object(kame, "session.kame"), info))
+    changes.update(_parse_turn_detection(session, current))
     try:
         if "tools" in session:
             changes["functions"] = tuple(parse_tools(session["tools"]))
@@ -212,7 +250,10 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in kame.items():
         param = f"session.kame.{key}"
-        if key == "backend":
+        if key == "events":
+            if not isinstance(value, bool):
+                raise ClientError("invalid_value", f"{param} must be true or false", param=param)
+        elif key == "backend":
             if value is None:
                 out[key] = None
             else:
@@ -254,8 +295,8 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the session object
 
 
-def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any]:
-    """The ``session`` of ``session.created`` / ``session.updated`` (GA shape plus ``kame``)."""
+def session_object(settings: SessionSettings, info: ServerInfo, *, kame_events: bool = False) -> dict[str, Any]:
+    """The ``session`` of ``session.created`` / ``session.updated`` (GA shape plus ``kame``): the values in effect."""
     asr = info.asr_kind != "none"
     return {
         "type": "realtime",
@@ -268,7 +309,8 @@ def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any
             "input": {
                 "format": dict(AUDIO_FORMAT),
                 "transcription": {"model": info.asr_kind} if asr else None,
-                "turn_detection": {"type": "server_vad", "create_response": False, "interrupt_response": False}
+                "turn_detection": {"type": "server_vad", "create_response": True,
+                                   "interrupt_response": settings.interrupt_response}
                 if asr
                 else None,
                 "noise_reduction": None,
@@ -289,6 +331,7 @@ def session_object(settings: SessionSettings, info: ServerInfo) -> dict[str, Any
             "silence_audio": settings.silence_audio,
             "llm": settings.llm,
             "mcp_servers": None if settings.mcp_servers is None else list(settings.mcp_servers),
+            "events": kame_events,
             "server": {
                 "session_id": info.session_id,
                 "backends": list(info.backends),

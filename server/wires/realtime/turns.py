@@ -11,12 +11,14 @@ user item. :class:`AssistantTurns` cuts the output stream into responses
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from kame.loudness import at_least
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.events import Event, Ids
+from kame.server.wires.realtime.functions import function_call_items
 from kame.vocab import MOSHI_VOCAB, TextVocab
 
 #: Level from which an output frame counts as speech.
@@ -25,6 +27,11 @@ SPEAKING_DBFS = -40.0
 END_SILENCE_FRAMES = 10
 #: Longest response (30 s): a monologue is cut so that transcripts stay bounded.
 MAX_RESPONSE_FRAMES = 375
+#: How long a requested response waits for Moshi's first words before it ends empty (6 s: the back-end's
+#: answer must reach Moshi first).
+REQUEST_WAIT_FRAMES = 75
+#: Ended audio messages whose steps are kept (for truncate and delete).
+MAX_SPOKEN_ITEMS = 64
 
 
 @dataclass
@@ -50,14 +57,43 @@ class Conversation:
 @dataclass
 class _Response:
     id: str
-    item_id: str
+    requested: bool = False
+    metadata: dict[str, str] | None = None
+    item_id: str | None = None  #: the audio message, once Moshi spoke in this response
+    first_step: int | None = None
+    last_step: int | None = None
     frames: int = 0
     quiet: int = 0
     transcript: str = ""
+    output: list[dict[str, Any]] = field(default_factory=list)  #: finished output items
+    waited: int = 0  #: frames since a requested response was created
+    answer_fed: bool = False  #: oracle tokens reached Moshi since it was requested
+    answer_idle: int = 0  #: frames since the oracle's last token (once fed)
+
+
+@dataclass(frozen=True)
+class SpokenItem:
+    """An assistant audio message that ended: the output steps it covers (for truncate and delete)."""
+
+    item_id: str
+    first_step: int
+    end_step: int
 
 
 class AssistantTurns:
-    """Output frames -> responses (start on speech, end after silence, a user turn, or 30 s)."""
+    """Output frames -> responses, one at a time (docs/protocol.md 3.4, 3.7).
+
+    An *unrequested* response starts on Moshi's speech and ends after silence,
+    a user turn or 30 s. A *requested* one (``response.create``) starts at once,
+    takes Moshi's speech from then on, and ends after the end gap of silence
+    once Moshi spoke in it, or once the back-end's answer has been fed to
+    Moshi in full and the end gap has passed (Moshi may go on talking: that
+    is a new response), or after :data:`REQUEST_WAIT_FRAMES` if no answer
+    reached Moshi at all. ``response.cancel`` ends it ``cancelled`` and withholds Moshi's
+    remaining audio until it has been silent for the end gap or a response
+    is requested. A function call is an output item of the open response,
+    which then ends.
+    """
 
     def __init__(
         self,
@@ -68,6 +104,7 @@ class AssistantTurns:
         max_frames: int = MAX_RESPONSE_FRAMES,
         speaking_dbfs: float = SPEAKING_DBFS,
         vocab: TextVocab = MOSHI_VOCAB,
+        request_wait_frames: int = REQUEST_WAIT_FRAMES,
     ) -> None:
         self.ids = ids
         self.vocab = vocab  #: the loaded model's (its word-start piece becomes a space)
@@ -75,59 +112,160 @@ class AssistantTurns:
         self.end_silence_frames = end_silence_frames
         self.max_frames = max_frames
         self.speaking_dbfs = speaking_dbfs
+        self.request_wait_frames = request_wait_frames
         self.silence_audio = True
         self.current: _Response | None = None
         self.responses = 0
+        #: Moshi's audio after a cancel: not sent until it has been silent for the end gap
+        self.withholding = False
+        self._withheld_quiet = 0
+        #: the last audio message that ended (steps known), for truncate/delete
+        self.spoken: dict[str, SpokenItem] = {}
+        self._step = 0
 
     def speaking(self, pcm: np.ndarray, text: str | None) -> bool:
         return bool(text) or at_least(pcm, self.speaking_dbfs)
 
-    def frame(self, delta: str | None, *, speaking: bool, text: str | None = None) -> list[Event]:
+    @property
+    def requested_open(self) -> bool:
+        return self.current is not None and self.current.requested
+
+    def steps_of(self, item_id: str) -> SpokenItem | None:
+        """The output steps of an audio message (ended, or the open response's so far)."""
+        r = self.current
+        if r is not None and r.item_id == item_id and r.first_step is not None:
+            return SpokenItem(item_id, r.first_step, self._step + 1)
+        return self.spoken.get(item_id)
+
+    def frame(self, delta: str | None, *, speaking: bool, text: str | None = None, step: int | None = None,
+              fed: bool = False) -> list[Event]:
         """Events for one output frame.
 
         ``delta`` is its base64 PCM16, None when the frame is dropped (a client
         that does not keep up): the response's lifecycle and transcript go on.
-        ``text`` is Moshi's text piece of this frame, if any.
+        ``text`` is Moshi's text piece of this frame, if any; ``step`` its output step;
+        ``fed``: an oracle token (an answer's) was fed to Moshi at this step.
         """
+        self._step = self._step + 1 if step is None else step
         out: list[Event] = []
+        r = self.current
+        if r is not None and r.requested:
+            r.waited += 1
+            if fed:
+                r.answer_fed, r.answer_idle = True, 0
+            elif r.answer_fed:
+                r.answer_idle += 1
+            answered = r.answer_fed and r.answer_idle >= self.end_silence_frames
+            if answered or (not r.answer_fed and r.item_id is None and r.waited >= self.request_wait_frames):
+                out += self.close("completed")  # this frame belongs to what comes next
+        if self.withholding:
+            self._withheld_quiet = 0 if speaking else self._withheld_quiet + 1
+            if self._withheld_quiet < self.end_silence_frames:
+                return out
+            self.withholding = False
         r = self.current
         if r is None:
             if not speaking:
-                return [ev.silence_delta(delta)] if self.silence_audio and delta is not None else []
+                return out + ([ev.silence_delta(delta)] if self.silence_audio and delta is not None else [])
             out += self._open()
             r = self.current
             assert r is not None
+        if r.item_id is None:
+            if not speaking:  # a requested response waits for Moshi's first words
+                return out
+            out += self._add_audio_item(r)
+        item_id = r.item_id
+        assert item_id is not None
         if delta is not None:
-            out.append(ev.audio_delta(r.id, r.item_id, delta))
+            out.append(ev.audio_delta(r.id, item_id, delta, len(r.output)))
         if text:
             piece = self.vocab.piece_text(text)
             if not r.transcript:
                 piece = piece.lstrip()
             if piece:
                 r.transcript += piece
-                out.append(ev.transcript_delta(r.id, r.item_id, piece))
+                out.append(ev.transcript_delta(r.id, item_id, piece, len(r.output)))
+        r.last_step = self._step
         r.frames += 1
         r.quiet = 0 if speaking else r.quiet + 1
         if r.quiet >= self.end_silence_frames or r.frames >= self.max_frames:
             out += self.close("completed")
         return out
 
-    def close(self, status: str = "completed") -> list[Event]:
+    def request(self, metadata: dict[str, str] | None = None) -> list[Event]:
+        """``response.create``: an unrequested response still open ends ``completed``; the new one starts now."""
+        out = self.close("completed")
+        self.withholding = False
+        r = _Response(self.ids.response(), requested=True, metadata=metadata)
+        self.current = r
+        self.responses += 1
+        out.append(ev.response_created(r.id, metadata))
+        return out
+
+    def cancel(self, reason: str) -> list[Event]:
+        """``response.cancel`` (or speech with ``interrupt_response``): the open response ends ``cancelled`` and
+        Moshi's remaining audio is withheld until it has been silent for the end gap; [] if none is open."""
+        if self.current is None:
+            return []
+        self.withholding = True
+        self._withheld_quiet = 0
+        return self.close("cancelled", reason)
+
+    def function_call(self, call_id: str, name: str, arguments: str) -> list[Event]:
+        """A call of the client's function: an output item of the open response (a new one if none), which ends."""
+        out: list[Event] = []
+        r = self.current
+        if r is None:
+            r = _Response(self.ids.response())
+            self.current = r
+            self.responses += 1
+            out.append(ev.response_created(r.id))
+        out += self._end_audio_item(r, "completed")
+        item_id = self.ids.item()
+        previous = self.conversation.add(item_id)
+        events, item = function_call_items(r.id, len(r.output), item_id, call_id, name, arguments, previous)
+        self.conversation.forget(item_id)
+        r.output.append(item)
+        out += events
+        return out + self.close("completed")
+
+    def close(self, status: str = "completed", reason: str | None = None) -> list[Event]:
         """End the open response now (user turn ended, session ending); [] if none is open."""
         r = self.current
         if r is None:
             return []
         self.current = None
-        previous = self.conversation.previous_of(r.item_id)
-        self.conversation.forget(r.item_id)
-        return ev.response_end(r.id, r.item_id, previous, r.transcript, status)
+        out = self._end_audio_item(r, status)
+        out.append(ev.response_done(r.id, status, [dict(i) for i in r.output], r.metadata, reason))
+        return out
+
+    def _end_audio_item(self, r: _Response, status: str) -> list[Event]:
+        if r.item_id is None:
+            return []
+        item_id, r.item_id = r.item_id, None
+        previous = self.conversation.previous_of(item_id)
+        self.conversation.forget(item_id)
+        if r.first_step is not None:
+            self.spoken[item_id] = SpokenItem(item_id, r.first_step, (r.last_step or r.first_step) + 1)
+            while len(self.spoken) > MAX_SPOKEN_ITEMS:
+                self.spoken.pop(next(iter(self.spoken)))
+        events, item = ev.audio_item_end(r.id, item_id, previous, r.transcript, status, len(r.output))
+        r.output.append(item)
+        return events
 
     def _open(self) -> list[Event]:
-        r = _Response(self.ids.response(), self.ids.item())
+        r = _Response(self.ids.response())
         self.current = r
         self.responses += 1
+        return [ev.response_created(r.id)]
+
+    def _add_audio_item(self, r: _Response) -> list[Event]:
+        r.item_id = self.ids.item()
+        r.first_step = self._step
+        r.quiet = 0
+        r.frames = 0
         previous = self.conversation.add(r.item_id)
-        return ev.response_start(r.id, r.item_id, previous)
+        return ev.audio_item_start(r.id, r.item_id, previous, len(r.output))
 
 
 @dataclass

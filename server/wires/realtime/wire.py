@@ -1,11 +1,14 @@
 """The ``/v1/realtime`` wire: OpenAI Realtime (GA) JSON events over the session runtime. No I/O.
 
-Client events are decoded by :mod:`.decode` into commands; a bad event gets
-an ``error`` event and the session goes on (until :data:`MAX_CLIENT_ERRORS`,
-or a flood of messages, closes it with 1008). Output frames become responses
+Client events are decoded by :mod:`.decode` into commands (what changes the
+conversation or who answers goes to the pipeline as
+:mod:`kame.session.commands`); a bad event gets an ``error`` event and the
+session goes on (until :data:`MAX_CLIENT_ERRORS`, or a flood of messages,
+closes it with 1008). Output frames become responses, one at a time
 (:class:`~.turns.AssistantTurns`), ASR turns user items
 (:class:`~.turns.UserTurns`), LLM and oracle events ``kame.*`` events
-(:func:`~.events.kame_event`); docs/protocol.md section 3.
+(:func:`~.events.kame_event`), sent only to a session that asked for them;
+docs/protocol.md section 3.
 """
 
 from __future__ import annotations
@@ -16,14 +19,34 @@ from starlette import status
 
 from kame.media import FRAME_SIZE
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, Command, Fault, FunctionOutputIn, Ignored, Outgoing, ResetIn, SettingsIn
+from kame.server.runtime.wire import (
+    AudioIn,
+    Command,
+    ConversationIn,
+    Fault,
+    FunctionOutputIn,
+    Outgoing,
+    Reply,
+    ResetIn,
+    SettingsIn,
+)
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.audio import Pcm16In
 from kame.server.wires.realtime.decode import AppendAudio, SessionReset, SessionUpdate, decode_client_event
 from kame.server.wires.realtime.events import ClientError, Event, EventEncoder, Ids
-from kame.server.wires.realtime.functions import FunctionOutput, ResponseCreate, function_call_response, output_accepted
-from kame.server.wires.realtime.settings import ServerInfo, parse_session_update, session_object
+from kame.server.wires.realtime.functions import FunctionOutput, output_accepted
+from kame.server.wires.realtime.items import (
+    ItemDelete,
+    ItemRetrieve,
+    ItemStore,
+    ItemTruncate,
+    MessageCreate,
+    ResponseCancel,
+    ResponseRequest,
+)
+from kame.server.wires.realtime.settings import ServerInfo, kame_events_in, parse_session_update, session_object
 from kame.server.wires.realtime.turns import AssistantTurns, Conversation, UserTurns
+from kame.session import commands as sc
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
@@ -37,6 +60,8 @@ PATH = "/v1/realtime"
 MAX_CLIENT_ERRORS = 50
 #: Messages per second (any kind) beyond which a client is closed (1008).
 MAX_MESSAGES_PER_S = 1000
+#: One output frame (what ``audio_end_ms`` of a truncate counts in).
+FRAME_MS = 80
 _AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 
 
@@ -46,8 +71,11 @@ class RealtimeWire:
     protocol = PROTOCOL
 
     def __init__(self, info: ServerInfo, settings: SessionSettings, frame_size: int = FRAME_SIZE,
-                 vocab: TextVocab = MOSHI_VOCAB) -> None:
+                 vocab: TextVocab = MOSHI_VOCAB, kame_events: bool = False) -> None:
         self.info = info
+        #: Send ``kame.*`` events (off unless the client asks: a standard client must see only standard events).
+        self.kame_events = kame_events
+        self._kame_events_next: bool | None = None
         self.vocab = vocab
         self.settings = settings
         self.ids = Ids(info.session_id[:8])
@@ -65,16 +93,26 @@ class RealtimeWire:
         self.assistant = AssistantTurns(self.ids, self.conversation, vocab=self.vocab)
         self.assistant.silence_audio = self.settings.silence_audio
         self.users = UserTurns(self.ids, self.conversation)
+        self.items = ItemStore()
+        #: item id -> the ASR utterance of a user item (its key in the back-end's history)
+        self._utterances: dict[str, int] = {}
 
-    def _out(self, events: list[Event], index: int | None = None) -> list[Outgoing]:
-        return [
-            Outgoing(self.encoder.encode(e), audio_index=index if index is not None and e["type"] in _AUDIO_EVENTS else None)
-            for e in events
-        ]
+    def _out(self, events: list[Event], index: int | None = None, *, kame: bool = False) -> list[Outgoing]:
+        """Encode events; ``kame.*`` ones only where the session asked for them (or ``kame``: the answer to a
+        ``kame.*`` client event, which only a client that knows them sends)."""
+        out: list[Outgoing] = []
+        for e in events:
+            if not (self.kame_events or kame) and e["type"].startswith("kame."):
+                continue
+            self.items.saw(e)
+            audio = index if index is not None and e["type"] in _AUDIO_EVENTS else None
+            out.append(Outgoing(self.encoder.encode(e), audio_index=audio))
+        return out
 
     # ------------------------------------------------------------------ client -> server
     def opening(self, settings: SessionSettings) -> list[Outgoing]:
-        return self._out([{"type": "session.created", "session": session_object(settings, self.info)}])
+        session = session_object(settings, self.info, kame_events=self.kame_events)
+        return self._out([{"type": "session.created", "session": session}])
 
     def decode(self, message: Message, now: float) -> list[Command]:
         if now - self._rate_window >= 1.0:
@@ -89,12 +127,13 @@ class RealtimeWire:
         text = message.get("text")
         payload: str | bytes | None = text if text is not None else message.get("bytes")
         try:
-            command = decode_client_event(payload, self.info.max_function_output_chars)
+            command = decode_client_event(payload, self.info.max_function_output_chars, self.ids.item)
             if isinstance(command, AppendAudio):
                 return [AudioIn(self._pcm_in.push(command.pcm16), command.event_id)] if command.pcm16 else []
             if isinstance(command, SessionUpdate):
                 try:
                     new, ignored = parse_session_update(command.session, self.settings, self.info)
+                    self._kame_events_next = kame_events_in(command.session)
                 except ClientError as exc:
                     exc.event_id = command.event_id
                     raise
@@ -104,19 +143,85 @@ class RealtimeWire:
             if isinstance(command, FunctionOutput):
                 return [FunctionOutputIn(command.call_id, command.output, command.event_id, command.item_id,
                                          command.previous_item_id)]
-            if isinstance(command, ResponseCreate):
-                if self._outputs_pending_create > 0:
-                    self._outputs_pending_create = 0
-                    return [Ignored("response.create after function outputs (the tool round goes on by itself)")]
-                raise ClientError(
-                    "unsupported_event",
-                    "response.create is not supported: responses are not requested, Moshi speaks full duplex "
-                    "whenever it decides to (it is accepted after a function_call_output)",
-                    param="type", event_id=command.event_id,
-                )
+            if isinstance(command, ResponseRequest):
+                return self._response_create(command)
+            if isinstance(command, ResponseCancel):
+                return self._response_cancel(command)
+            if isinstance(command, MessageCreate):
+                return self._message_create(command)
+            if isinstance(command, ItemRetrieve):
+                item = self._known_item(command.item_id, command.event_id)
+                return [Reply(self._out([{"type": "conversation.item.retrieved", "item": item}]))]
+            if isinstance(command, ItemDelete):
+                return self._item_delete(command)
+            if isinstance(command, ItemTruncate):
+                return self._item_truncate(command)
         except ClientError as exc:
             return [self._client_error(exc)]
         return []
+
+    # ------------------------------------------------------------------ responses and items (docs/protocol.md 3.7)
+    def _response_create(self, command: ResponseRequest) -> list[Command]:
+        if self.assistant.requested_open:
+            raise ClientError(
+                "conversation_already_has_active_response",
+                "a requested response is in progress: wait for its response.done, or send response.cancel",
+                event_id=command.event_id,
+            )
+        continue_tools = self._outputs_pending_create > 0
+        self._outputs_pending_create = 0
+        request = sc.RequestAnswer(command.instructions, command.context, continue_tools=continue_tools)
+        return [Reply(self._out(self.assistant.request(command.metadata))), ConversationIn(request)]
+
+    def _response_cancel(self, command: ResponseCancel) -> list[Command]:
+        current = self.assistant.current
+        if current is None or (command.response_id is not None and command.response_id != current.id):
+            raise ClientError("response_cancel_not_active", "there is no response in progress to cancel",
+                              event_id=command.event_id)
+        return [Reply(self._out(self.assistant.cancel("client_cancelled"))),
+                ConversationIn(sc.CancelAnswer("client_cancelled"))]
+
+    def _message_create(self, command: MessageCreate) -> list[Command]:
+        item_id = command.item["id"]
+        previous = self.conversation.add(item_id)
+        self.conversation.forget(item_id)
+        events: list[Event] = [
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": command.item},
+            {"type": "conversation.item.done", "previous_item_id": previous, "item": dict(command.item)},
+        ]
+        return [Reply(self._out(events)), ConversationIn(sc.AddContext(command.context))]
+
+    def _known_item(self, item_id: str, event_id: str | None) -> dict[str, object]:
+        item = self.items.get(item_id)
+        if item is None:
+            raise ClientError("item_not_found", f"no item {item_id[:64]!r} in this conversation (or it was forgotten)",
+                              param="item_id", event_id=event_id)
+        return item
+
+    def _item_delete(self, command: ItemDelete) -> list[Command]:
+        self._known_item(command.item_id, command.event_id)
+        self.items.pop(command.item_id)
+        reply = Reply(self._out([{"type": "conversation.item.deleted", "item_id": command.item_id}]))
+        utterance = self._utterances.pop(command.item_id, None)
+        if utterance is not None:
+            return [reply, ConversationIn(sc.ForgetContext(sc.utterance_key(utterance)))]
+        spoken = self.assistant.steps_of(command.item_id)
+        if spoken is not None:
+            return [reply, ConversationIn(sc.ForgetSpeech(spoken.first_step, spoken.end_step))]
+        return [reply, ConversationIn(sc.ForgetContext(command.item_id))]
+
+    def _item_truncate(self, command: ItemTruncate) -> list[Command]:
+        item = self._known_item(command.item_id, command.event_id)
+        spoken = self.assistant.steps_of(command.item_id)
+        if spoken is None or item.get("role") != "assistant":
+            raise ClientError("invalid_value", "only an assistant message's audio can be truncated", param="item_id",
+                              event_id=command.event_id)
+        heard = spoken.first_step + -(-command.audio_end_ms // FRAME_MS)
+        reply = Reply(self._out([{"type": "conversation.item.truncated", "item_id": command.item_id,
+                                  "content_index": command.content_index, "audio_end_ms": command.audio_end_ms}]))
+        if heard >= spoken.end_step:
+            return [reply]
+        return [reply, ConversationIn(sc.ForgetSpeech(heard, spoken.end_step))]
 
     def _client_error(self, exc: ClientError) -> Fault:
         self.client_errors += 1
@@ -130,9 +235,14 @@ class RealtimeWire:
     def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
         self.settings = settings
         self.assistant.silence_audio = settings.silence_audio
-        return self._out([{"type": "session.updated", "session": session_object(settings, self.info)}])
+        if self._kame_events_next is not None:
+            self.kame_events = self._kame_events_next
+        self._kame_events_next = None
+        session = session_object(settings, self.info, kame_events=self.kame_events)
+        return self._out([{"type": "session.updated", "session": session}])
 
     def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
+        self._kame_events_next = None
         error = ClientError("invalid_value", ev.client_safe(message), param="session.kame", event_id=command.event_id)
         return [self._client_error(error)]
 
@@ -159,37 +269,57 @@ class RealtimeWire:
 
     def reset_done(self) -> list[Outgoing]:
         self._new_conversation()
-        return self._out([{"type": "kame.session.reset", "reason": "client"}])
+        self._outputs_pending_create = 0
+        return self._out([{"type": "kame.session.reset", "reason": "client"}], kame=True)
 
     # ------------------------------------------------------------------ server -> client
     def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
         text = frame.piece
         speaking = self.assistant.speaking(frame.pcm, text)
         delta = ev.pcm16_base64(frame.pcm) if send_audio else None
-        return self._out(self.assistant.frame(delta, speaking=speaking, text=text), index)
+        fed = frame.oracle_id >= 0 and frame.oracle_id != self.vocab.pad_id
+        return self._out(self.assistant.frame(delta, speaking=speaking, text=text, step=frame.step, fed=fed), index)
 
     def event(self, event: pe.PipelineEvent) -> list[Outgoing]:
         return self._out(self._map(event))
 
+    def _user_item(self, utterance: int) -> None:
+        turn = self.users.turns.get(utterance)
+        if turn is not None and turn.item_id not in self._utterances:
+            self._utterances[turn.item_id] = utterance
+            while len(self._utterances) > 256:
+                self._utterances.pop(next(iter(self._utterances)))
+
     def _map(self, event: pe.PipelineEvent) -> list[Event]:
-        if isinstance(event, pe.SpeechStarted):
-            return self.users.speech_started(event.utterance, event.audio_s)
-        if isinstance(event, pe.UserPartial):
-            return self.users.partial(event.utterance, event.audio_s, event.text, event.stable, event.latency_s)
-        if isinstance(event, pe.SpeechStopped):
-            return self.users.speech_stopped(event.utterance, event.audio_s) + self.assistant.close("completed")
-        if isinstance(event, pe.UserFinal):
-            return self.users.final(event.utterance, event.audio_s, event.text)
+        if isinstance(event, (pe.SpeechStarted, pe.UserPartial, pe.SpeechStopped, pe.UserFinal)):
+            return self._map_user(event)
+        if isinstance(event, pe.AnswerCancelled):
+            # a client's response.cancel was answered when it came; the user's speech cancels here
+            return self.assistant.cancel(event.reason) if event.reason == "turn_detected" else []
         if isinstance(event, pe.AsrFailed):
             message = ev.client_safe(event.message or "speech recognition failed")
             return self.users.failed(message) + [{"type": "kame.asr.error", "message": message}]
         if isinstance(event, pe.FunctionCallRequested):
-            # A call is its own response (never part of a speech response): all its events at once.
-            response_id, item_id = self.ids.response(), self.ids.item()
-            previous = self.conversation.add(item_id)
-            return function_call_response(response_id, item_id, event.call_id, event.tool, event.arguments, previous)
+            # an output item of the response in progress (a response of its own if none), which then ends
+            return self.assistant.function_call(event.call_id, event.tool, event.arguments)
         mapped = ev.kame_event(event)
         return [mapped] if mapped is not None else []
+
+    def _map_user(self, event: pe.SpeechStarted | pe.UserPartial | pe.SpeechStopped | pe.UserFinal) -> list[Event]:
+        if isinstance(event, pe.UserFinal):
+            out = self.users.speech_started(event.utterance, event.audio_s)  # opens the turn if never announced
+            self._user_item(event.utterance)
+            return out + self.users.final(event.utterance, event.audio_s, event.text)
+        if isinstance(event, pe.SpeechStarted):
+            out = self.users.speech_started(event.utterance, event.audio_s)
+        elif isinstance(event, pe.UserPartial):
+            out = self.users.partial(event.utterance, event.audio_s, event.text, event.stable, event.latency_s)
+        else:
+            out = self.users.speech_stopped(event.utterance, event.audio_s)
+            if not self.assistant.requested_open:  # Moshi's next words are a new response
+                out += self.assistant.close("completed")
+        self._user_item(event.utterance)
+        return out
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
         return self._out([{"type": "kame.session.ending", "reason": "max_duration", "seconds_left": round(seconds_left, 1)}])
@@ -204,6 +334,11 @@ class RealtimeWire:
         if end.error:
             events.append(ev.error_event(end.error_code, end.error, error_type=end.error_type))
         return self._out(events)
+
+
+def kame_events_query(value: str | None) -> bool:
+    """``?kame_events=1`` (``true``, ``yes``, ``on``): the session sends ``kame.*`` events from the start."""
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def refusal(error: str) -> Outgoing:

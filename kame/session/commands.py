@@ -1,0 +1,84 @@
+"""What a wire may ask of a session's conversation: one frozen dataclass per command, applied by
+:meth:`kame.session.pipeline.Pipeline.apply`. No I/O.
+
+The conversation the back-end sees (the oracle loop's transcript) and who
+answers are the pipeline's; a wire only translates its protocol's events
+into these commands (``/v1/realtime``: ``conversation.item.create``,
+``.delete``, ``.truncate``, ``response.create``, ``response.cancel``).
+Keys are the wire's own names for items (opaque strings); a user turn the
+ASR heard is keyed :func:`utterance_key` by the pipeline itself, so a wire
+can refer to it without knowing how the transcript stores it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["user", "assistant", "system"]
+
+
+def utterance_key(utterance: int) -> str:
+    """The key of the user turn the ASR heard as ``utterance``."""
+    return f"utterance:{utterance}"
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """A message the client put into the conversation (text only: what the back-end reads)."""
+
+    key: str
+    role: Role
+    text: str
+
+
+@dataclass(frozen=True)
+class AddContext:
+    """A message joins the back-end's context at the end of the conversation; it asks nothing by itself."""
+
+    item: ContextItem
+
+
+@dataclass(frozen=True)
+class ForgetContext:
+    """Remove a message (a client's, or a user turn by :func:`utterance_key`) from the back-end's history."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class ForgetSpeech:
+    """Remove the assistant's words completed at output steps ``start_step <= step < end_step`` from the
+    back-end's history (a deleted assistant item, or what the user did not hear of a truncated one)."""
+
+    start_step: int
+    end_step: int
+
+
+@dataclass(frozen=True)
+class RequestAnswer:
+    """Ask the back-end now, for a reply fed to Moshi whatever the answer-switch policy.
+
+    ``instructions`` replace the session's for this request; ``context``, when given, replaces the
+    conversation for this request (a Realtime ``response.create`` with ``input``). ``continue_tools``:
+    the client just delivered function outputs, so the tool loop in progress continues and no new request
+    is made.
+    """
+
+    instructions: str | None = None
+    context: tuple[ContextItem, ...] | None = None
+    continue_tools: bool = False
+
+
+@dataclass(frozen=True)
+class CancelAnswer:
+    """Stop the answer in progress: the back-end's request is cancelled and the oracle stream cleared.
+
+    ``reason``: ``client_cancelled`` (the client asked) or ``turn_detected`` (the user started speaking
+    and the session interrupts on speech).
+    """
+
+    reason: Literal["client_cancelled", "turn_detected"] = "client_cancelled"
+
+
+ConversationCommand = AddContext | ForgetContext | ForgetSpeech | RequestAnswer | CancelAnswer
