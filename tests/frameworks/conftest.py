@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tests.support.llm_server import LlmServer, running_llm_server
 from tests.support.moshi_client import ServerProcess
 from tests.support.speech import silence, synthesize
