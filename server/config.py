@@ -140,6 +140,21 @@ class ServerConfig(BaseModel):
         gt=0,
         description="A session that had this much audio dropped for arriving too far ahead of real time is closed (1008).",
     )
+    webrtc_connect_timeout_s: float = Field(
+        30.0, gt=0, le=600,
+        description="/v1/realtime/calls: a call whose ICE and DTLS have not connected this long after the answer is "
+        "ended (reason ice_timeout) and its session slot freed.",
+    )
+    webrtc_ice_servers: list[str] = Field(
+        default_factory=list,
+        description="STUN/TURN server URLs the server's WebRTC peer gathers candidates with (empty: host candidates "
+        "only, enough on a LAN or with a public address).",
+    )
+    webrtc_input_delay_s: float = Field(
+        0.06, ge=0, le=1.0,
+        description="WebRTC input: playout delay that absorbs network jitter before a packet counts as late "
+        "(concealed) on the server's 80 ms clock.",
+    )
     record_dir: Path | None = Field(
         None,
         description="Write each session's audio (user.wav, assistant.wav) and events.jsonl (transcripts) "
