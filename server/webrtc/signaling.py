@@ -210,7 +210,7 @@ async def _read_offer(request: Request) -> tuple[str, Any]:
         if session_part is not None:
             text = await _part_text(session_part)
             try:
-                session = json.loads(text)
+                session = json.loads(text or "")
             except ValueError:
                 raise OfferError("The multipart \"session\" part is not valid JSON.") from None
             if not isinstance(session, dict):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kame.media import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.media import FRAME_S, SAMPLE_RATE
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer
@@ -85,7 +85,7 @@ def use_pass_through_jitter(receiver: Any) -> bool:
 def _output_track_class() -> type:
     from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-    class OutputTrack(MediaStreamTrack):  # type: ignore[misc]
+    class OutputTrack(MediaStreamTrack):
         """The assistant's audio: 20 ms frames from the output buffer, paced on the loop's clock."""
 
         kind = "audio"
