@@ -131,7 +131,8 @@ def test_a_grant_narrows_back_ends_and_mcp_servers_to_its_own() -> None:
     assert default.narrow(info).backends == ("alpha",) and default.narrow(info).mcp_servers == ()
 
 
-OFFER = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\na=rtpmap:111 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n"
+OFFER = ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\n"
+         "a=rtpmap:111 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n")
 
 
 def test_offer_checks() -> None:
