@@ -51,15 +51,38 @@ def test_a_lost_packet_is_concealed_and_the_clock_goes_on() -> None:
     assert clock.stats.concealed == P + 5 * F
 
 
-def test_late_audio_is_dropped_not_played_late() -> None:
+def test_a_packet_later_than_what_was_played_is_dropped() -> None:
     clock = InputClock(delay=0)
+    for k in (0, 2, 3):  # packet 1 is late: 2 and 3 are played before it comes
+        clock.push(k * P, np.ones(P, np.float32))
+    clock.take()
+    clock.push(P, np.ones(P, np.float32))
+    assert clock.stats.late_dropped == P and clock.stats.delay_raises == 0
+
+
+def test_audio_after_a_stall_raises_the_delay_instead_of_being_dropped_then_the_delay_shrinks() -> None:
+    clock = InputClock(delay=0, max_late=3 * F)
     clock.push(0, np.ones(P, np.float32))
-    clock.take()  # positions 0..1919 have been played (1440 of them concealed)
-    clock.push(P, np.ones(P, np.float32))  # arrives after its time
-    assert clock.stats.late_dropped == P
-    clock.push(F, np.full(P, 0.25, np.float32))  # on time for the next frame
+    clock.take()  # 0..479 real, then the network stalls: 480..1919 concealed
+    clock.take()  # and the next two frames too
+    clock.take()
+    # the stalled packets arrive in a burst, 4 frames' worth
+    for k in range(1, 17):
+        clock.push(k * P, np.full(P, 0.5, np.float32))
+    assert clock.stats.late_dropped == 0 and clock.stats.delay_raises == 1
     out = clock.take()
-    assert out[100] == pytest.approx(0.25)
+    assert out[100] == pytest.approx(0.5)  # played, later
+    for k in range(17, 60):  # the sender goes on at real time; the added latency is given back bit by bit
+        clock.push(k * P, np.full(P, 0.5, np.float32))
+        if k % 4 == 0:
+            clock.take()
+    assert clock.stats.overflow_dropped > 0
+    beyond = InputClock(delay=0, max_late=P)
+    beyond.push(0, np.ones(P, np.float32))
+    beyond.take()
+    beyond.take()
+    beyond.push(P, np.ones(P, np.float32))  # later than max_late: dropped
+    assert beyond.stats.late_dropped == P
 
 
 def test_the_playout_delay_absorbs_jitter() -> None:

@@ -123,13 +123,13 @@ class CallClient:
 
 async def start_call(base_url: str, *, token: str | None = None, track: SpeechTrack | None = None,
                      session: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                     raise_for_status: bool = True) -> CallClient:
+                     raise_for_status: bool = True, mono: bool = False) -> CallClient:
     """Offer, POST (raw SDP, or multipart when ``session`` is given), answer; the call's events and audio
     are recorded from then on."""
     pc = RTCPeerConnection()
     channel = pc.createDataChannel("oai-events")
     track = track or SpeechTrack()
-    pc.addTrack(track)
+    sender = pc.addTrack(track)
     client = CallClient(pc, channel, track)
 
     @channel.on("open")
@@ -158,6 +158,10 @@ async def start_call(base_url: str, *, token: str | None = None, track: SpeechTr
 
     offer = await pc.createOffer()
     await pc.setLocalDescription(offer)
+    if mono:  # mono Opus at 32 kbit/s, cheaper than aiortc's stereo 96 kbit/s (the bench's many peers)
+        from kame.server.webrtc.transport import MonoOpusEncoder
+
+        sender._RTCRtpSender__encoder = MonoOpusEncoder(rate=RATE)  # type: ignore[attr-defined]
     h = {"Accept": "application/sdp", **(headers or {})}
     if token:
         h["Authorization"] = f"Bearer {token}"

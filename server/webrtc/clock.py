@@ -38,6 +38,7 @@ class InputStats:
     late_dropped: int = 0
     overflow_dropped: int = 0
     resyncs: int = 0
+    delay_raises: int = 0
 
 
 class InputClock:
@@ -48,13 +49,16 @@ class InputClock:
     that re-anchors the timeline (a sender whose clock jumped, a burst after a long stall).
     """
 
-    def __init__(self, *, frame_size: int = FRAME_SIZE, delay: int = 1440, max_ahead: int = SAMPLE_RATE) -> None:
+    def __init__(self, *, frame_size: int = FRAME_SIZE, delay: int = 1440, max_ahead: int = SAMPLE_RATE,
+                 max_late: int = SAMPLE_RATE * 3 // 10) -> None:
         self.frame_size = frame_size
         self.delay = delay
         self.max_ahead = max_ahead
+        self.max_late = max_late
         self.stats = InputStats()
         self._cursor: int | None = None  # the sender position the next frame starts at
         self._chunks: dict[int, np.ndarray] = {}  # start position -> samples (not overlapping)
+        self._real_end: int | None = None  # the end of the last real (not concealed) audio played
 
     @property
     def anchored(self) -> bool:
@@ -74,7 +78,13 @@ class InputClock:
         if self._cursor is None:
             self._cursor = position - self.delay
         end = position + len(pcm)
-        if end <= self._cursor:
+        late = self._cursor - position
+        if 0 < late <= self.max_late and (self._real_end is None or position >= self._real_end):
+            # the buffer ran dry and this is what it waited for (a burst after a stall): play it, later. The
+            # stretch it covers was concealed already; from now on the playout runs ``late`` further behind.
+            self._cursor = position
+            self.stats.delay_raises += 1
+        elif end <= self._cursor:
             self.stats.late_dropped += len(pcm)
             return
         if position < self._cursor:  # partly late: keep the part still to play
@@ -122,12 +132,38 @@ class InputClock:
                 del self._chunks[start]
                 self._chunks[hi] = chunk[hi - start :]
         got = int(have.sum())
+        if got:
+            self._real_end = lo + int(np.flatnonzero(have)[-1]) + 1
         self.stats.played += got
         self.stats.concealed += n - got
         if got < n:
             self._fade_gaps(out, have)
         self._cursor = hi
+        self._shrink()
         return out
+
+    def _shrink(self) -> None:
+        """Give back latency a stall added: while more than ``delay`` plus a frame waits, skip 10 ms a frame."""
+        assert self._cursor is not None
+        if not self._chunks:
+            return
+        ahead = max(start + len(c) for start, c in self._chunks.items()) - self._cursor
+        excess = ahead - self.delay - self.frame_size
+        if excess <= 0:
+            return
+        skip = min(excess, self.frame_size // 8)
+        new = self._cursor + skip
+        for start in sorted(self._chunks):
+            chunk = self._chunks[start]
+            if start >= new:
+                break
+            del self._chunks[start]
+            if start + len(chunk) > new:
+                self._chunks[new] = chunk[new - start :]
+                self.stats.overflow_dropped += new - start
+            else:
+                self.stats.overflow_dropped += len(chunk)
+        self._cursor = new
 
     def _fade_gaps(self, out: np.ndarray, have: np.ndarray) -> None:
         """Short fades into and out of each concealed stretch (silence between)."""

@@ -288,7 +288,7 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
     """A peer connection answering ``sdp`` (:class:`OfferError` when aiortc cannot)."""
     from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
-    from kame.server.webrtc.transport import WebRtcTransport, use_pass_through_jitter
+    from kame.server.webrtc.transport import WebRtcTransport, use_mono_opus, use_pass_through_jitter
 
     cfg = state.cfg.server
     servers = [RTCIceServer(urls=url) for url in cfg.webrtc_ice_servers]
@@ -311,6 +311,8 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
         local = pc.localDescription.sdp
         if "m=audio 0 " in local:
             raise OfferError("The SDP offer's audio has no codec in common with kame (Opus, PCMU or PCMA).")
+        for t in audio:
+            use_mono_opus(t.sender, local)
     except OfferError:
         await pc.close()
         raise
