@@ -161,7 +161,7 @@ async def start_call(base_url: str, *, token: str | None = None, track: SpeechTr
     if mono:  # mono Opus at 32 kbit/s, cheaper than aiortc's stereo 96 kbit/s (the bench's many peers)
         from kame.server.webrtc.transport import MonoOpusEncoder
 
-        sender._RTCRtpSender__encoder = MonoOpusEncoder(rate=RATE)  # type: ignore[attr-defined]
+        sender._RTCRtpSender__encoder = MonoOpusEncoder(rate=RATE, frame=FRAME)  # type: ignore[attr-defined]
     h = {"Accept": "application/sdp", **(headers or {})}
     if token:
         h["Authorization"] = f"Bearer {token}"

@@ -288,8 +288,9 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
     """A peer connection answering ``sdp`` (:class:`OfferError` when aiortc cannot)."""
     from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
-    from kame.server.webrtc.transport import WebRtcTransport, use_mono_opus, use_pass_through_jitter
+    from kame.server.webrtc.transport import WebRtcTransport, install_decoders, use_mono_opus, use_pass_through_jitter
 
+    install_decoders()
     cfg = state.cfg.server
     servers = [RTCIceServer(urls=url) for url in cfg.webrtc_ice_servers]
     pc = RTCPeerConnection(RTCConfiguration(iceServers=servers or None))

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("kame.server.webrtc")
 
 EVENTS_LABEL = "oai-events"
-RTP_FRAME = 480  # 20 ms at 24 kHz
+#: Output packets of 40 ms: two per Moshi frame, half the packets (and the per-packet Python work) of 20 ms.
+RTP_FRAME = 960
 RTP_FRAME_S = RTP_FRAME / SAMPLE_RATE
 #: Messages kept for a data channel that has not opened yet (then the oldest are dropped).
 MAX_PENDING = 2000
@@ -90,7 +91,7 @@ class MonoOpusEncoder:
     counts 48 kHz ticks (RFC 7587), so timestamps are doubled. It runs in aiortc's executor, off the loop.
     """
 
-    def __init__(self, bitrate: int = 32000, rate: int = SAMPLE_RATE) -> None:
+    def __init__(self, bitrate: int = 32000, rate: int = SAMPLE_RATE, frame: int = RTP_FRAME) -> None:
         from av import CodecContext
 
         self.codec = CodecContext.create("libopus", "w")
@@ -100,7 +101,7 @@ class MonoOpusEncoder:
         self.codec.sample_rate = rate
         self.codec.time_base = fractions.Fraction(1, rate)
         self._ticks = 48000 // rate
-        self.codec.options = {"application": "voip"}
+        self.codec.options = {"application": "voip", "frame_duration": str(round(1000 * frame / rate))}
         self._first: int | None = None
 
     def encode(self, frame: Any, force_keyframe: bool = False) -> tuple[list[bytes], int | None]:
@@ -135,6 +136,55 @@ def negotiated_audio_codec(sdp: str) -> str | None:
         elif payload is not None and line.startswith(f"a=rtpmap:{payload} "):
             return line.split(" ", 1)[1].split("/")[0].lower()
     return None
+
+
+class DecoderTo24k:
+    """aiortc's audio ``Decoder`` followed by a resampler to 24 kHz mono float32, both in aiortc's decoder
+    thread (the event loop only places the samples)."""
+
+    def __init__(self, inner: Any) -> None:
+        import av
+
+        self.inner = inner
+        self.resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+
+    def decode(self, encoded_frame: Any) -> list[Any]:
+        out: list[Any] = []
+        for frame in self.inner.decode(encoded_frame):
+            pts, base = frame.pts, frame.time_base
+            pcm = [f.to_ndarray().reshape(-1) for f in self.resampler.resample(frame)]
+            out.append(Decoded24k(np.concatenate(pcm) if pcm else np.zeros(0, np.float32), pts, base))
+        return out
+
+
+class Decoded24k:
+    """One decoded frame at 24 kHz: the samples and the source frame's timestamp."""
+
+    def __init__(self, pcm: np.ndarray, pts: int | None, time_base: Any) -> None:
+        self.pcm = pcm
+        self.pts = pts
+        self.time_base = time_base
+
+
+_decoders_installed = False
+
+
+def install_decoders() -> None:
+    """Make aiortc's receivers decode audio through :class:`DecoderTo24k` (its module's ``get_decoder``,
+    looked up per codec change by its decoder thread; video keeps aiortc's)."""
+    global _decoders_installed
+    if _decoders_installed:
+        return
+    from aiortc import rtcrtpreceiver
+
+    original = rtcrtpreceiver.get_decoder
+
+    def get_decoder(codec: Any) -> Any:
+        decoder = original(codec)
+        return DecoderTo24k(decoder) if codec.mimeType.lower().startswith("audio/") else decoder
+
+    rtcrtpreceiver.get_decoder = get_decoder
+    _decoders_installed = True
 
 
 def _output_track_class() -> type:
@@ -350,26 +400,18 @@ class WebRtcTransport:
             self._incoming.put_nowait(AudioIn([self.clock.take()]))
 
     async def _input_loop(self) -> None:
-        """RTP frames (decoded by aiortc's thread) -> 24 kHz mono placed on the sender's timeline."""
-        import av
+        """Decoded RTP frames (24 kHz mono, from aiortc's decoder thread) -> placed on the sender's timeline."""
         from aiortc.mediastreams import MediaStreamError
 
         await self._track_ready.wait()
         track = self._track
-        resampler: Any = None
-        rate_in = 0
         expected: int | None = None
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            if frame.sample_rate != rate_in or resampler is None:
-                rate_in = frame.sample_rate
-                resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-                expected = None
-            pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in resampler.resample(frame)] or
-                                 [np.zeros(0, np.float32)])
+            pcm = frame.pcm if isinstance(frame, Decoded24k) else _to_24k(frame)
             if frame.pts is None or frame.time_base is None:
                 position = expected if expected is not None else 0
             else:
@@ -422,6 +464,15 @@ class WebRtcTransport:
                     self._reported["lost_in"] = lost
                 codec_rate = 48000
                 m.jitter_seconds.observe(max(0, int(stat.jitter)) / codec_rate)
+
+
+def _to_24k(frame: Any) -> np.ndarray:
+    """A frame aiortc decoded itself (the decoders were not installed): 24 kHz mono float32."""
+    import av
+
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    pcm = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    return np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
 
 
 async def _quiet(work: Any) -> None:
