@@ -308,3 +308,27 @@ def test_lost_packets_and_a_muted_microphone_never_stall_the_clock(server: Serve
     concealed = server.metric("kame_webrtc_input_concealed_seconds_total", "", _auth()) - concealed0
     assert concealed >= 3.0, concealed  # the muted stretch (and the lost packets) were filled on the server's clock
     assert server.metric("kame_sessions_ended_total", 'reason="idle"', _auth()) == 0
+
+
+def test_the_sideband_and_hangup_need_the_servers_key_and_a_live_call(server: ServerProcess) -> None:
+    secret = _mint(server)
+
+    async def sideband(key: str, call_id: str) -> tuple[Any, Any]:
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime?call_id={call_id}"
+        async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{key}"]) as ws:
+            first = json.loads(await ws.recv())
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            return first, closed.value.rcvd
+
+    first, close = asyncio.run(sideband(secret["value"], "rtc_000000000000"))
+    assert first["type"] == "error" and "server's API key" in first["error"]["message"] and close.code == 1008
+    first, close = asyncio.run(sideband(TOKEN, "rtc_000000000000"))
+    assert first["type"] == "error" and "no such call" in first["error"]["message"] and close.code == 1008
+    r = httpx.post(f"{server.http_url}/v1/realtime/calls/rtc_000000000000/hangup", headers=_auth())
+    assert r.status_code == 404 and r.json()["error"]["message"].endswith(".")
+    r = httpx.post(f"{server.http_url}/v1/realtime/calls/rtc_000000000000/hangup",
+                   headers={"Authorization": f"Bearer {secret['value']}"})
+    assert r.status_code == 401  # an ek_ key hangs up only its own calls
+    r = httpx.post(f"{server.http_url}/v1/realtime/calls/rtc_000000000000/accept", headers=_auth())
+    assert r.status_code == 404 and "SIP" in r.json()["error"]["message"]
