@@ -332,3 +332,25 @@ def test_the_sideband_and_hangup_need_the_servers_key_and_a_live_call(server: Se
     assert r.status_code == 401  # an ek_ key hangs up only its own calls
     r = httpx.post(f"{server.http_url}/v1/realtime/calls/rtc_000000000000/accept", headers=_auth())
     assert r.status_code == 404 and "SIP" in r.json()["error"]["message"]
+
+
+def test_calls_take_the_same_slots_as_websockets(server: ServerProcess) -> None:
+    async def main() -> tuple[Any, Any, Any]:
+        calls = [await start_call(server.http_url, token=TOKEN) for _ in range(2)]  # batch_size is 2
+        try:
+            for call in calls:
+                await call.wait_for(lambda e: e["type"] == "session.created", 15)
+            third = await start_call(server.http_url, token=TOKEN, raise_for_status=False)
+            url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+            async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{TOKEN}"]) as ws:
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await ws.recv()
+            return third.answer_status, third.location, closed.value.rcvd
+        finally:
+            for call in calls:
+                await call.close()
+
+    status, body, refused = asyncio.run(main())
+    assert status == 503 and "full" in str(body)
+    assert refused.code == 1013 and "full" in refused.reason  # the websocket is refused too: the calls hold the slots
+    _wait_sessions(server, 0)
