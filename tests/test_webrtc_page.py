@@ -1,10 +1,11 @@
 """kame's own page in real headless Chromium: WebRTC by default, the websocket by itself when ICE fails.
 
 The page (server/static) POSTs its offer to /v1/realtime/calls, hears the assistant on the remote track and
-reads events from ``oai-events``. Its fallback is checked on a network where the browser may not use UDP at
-all (Chromium's ``--force-webrtc-ip-handling-policy=disable_non_proxied_udp``, a corporate policy's
-setting: no ICE candidate, so ICE never connects): the page hangs the call up (the only slot is free at
-once, so the websocket gets it without a "server full" retry) and has the conversation over the websocket.
+reads events from ``oai-events``. Its fallback is checked with Chromium's own ICE agent allowed only relayed
+candidates and given no TURN server (``iceTransportPolicy: "relay"``, injected before the page loads): what
+a network that blocks UDP leaves, no candidate pair, so ICE never connects. The page hangs the call up (the
+only slot is free at once, so the websocket gets it without a "server full" retry) and has the conversation
+over the websocket.
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ window.WebSocket = class extends Native { constructor(url, protocols) { super(ur
 """
 
 
+# A network where this browser may reach the server only through a TURN relay, and there is none (UDP
+# blocked, as in many offices): Chromium's real ICE agent gathers no candidate and never connects.
+RELAY_ONLY = """
+const NativePc = window.RTCPeerConnection;
+window.RTCPeerConnection = function (config) { return new NativePc({ ...(config || {}), iceTransportPolicy: "relay" }); };
+window.RTCPeerConnection.prototype = NativePc.prototype;
+"""
+
+
 def kame(page: Page, expr: str) -> Any:
     return page.evaluate(f"(() => {{ const k = window.kame; return {expr}; }})()")
 
@@ -154,7 +164,8 @@ def test_page_talks_over_webrtc_by_default(server: ServerProcess, playwright: Pl
         assert rtc["inbound"]["packetsReceived"] > 50, rtc
         assert page.inner_text("#m-rtt") != "–" and page.inner_text("#m-buffer").endswith("ms")
         assert page.inner_text("#m-reply") != "–"  # reply delay, from output_audio_buffer.started
-        assert "Alpha thinks" in page.inner_text("#oracle-log")
+        wait_until(page, "() => /Alpha thinks/.test(document.getElementById('oracle-log').innerText)", 45,
+                   "the oracle's text (kame.* events on oai-events)", lambda: summary(page))
         # no websocket was opened: the call was the conversation
         assert page.evaluate("window.__sockets") == []
         assert metric(server, "kame_webrtc_calls_total", result="answered") == answered + 1
@@ -175,13 +186,13 @@ def test_page_falls_back_to_the_websocket_when_ice_fails(
     wait_ready(server, 30)
     answered = metric(server, "kame_webrtc_calls_total", result="answered")
     hangups = metric(server, "kame_sessions_ended_total", reason="hangup")
-    # UDP only through a proxy, and there is none: Chromium has no ICE candidate, ICE cannot connect.
-    browser = launch(playwright, question_wav, "--force-webrtc-ip-handling-policy=disable_non_proxied_udp")
+    browser = launch(playwright, question_wav, "--allow-loopback-in-peer-connection")
     try:
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.add_init_script(COUNT_SOCKETS)
+        page.add_init_script(RELAY_ONLY)
         page.goto(server.http_url + "/")
         assert kame(page, "k.transport") == "webrtc"
         t0 = time.monotonic()

@@ -14,6 +14,7 @@
 // uses the websocket; the call is hung up first, so it frees its slot at once.
 
 export const ICE_TIMEOUT_MS = 10000;
+const HANGUP_WAIT_MS = 4000; // the server answers a hangup once the call's slot is free
 
 export function webrtcAvailable() {
   return typeof RTCPeerConnection !== "undefined";
@@ -203,8 +204,10 @@ export class WebRtcClient extends EventTarget {
   _fallback(reason) {
     if (this.ended) return;
     this.ended = true;
-    this._teardown(true);
-    this.dispatchEvent(new CustomEvent("fallback", { detail: { reason } }));
+    // Once the server has ended the call (its slot is free), or after a few seconds without an answer.
+    const hungUp = this._teardown(true);
+    const bound = new Promise((resolve) => setTimeout(resolve, HANGUP_WAIT_MS));
+    Promise.race([hungUp, bound]).then(() => this.dispatchEvent(new CustomEvent("fallback", { detail: { reason } })));
   }
 
   _end(detail) {
@@ -216,15 +219,16 @@ export class WebRtcClient extends EventTarget {
 
   // Frees the server's slot now rather than at its own ICE timeout.
   _hangup() {
-    if (!this.location) return;
+    if (!this.location) return Promise.resolve();
     const callId = this.location.split("/").pop();
     const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
-    fetch(`${this.url}/${encodeURIComponent(callId)}/hangup`, { method: "POST", headers, keepalive: true }).catch(() => {});
+    const url = `${this.url}/${encodeURIComponent(callId)}/hangup`;
+    return fetch(url, { method: "POST", headers, keepalive: true }).catch(() => {});
   }
 
   _teardown(hangup) {
     clearTimeout(this.timer);
-    if (hangup) this._hangup();
+    const hungUp = hangup ? this._hangup() : Promise.resolve();
     if (this.dc) {
       this.dc.onclose = this.dc.onmessage = this.dc.onopen = null;
     }
@@ -234,5 +238,6 @@ export class WebRtcClient extends EventTarget {
     }
     if (this.track) this.track.stop();
     if (this.audio) this.audio.srcObject = null;
+    return hungUp;
   }
 }
