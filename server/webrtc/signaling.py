@@ -286,14 +286,15 @@ async def create_call(request: Request) -> Response:
 
 async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTransport, str]:
     """A peer connection answering ``sdp`` (:class:`OfferError` when aiortc cannot)."""
-    from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    from kame.server.webrtc.ice import rtc_configuration, with_public_address
 
     from kame.server.webrtc.transport import WebRtcTransport, install_decoders, use_mono_opus, use_pass_through_jitter
 
     install_decoders()
     cfg = state.cfg.server
-    servers = [RTCIceServer(urls=url) for url in cfg.webrtc_ice_servers]
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=servers or None))
+    pc = RTCPeerConnection(rtc_configuration(cfg))
     transport = WebRtcTransport(pc, call_id=f"rtc_{session_id}", connect_timeout_s=cfg.webrtc_connect_timeout_s,
                                 metrics=calls_of(state).metrics, input_delay_s=cfg.webrtc_input_delay_s)
     try:
@@ -310,6 +311,8 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
         local = pc.localDescription.sdp
+        if cfg.webrtc_public_address:
+            local = with_public_address(local, cfg.webrtc_public_address)
         if "m=audio 0 " in local:
             raise OfferError("The SDP offer's audio has no codec in common with kame (Opus, PCMU or PCMA).")
         for t in audio:
