@@ -7,10 +7,10 @@ file shared by ``kame serve`` and ``kame run`` may hold every section. The core
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-import ipaddress
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator

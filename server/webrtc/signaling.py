@@ -289,7 +289,6 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
     from kame.server.webrtc.ice import rtc_configuration, with_public_address
-
     from kame.server.webrtc.transport import WebRtcTransport, install_decoders, use_mono_opus, use_pass_through_jitter
 
     install_decoders()
