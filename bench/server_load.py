@@ -18,6 +18,8 @@ Targets on the CPU demo (2 cores, asr none): 8 sessions at RTF >= 0.98 and
 p99 lateness < 80 ms.
 
 ``--protocol realtime`` uses OpenAI Realtime clients on /v1/realtime,
+``--protocol webrtc`` the same sessions as WebRTC calls (aiortc peers on
+/v1/realtime/calls, RTP audio; bench/webrtc_load.py says what is measured),
 ``--protocol live`` Live API applications on /v1/live/sessions (the official
 SDK's ``client.live.connect()``; each also appends a commentary every 2 s,
 and the server's commentary -> oracle FIFO latency is printed, target p99
@@ -141,6 +143,12 @@ def histogram_delta_quantile(before: str, after: str, name: str, q: float) -> tu
     return None, int(total)
 
 
+def histogram_sum(body: str, name: str) -> float:
+    """The sum of every sample of ``name`` (all label sets) in a /metrics body."""
+    return sum(float(line.split()[-1]) for line in body.splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
 def steady_lateness(arrivals: list[float], after: float) -> list[float]:
     """Lateness against an 80 ms schedule anchored at the first frame that arrived after ``after``.
 
@@ -177,7 +185,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.protocol != "all":
         return (await run_protocol(args, args.protocol))[0]
     summary = []
-    for protocol in ("chat", "realtime", "live"):
+    for protocol in args.all_protocols.split(","):
         print(f"\n## protocol {protocol}")
         summary.append((protocol, *await run_protocol(args, protocol)))
         await asyncio.sleep(2.0)  # sessions of the previous protocol are gone
@@ -208,6 +216,8 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
     session = one_session
     if protocol == "realtime":  # /v1/realtime clients, same measurements (bench/realtime_load.py)
         from realtime_load import one_realtime_session as session  # type: ignore[assignment]
+    elif protocol == "webrtc":  # /v1/realtime/calls with aiortc peers, RTP audio (bench/webrtc_load.py)
+        from webrtc_load import one_webrtc_session as session  # type: ignore[assignment]
     elif protocol == "live":  # /v1/live/sessions applications on the official SDK (bench/live_load.py)
         from functools import partial
 
@@ -276,6 +286,14 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
             f"# server side (whole run of the server): step mean {1000 * (step_mean or 0):.1f} ms, step p99 <= "
             f"{1000 * (step_p99 or 0):.0f} ms, frame lateness p99 <= {1000 * (late_p99 or 0):.0f} ms, frames dropped {dropped:.0f}"
         )
+    if protocol == "webrtc" and after[0] == 200 and before[0] == 200:
+        def delta(name: str) -> float:
+            return histogram_sum(after[1], name) - histogram_sum(before[1], name)
+
+        print(f"# webrtc (server side, this run): output underruns {delta('kame_webrtc_output_underruns_total'):.0f}, "
+              f"input concealed {delta('kame_webrtc_input_concealed_seconds_total'):.1f} s, late input dropped "
+              f"{delta('kame_webrtc_input_late_seconds_total'):.2f} s, packets lost "
+              f"{delta('kame_webrtc_packets_lost_total'):.0f}")
     fifo = ""
     if protocol == "live" and after[0] == 200 and before[0] == 200:
         p50, n = histogram_delta_quantile(before[1], after[1], "kame_answer_fifo_seconds", 0.5)
@@ -301,9 +319,12 @@ def main() -> int:
     p.add_argument("--noise", action="store_true", help="Stream noise instead of espeak speech.")
     p.add_argument("--stagger", type=float, default=0.05, help="Seconds between session starts.")
     p.add_argument("--token", default=None, help="Bearer token (server.auth_token).")
-    p.add_argument("--protocol", choices=("chat", "realtime", "live", "all"), default="chat",
-                   help="chat: Moshi protocol on /api/chat; realtime: OpenAI Realtime events on /v1/realtime; live: "
-                   "the Live API on /v1/live/sessions; all: the three, one after the other.")
+    p.add_argument("--protocol", choices=("chat", "realtime", "webrtc", "live", "all"), default="chat",
+                   help="chat: Moshi protocol on /api/chat; realtime: OpenAI Realtime events on /v1/realtime; webrtc: "
+                   "the same over WebRTC calls (/v1/realtime/calls, RTP audio); live: the Live API on "
+                   "/v1/live/sessions; all: those of --all-protocols, one after the other.")
+    p.add_argument("--all-protocols", default="chat,realtime,live",
+                   help="What --protocol all runs, in order (e.g. realtime,webrtc to compare the two transports).")
     p.add_argument("--live-format", choices=("pcm24", "pcm16", "pcmu", "pcma"), default="pcm24",
                    help="Audio format of the Live sessions (both ways).")
     p.add_argument("--target-rtf", type=float, default=0.98)

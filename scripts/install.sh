@@ -50,6 +50,8 @@ if [ "$WITH_TEST" = "1" ]; then
   # tests/test_haproxy.py and bench/fleet.py run HAProxy in front of kame replicas.
   command -v kubectl >/dev/null || need+=(kubectl)
   [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || need+=(haproxy)
+  # tests/test_webrtc_turn.py relays a WebRTC call through coturn on loopback.
+  [ -x /usr/bin/turnserver ] || need+=(coturn)
   if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     echo "install.sh: installing Debian packages: ${need[*]}"

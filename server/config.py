@@ -7,16 +7,29 @@ file shared by ``kame serve`` and ``kame run`` may hold every section. The core
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from kame.config import KameConfig, load_config
 
 log = logging.getLogger("kame.config")
+
+
+class WebRtcIceServer(BaseModel):
+    """A STUN or TURN server, as a browser's ``RTCIceServer``: TURN needs the user and credential."""
+
+    model_config = ConfigDict(extra="forbid")
+    urls: list[str] | str = Field(description="stun:host:port, turn:host:port?transport=udp|tcp or turns:host:port.")
+    username: str | None = None
+    credential: SecretStr | None = Field(None, description="TURN password (a secret: never logged).")
+
+    def url_list(self) -> list[str]:
+        return [self.urls] if isinstance(self.urls, str) else list(self.urls)
 
 
 class ServerConfig(BaseModel):
@@ -140,6 +153,32 @@ class ServerConfig(BaseModel):
         gt=0,
         description="A session that had this much audio dropped for arriving too far ahead of real time is closed (1008).",
     )
+    webrtc_connect_timeout_s: float = Field(
+        30.0, gt=0, le=600,
+        description="/v1/realtime/calls: a call whose ICE and DTLS have not connected this long after the answer is "
+        "ended (reason ice_timeout) and its session slot freed.",
+    )
+    webrtc_ice_servers: list[str | WebRtcIceServer] = Field(
+        default_factory=list,
+        description="STUN/TURN servers the server's WebRTC peer gathers candidates with: URLs (stun:...) or "
+        "{urls, username, credential} for TURN (empty: host candidates only, enough on a LAN or with a public "
+        "address). docs/server.md, \"WebRTC in real networks\".",
+    )
+    webrtc_ice_transport_policy: Literal["all", "relay"] = Field(
+        "all",
+        description="relay: offer only TURN relay candidates (media always through the TURN server, the only UDP "
+        "a firewall must open towards kame's clients).",
+    )
+    webrtc_public_address: str | None = Field(
+        None,
+        description="1:1 NAT (a cloud VM's public IP, Docker/Kubernetes hostNetwork behind one): the answer also "
+        "offers each host candidate's port at this IP address.",
+    )
+    webrtc_input_delay_s: float = Field(
+        0.06, ge=0, le=1.0,
+        description="WebRTC input: playout delay that absorbs network jitter before a packet counts as late "
+        "(concealed) on the server's 80 ms clock.",
+    )
     record_dir: Path | None = Field(
         None,
         description="Write each session's audio (user.wav, assistant.wav) and events.jsonl (transcripts) "
@@ -153,6 +192,16 @@ class ServerConfig(BaseModel):
         "like moshi.server --static): e.g. the dist/ folder of Kyutai's Moshi web client, which then "
         "talks to this server without ?worker_addr. kame's page then moves to /kame.",
     )
+
+    @field_validator("webrtc_public_address")
+    @classmethod
+    def _public_address(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"webrtc_public_address must be an IP address, not {v[:64]!r}") from None
+        return v
 
 
 class LogConfig(BaseModel):

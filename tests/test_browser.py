@@ -136,7 +136,7 @@ def open_page(browser: Browser, server: ServerProcess) -> Iterator[OpenPage]:
         ctx = browser.new_context(viewport=viewport, device_scale_factor=1, has_touch=phone, is_mobile=phone)
         contexts.append(ctx)
         page = console.watch(ctx.new_page(), name)
-        page.goto(server.http_url + "/")
+        page.goto(server.http_url + "/?transport=websocket")  # the websocket path (the worklets, frame counters)
         page.wait_for_function("() => document.querySelectorAll('#backend option').length === 3", timeout=15000)
         return page
 
@@ -542,7 +542,7 @@ def test_resampling_worklets_at_48khz(server: ServerProcess, browser: Browser) -
     ctx = browser.new_context(viewport=DESKTOP)
     try:
         page = console.watch(ctx.new_page(), "48k")
-        page.goto(server.http_url + "/?rate=48000")
+        page.goto(server.http_url + "/?rate=48000&transport=websocket")
         page.click("#connect")
         wait_until(page, "() => window.kame.phase === 'live'", 20, "session.created", lambda: summary(page))
         assert kame(page, "k.sampleRate") == 48000

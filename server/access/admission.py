@@ -23,12 +23,14 @@ from fastapi import WebSocket
 from starlette import status
 
 from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
+from kame.server.access.ephemeral import is_ephemeral
 from kame.server.access.params import ParamError, QueryParams, parse_session_params
 from kame.server.runtime.end import close_reason
 from kame.server.runtime.manager import DRAIN_REASON
 from kame.server.telemetry.logs import SessionLogger, session_logger
 
 if TYPE_CHECKING:
+    from kame.server.access.ephemeral import EphemeralGrant
     from kame.server.app.factory import AppState
 
 SendError = Callable[[WebSocket, str], Awaitable[None]]
@@ -42,6 +44,8 @@ class Admitted:
     log: SessionLogger
     peer: str
     params: QueryParams
+    #: The ``ek_`` key's grant when one admitted the session.
+    grant: EphemeralGrant | None = None
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,
@@ -55,7 +59,8 @@ async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: 
         await ws.close(code=code, reason=close_reason(reason))
 
 
-async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_reason: bool = False) -> Admitted | None:
+async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_reason: bool = False,
+                ephemeral: bool = False) -> Admitted | None:
     """Accept ``ws`` and run the checks; None when it was refused (and closed).
 
     ``send_reason``: every refusal's reason goes out through ``send_error``
@@ -76,7 +81,13 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         log.warning("refused: origin not allowed", extra={"peer": peer, "origin": ws.headers.get("origin", "")[:100]})
         await no("origin", status.WS_1008_POLICY_VIOLATION, "origin not allowed")
         return None
-    if not token_ok(cfg.auth_token, creds.token):
+    grant = state.ephemeral_keys.lookup(creds.token) if ephemeral and is_ephemeral(creds.token) else None
+    if is_ephemeral(creds.token) and ephemeral and grant is None:
+        log.warning("refused: unknown or expired ephemeral key", extra={"peer": peer})
+        await no("unauthorized", status.WS_1008_POLICY_VIOLATION, "unauthorized",
+                 error="the ephemeral key (ek_...) is unknown or has expired")
+        return None
+    if grant is None and not token_ok(cfg.auth_token, creds.token):
         log.warning("refused: missing or wrong token", extra={"peer": peer})
         await no("unauthorized", status.WS_1008_POLICY_VIOLATION, "unauthorized")
         return None
@@ -103,4 +114,4 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         log.info("refused: server full", extra={"peer": peer})
         await no("full", status.WS_1013_TRY_AGAIN_LATER, "server full, retry later")
         return None
-    return Admitted(session_id=session_id, log=log, peer=peer, params=params)
+    return Admitted(session_id=session_id, log=log, peer=peer, params=params, grant=grant)

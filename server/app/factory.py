@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
+from kame.server.access.ephemeral import EphemeralKeys
 from kame.server.app.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
 from kame.server.runtime.manager import SessionManager
@@ -47,6 +48,10 @@ class AppState:
     health_cache: BackendHealthCache
     protocols: ProtocolMetrics
     started: float = field(default_factory=time.monotonic)
+    #: ``ek_`` keys minted by ``/v1/realtime/client_secrets``.
+    ephemeral_keys: EphemeralKeys = field(default_factory=EphemeralKeys)
+    #: Live WebRTC calls (``/v1/realtime/calls``), by call id; created with the first call.
+    calls: Any = None
 
     async def backend_health(self) -> dict[str, Any]:
         return await self.health_cache.get(self)
@@ -113,5 +118,8 @@ def create_app(
     app.include_router(http_router)
     for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
         add_wire(app, route)
+    from kame.server.webrtc.signaling import router as webrtc_router
+
+    app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)
     install_static(app, cfg.server.client_dir)  # the browser page (or a client build) at /, docs/browser.md
     return app

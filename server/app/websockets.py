@@ -40,22 +40,41 @@ def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
     return wire, settings
 
 
-def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
-    from dataclasses import replace
-
+def realtime_info(state: AppState, session_id: str, model: str) -> realtime.ServerInfo:
+    """What a ``/v1/realtime`` session of this server may choose (websocket or WebRTC call)."""
     host = state.host
     registry = host.backends
-    model = (ws.query_params.get("model") or "kame")[:64]
-    info = realtime.server_info(
-        admitted.session_id, model, backends=host.backend_names(),
+    return realtime.server_info(
+        session_id, model, backends=host.backend_names(),
         default_backend=registry.default_name if registry is not None and registry.names else None, cfg=state.cfg,
         tools_backends=[n for n in host.backend_names() if registry is not None and registry.tools_allowed(n)],
         mcp_servers=host.tools.mcp_server_names if host.tools is not None else [],
     )
+
+
+def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
+    from dataclasses import replace
+
+    host = state.host
+    model = (ws.query_params.get("model") or "kame")[:64]
+    info = realtime_info(state, admitted.session_id, model)
     settings = replace(admitted.params.settings, record=_recording(state))
+    if admitted.grant is not None:  # an ek_ key: its session config starts the session and bounds it
+        info = admitted.grant.narrow(info)
+        settings = replace(admitted.grant.settings, record=_recording(state) and admitted.grant.settings.record)
     vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
     kame_events = realtime.kame_events_query(ws.query_params.get("kame_events"))
     return realtime.RealtimeWire(info, settings, host.frame_size, vocab, kame_events=kame_events), settings
+
+
+async def realtime_sideband(ws: WebSocket) -> bool:
+    """``/v1/realtime?call_id=``: a trusted server joins a WebRTC call (False: not a sideband request)."""
+    if "call_id" not in ws.query_params:
+        return False
+    from kame.server.webrtc.sideband import serve_sideband
+
+    await serve_sideband(ws)
+    return True
 
 
 CHAT = WireRoute(protocol=moshi.PROTOCOL, path=moshi.PATH, open=open_chat, refusal=moshi.refusal, send_reason=True)
@@ -65,6 +84,8 @@ REALTIME = WireRoute(
     open=open_realtime,
     refusal=realtime.refusal,
     input_buffer_s=lambda state: state.cfg.server.input_buffer_s,
+    ephemeral_keys=True,
+    sideband=realtime_sideband,
 )
 
 

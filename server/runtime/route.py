@@ -9,7 +9,7 @@ registers a :class:`WireRoute` on an app.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,8 @@ from kame.session.settings import SessionSettings
 if TYPE_CHECKING:
     from kame.server.app.factory import AppState
     from kame.server.runtime.recording import SessionRecorder
+    from kame.server.runtime.transport import Transport
+    from kame.server.telemetry.logs import SessionLogger
 
 
 @dataclass(frozen=True)
@@ -42,34 +44,47 @@ class WireRoute:
     input_buffer_s: Callable[[AppState], float] = lambda state: 0.0
     #: Every refusal's reason goes out through ``refusal`` before the close, not only errors.
     send_reason: bool = False
+    #: ``ek_`` keys (:mod:`kame.server.access.ephemeral`) admit a session (``/v1/realtime``).
+    ephemeral_keys: bool = False
+    #: A request this serves itself instead of a session (``/v1/realtime?call_id=``): True when it did.
+    sideband: Callable[[WebSocket], Awaitable[bool]] | None = None
 
 
 async def serve(ws: WebSocket, route: WireRoute) -> None:
     state: AppState = ws.app.state.kame
-    cfg = state.cfg.server
-    host = state.host
 
     async def send_error(sock: WebSocket, error: str) -> None:
         out = route.refusal(error)
         await (sock.send_bytes(out.data) if isinstance(out.data, bytes) else sock.send_text(out.data))
 
-    admitted = await admit(ws, state, send_error, send_reason=route.send_reason)
+    if route.sideband is not None and await route.sideband(ws):
+        return
+    admitted = await admit(ws, state, send_error, send_reason=route.send_reason, ephemeral=route.ephemeral_keys)
     if admitted is None:
         return
     wire, settings = route.open(state, admitted, ws)
-    session_id, log = admitted.session_id, admitted.log
+    admitted.log.info("session accepted", extra={"peer": admitted.peer, "protocol": route.protocol,
+                                                 "ignored_params": ",".join(admitted.params.ignored) or "-"})
+    await run_session(state, ws, wire, settings, admitted.session_id, admitted.log, input_buffer_s=route.input_buffer_s(state))
+
+
+async def run_session(state: AppState, transport: WebSocket | Transport, wire: Wire, settings: SessionSettings,
+                      session_id: str, log: SessionLogger, *, input_buffer_s: float = 0.0,
+                      started: Callable[[SessionRuntime], None] | None = None) -> SessionRuntime:
+    """One session's runtime on ``transport`` until it ends, registered with the server's sessions
+    (``started`` sees it first: a WebRTC call keeps it for hangup and the sideband)."""
+    cfg = state.cfg.server
+    host = state.host
 
     def new_recorder(current: SessionSettings) -> SessionRecorder | None:
         if cfg.record_dir is None:
             return None
         from kame.server.runtime.recording import SessionRecorder
 
-        return SessionRecorder(cfg.record_dir, session_id, host.sample_rate, {"protocol": route.protocol, **current.for_log()})
+        return SessionRecorder(cfg.record_dir, session_id, host.sample_rate, {"protocol": wire.protocol, **current.for_log()})
 
-    log.info("session accepted", extra={"peer": admitted.peer, "protocol": route.protocol,
-                                        "ignored_params": ",".join(admitted.params.ignored) or "-"})
     runtime = SessionRuntime(
-        ws,
+        transport,
         wire,
         session_id=session_id,
         new_pipeline=host.new_pipeline,
@@ -78,14 +93,17 @@ async def serve(ws: WebSocket, route: WireRoute) -> None:
         protocol_metrics=state.protocols,
         cfg=cfg,
         log=log,
-        input_buffer_s=route.input_buffer_s(state),
+        input_buffer_s=input_buffer_s,
         new_recorder=new_recorder,
     )
+    if started is not None:
+        started(runtime)
     state.sessions.add(runtime)
     try:
         await runtime.run()
     finally:
         state.sessions.remove(runtime)
+    return runtime
 
 
 def add_wire(app: FastAPI, route: WireRoute) -> None:

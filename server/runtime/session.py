@@ -1,11 +1,13 @@
-"""One websocket session, whatever its wire: the pipeline, the tasks, the send queue, the watchdog, the end.
+"""One session, whatever its wire and transport: the pipeline, the tasks, the send queue, the watchdog, the end.
 
 The lifecycle is written here once for every protocol (``/api/chat``,
 ``/v1/realtime``, ...); the protocol itself is a pure
-:class:`~kame.server.runtime.wire.Wire`. Five tasks run per session, none
-waiting on another's work:
+:class:`~kame.server.runtime.wire.Wire`, and what carries it a
+:class:`~kame.server.runtime.transport.Transport` (a websocket, or a WebRTC
+call whose audio comes as RTP). Five tasks run per session (plus the
+transport's own, e.g. WebRTC's clocked input), none waiting on another's work:
 
-- *receive*: websocket -> ``wire.decode`` -> commands; user audio goes
+- *receive*: transport -> ``wire.decode`` -> commands; user audio goes
   through the real-time guard (:class:`~kame.server.runtime.pacing.InputPacer`:
   audio far ahead of real time is queued up to the wire's buffer, then
   dropped; a client that floods is closed) -> ``pipeline.feed`` (never
@@ -13,7 +15,7 @@ waiting on another's work:
 - *feed*: releases audio the pacer queued, at real time;
 - *pump*: pipeline events -> ``wire.frame`` / ``wire.event`` -> send queue
   (audio dropped before encoding when the client lags, counted);
-- *send*: send queue -> websocket, the only task that waits on the client;
+- *send*: send queue -> transport, the only task that waits on the client;
 - *watch*: idle timeout, maximum duration (warned first), slow client.
 
 The first of them to decide the session is over calls :meth:`SessionRuntime.end`;
@@ -34,9 +36,10 @@ from starlette.websockets import WebSocketDisconnect
 
 from kame.frontend.engine_thread import EngineFailed, EngineFull
 from kame.media import FRAME_S
-from kame.server.runtime.end import SessionEnd, close_quietly, close_reason, count_end, engine_error_end, internal_error_end, quietly
+from kame.server.runtime.end import SessionEnd, close_reason, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer
 from kame.server.runtime.send import SendQueue
+from kame.server.runtime.transport import Transport, as_transport
 from kame.server.runtime.watchdog import watch, watch_period
 from kame.server.runtime.wire import (
     AnswerIn,
@@ -75,11 +78,11 @@ NewRecorder = Callable[["SessionSettings"], "SessionRecorder | None"]
 
 
 class SessionRuntime:
-    """Owns one accepted websocket until it closes."""
+    """Owns one accepted session (its websocket, or its WebRTC call) until it closes."""
 
     def __init__(
         self,
-        ws: WebSocket,
+        ws: WebSocket | Transport,
         wire: Wire,
         *,
         session_id: str,
@@ -92,7 +95,7 @@ class SessionRuntime:
         input_buffer_s: float = 0.0,
         new_recorder: NewRecorder | None = None,
     ) -> None:
-        self.ws = ws
+        self.transport = as_transport(ws)
         self.wire = wire
         self.id = session_id
         self.new_pipeline = new_pipeline
@@ -205,7 +208,7 @@ class SessionRuntime:
         try:
             for out in self.wire.opening(self.settings):
                 try:
-                    await self._write(out.data)
+                    await self._write(out)
                 except (WebSocketDisconnect, OSError, RuntimeError):
                     self.end("client_closed", None)
             if self.ended is None:
@@ -221,6 +224,7 @@ class SessionRuntime:
                     ("pump", self._pump),
                     ("send", self._send),
                     ("watch", self._watch),
+                    *self.transport.tasks(),
                 ):
                     self._tasks[name] = asyncio.create_task(self._guard(work, name))
                 await self._end_event.wait()
@@ -249,8 +253,8 @@ class SessionRuntime:
         if end.code is None:
             return
         for out in self.wire.closing(end):
-            await quietly(self._write(out.data))
-        await close_quietly(self.ws, end.code, end.reason)
+            await quietly(self._write(out))
+        await quietly(self.transport.close(end.code, close_reason(end.reason)))
 
     def _count_end(self, pipeline: Pipeline) -> None:
         end = self.ended or SessionEnd("internal", status.WS_1011_INTERNAL_ERROR, "internal error")
@@ -274,8 +278,8 @@ class SessionRuntime:
         )
 
     # ------------------------------------------------------------------ sending
-    def _write(self, data: bytes | str) -> Awaitable[None]:
-        return self.ws.send_bytes(data) if isinstance(data, bytes) else self.ws.send_text(data)
+    def _write(self, out: Outgoing) -> Awaitable[None]:
+        return self.transport.send(out)
 
     def _queue(self, messages: list[Outgoing] | tuple[Outgoing, ...]) -> None:
         if self.ended is not None:
@@ -289,7 +293,7 @@ class SessionRuntime:
         while True:
             out = await self.send_q.get()
             try:
-                await self._write(out.data)
+                await self._write(out)
             except (WebSocketDisconnect, OSError, RuntimeError):  # the client vanished mid-send
                 self.end("client_closed", None)
                 return
@@ -298,7 +302,12 @@ class SessionRuntime:
     # ------------------------------------------------------------------ receiving
     async def _receive(self) -> None:
         while True:
-            message = await self.ws.receive()
+            message = await self.transport.receive()
+            if isinstance(message, (AudioIn, EndIn)):  # from the transport itself (RTP audio, a peer gone)
+                await self._apply(message)
+                if self.ended is not None:
+                    return
+                continue
             if message["type"] == "websocket.disconnect":
                 self.end("client_closed", None)
                 return

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One websocket message: ``bytes`` go as a binary frame, ``str`` as a text frame.
+    """One message to the client: ``bytes`` go as a binary frame, ``str`` as a text frame (on WebRTC: a data
+    channel message).
 
     ``audio_index``: the output frame it carries (audio may be dropped for a client that lags, and
     its lateness is measured); ``droppable``: a non-audio message that may be dropped too (Moshi's text
@@ -38,6 +39,12 @@ class Outgoing:
     data: bytes | str
     audio_index: int | None = None
     droppable: bool = False
+    #: Output audio for a transport that carries it itself (WebRTC's RTP track): float32 mono PCM at
+    #: 24 kHz; ``data`` is then empty. A websocket wire never sets it (its audio is inside ``data``).
+    pcm: np.ndarray | None = field(default=None, compare=False)
+    #: The transport drops the output audio it still holds before playing what follows
+    #: (``output_audio_buffer.clear``).
+    clear_audio: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,18 @@
 // The page's controller: wires the microphone and speaker (audio-io.js), the
-// /v1/realtime socket (realtime-client.js) and the DOM (panes.js, the
-// controls). Everything a test needs to read is mirrored on `window.kame`.
+// conversation's transport and the DOM (panes.js, the controls). The
+// transport is WebRTC (webrtc-client.js: /v1/realtime/calls, Opus over RTP)
+// by default, and the /v1/realtime websocket (realtime-client.js) when the
+// call's ICE never connects or the browser has no WebRTC: the page falls
+// back by itself and keeps the websocket for later connections.
+// ?transport=websocket or ?transport=webrtc forces one (no fallback).
+// Everything a test needs to read is mirrored on `window.kame`.
 
 import { AudioIO } from "./audio-io.js";
 import { FRAME, InputClock } from "./latency.js";
 import { Panes, seconds } from "./panes.js";
 import { RealtimeClient, base64ToFloat32 } from "./realtime-client.js";
 import { BACKOFF, backoffDelayS, retryKind, retryText } from "./reconnect.js";
+import { ICE_TIMEOUT_MS, WebRtcClient, webrtcAvailable } from "./webrtc-client.js";
 
 const $ = (id) => document.getElementById(id);
 const SILENCE = new Int16Array(FRAME);
@@ -41,6 +47,9 @@ const panes = new Panes({ user: $("user-log"), oracle: $("oracle-log"), assistan
 // worklets' resamplers: what browsers that refuse a 24 kHz context get.
 const rateParam = new URLSearchParams(location.search).get("rate");
 const io = new AudioIO({ contextRate: rateParam ? Number(rateParam) || null : 24000 });
+const params = new URLSearchParams(location.search);
+const forced = ["webrtc", "websocket"].includes(params.get("transport")) ? params.get("transport") : null;
+const iceTimeoutMs = Number(params.get("ice_timeout_s")) * 1000 || ICE_TIMEOUT_MS;
 const clock = new InputClock();
 
 // Mirrored on window.kame for tests and for curious users in the console.
@@ -79,6 +88,11 @@ const kame = {
   micSettings: null,
   sampleRate: null,
   reconnects: 0,
+  // "webrtc" or "websocket": what the next (or current) conversation uses; `fallback` says why the
+  // page left WebRTC; `rtc` is the browser's own statistics of a WebRTC call.
+  transport: forced || (webrtcAvailable() ? "webrtc" : "websocket"),
+  fallback: null,
+  rtc: null,
   get micOpen() {
     return io.stream !== null && io.stream.active; // the browser is capturing
   },
@@ -322,16 +336,39 @@ async function connect({ reconnecting = false } = {}) {
   requests.clear();
   pendingUpdates.clear();
   try {
-    client = new RealtimeClient({ token: ui.token.value.trim() });
-    client.addEventListener("event", (e) => onServerEvent(e.detail));
-    client.addEventListener("close", (e) => onClose(e.detail));
-    client.connect();
+    openTransport();
   } catch (err) {
     client = null;
     await io.stop();
     setPhase("idle", "Disconnected", "idle");
     notice("error", `Cannot open the connection (${err.message}).`);
   }
+}
+
+function openTransport() {
+  const token = ui.token.value.trim();
+  const c = kame.transport === "webrtc"
+    ? new WebRtcClient({ token, track: io.stream.getAudioTracks()[0], iceTimeoutMs })
+    : new RealtimeClient({ token });
+  client = c;
+  kame.rtc = null;
+  if (c.setMicOpen) c.setMicOpen(kame.micMode === "open" || kame.talking);
+  c.addEventListener("event", (e) => client === c && onServerEvent(e.detail));
+  c.addEventListener("close", (e) => client === c && onClose(e.detail));
+  c.addEventListener("fallback", (e) => {
+    if (client !== c) return;
+    // The call cannot carry audio from here (UDP blocked, no calls endpoint): the websocket can, now and
+    // for the rest of this page's life. A forced WebRTC page says so instead.
+    if (forced === "webrtc") {
+      onClose({ code: 1000, reason: `WebRTC failed: ${e.detail.reason}`, opened: false });
+      return;
+    }
+    kame.fallback = e.detail.reason;
+    kame.transport = "websocket";
+    console.info(`kame: WebRTC unavailable (${e.detail.reason}); using the websocket`);
+    openTransport();
+  });
+  c.connect();
 }
 
 function stopRetrying() {
@@ -403,6 +440,10 @@ io.addEventListener("frame", (e) => {
   // same number of zero samples go instead, because the server's voice model
   // steps once per 80 ms of input and would stop answering without them.
   const open = kame.micMode === "open" || kame.talking;
+  if (client.setMicOpen) {
+    client.setMicOpen(open); // WebRTC: the track itself is muted, the browser sends silence
+    return;
+  }
   const out = open ? pcm : SILENCE;
   if (!client.appendAudio(out)) return;
   const now = performance.now();
@@ -529,6 +570,13 @@ function onServerEvent(event) {
       ui.settingsStatus.textContent = `Back-end ${event.backend} answers again.`;
       break;
     // ---- the assistant
+    case "output_audio_buffer.started":
+      // WebRTC: the reply's first audio leaves the server now (the browser's jitter buffer adds its delay).
+      if (reply && !reply.mark) {
+        latency.replyMs.push(Math.round(event.receivedAt - reply.endAt));
+        reply = null;
+      }
+      break;
     case "response.created":
       if (reply && !reply.responseId) reply.responseId = event.response.id;
       break;
@@ -716,7 +764,26 @@ document.addEventListener("keyup", (e) => {
 window.addEventListener("blur", () => setTalking(false));
 
 // ------------------------------------------------------------------ read-outs
+async function pollRtc() {
+  if (!client || !client.stats || !sessionReady) return;
+  const c = client;
+  const s = await c.stats().catch(() => null);
+  if (client !== c || !s) return;
+  kame.rtc = s;
+  if (s.roundTripMs !== null) latency.roundTripMs = s.roundTripMs;
+}
+
 function showMetrics() {
+  pollRtc();
+  const rtc = kame.transport === "webrtc" ? kame.rtc : null;
+  if (rtc && rtc.inbound) {
+    ui.rtt.textContent = latency.roundTripMs === null ? "–" : `${Math.round(latency.roundTripMs)} ms`;
+    ui.buffer.textContent = rtc.inbound.jitterBufferMs === null ? "–" : `${Math.round(rtc.inbound.jitterBufferMs)} ms`;
+    const lastReply = latency.replyMs[latency.replyMs.length - 1];
+    ui.reply.textContent = lastReply === undefined ? "–" : seconds(lastReply);
+    ui.underruns.textContent = String(rtc.inbound.concealmentEvents ?? "–");
+    return;
+  }
   const rtt = latency.roundTripMs;
   ui.rtt.textContent = rtt === null ? "–" : `${Math.round(rtt)} ms`;
   ui.rtt.dataset.kind = rtt !== null && rtt > 500 ? "warn" : ""; // the server is behind real time

@@ -1,0 +1,57 @@
+"""The server peer's ICE set-up from the config: STUN/TURN servers, the relay-only policy, and a public
+address for 1:1 NAT. Pure: aiortc's configuration objects in, SDP text out, no I/O.
+
+aioice (0.13) binds each host candidate to an ephemeral UDP port and has no option for a port range or
+for announcing a NAT's public address. The public address is added here to the answer (each host
+candidate's port at that address, typed ``srflx`` as a STUN server would report it); a fixed port range
+is not offered: behind a firewall that opens only a few ports, relay through TURN
+(``webrtc_ice_transport_policy: relay``) so that only the TURN server's ports need to be open
+(docs/server.md, "WebRTC in real networks").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kame.server.config import ServerConfig
+
+
+def rtc_configuration(cfg: ServerConfig) -> Any:
+    """aiortc's ``RTCConfiguration`` for ``cfg``'s ICE servers and transport policy."""
+    from aiortc import RTCConfiguration, RTCIceServer
+    from aiortc.rtcconfiguration import RTCIceTransportPolicy
+
+    servers = []
+    for entry in cfg.webrtc_ice_servers:
+        if isinstance(entry, str):
+            servers.append(RTCIceServer(urls=entry))
+            continue
+        secret = entry.credential.get_secret_value() if entry.credential is not None else None
+        servers.append(RTCIceServer(urls=entry.url_list(), username=entry.username, credential=secret))
+    policy = RTCIceTransportPolicy.RELAY if cfg.webrtc_ice_transport_policy == "relay" else RTCIceTransportPolicy.ALL
+    return RTCConfiguration(iceServers=servers or None, iceTransportPolicy=policy)
+
+
+def with_public_address(sdp: str, address: str) -> str:
+    """``sdp`` with, after each UDP host candidate, the same port at ``address`` (a server-reflexive
+    candidate, slightly less preferred than the host one, so a peer on the LAN still goes direct)."""
+    out: list[str] = []
+    family_v6 = ":" in address
+    for line in sdp.splitlines():
+        out.append(line)
+        if not line.startswith("a=candidate:"):
+            continue
+        parts = line[len("a=candidate:"):].split()
+        # foundation component transport priority address port "typ" type [extensions]
+        if len(parts) < 8 or parts[2].lower() != "udp" or parts[6] != "typ" or parts[7] != "host":
+            continue
+        host, port = parts[4], parts[5]
+        if host == address or (":" in host) != family_v6:
+            continue
+        try:
+            priority = max(1, int(parts[3]) - (26 << 24))  # type preference 126 (host) -> 100 (srflx)
+        except ValueError:
+            continue
+        out.append(f"a=candidate:{parts[0]}n {parts[1]} udp {priority} {address} {port} typ srflx raddr {host} rport {port}")
+    return "\r\n".join(out) + "\r\n"
+

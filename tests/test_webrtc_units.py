@@ -1,0 +1,213 @@
+"""The pure parts of WebRTC calls: the input clock (jitter buffer and concealment), the output buffer, ephemeral
+keys, offer checks and the RTP flavour of the Realtime wire. No network, no torch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kame.server.access.ephemeral import EphemeralKeyError, EphemeralKeys, ttl_seconds
+from kame.server.runtime.wire import Outgoing, Reply
+from kame.server.webrtc.clock import InputClock, OutputBuffer
+from kame.server.webrtc.sdp import OfferError, check_offer
+from kame.server.wires.realtime.rtp import RealtimeRtpWire
+from kame.server.wires.realtime.settings import ServerInfo
+from kame.session.events import AssistantFrame
+from kame.session.settings import SessionSettings
+
+F = 1920  # one 80 ms frame at 24 kHz
+P = 480  # one 20 ms packet
+
+
+def _ramp(start: int, n: int) -> np.ndarray:
+    """Samples whose value is their position (scaled), so placement can be checked exactly."""
+    return (np.arange(start, start + n, dtype=np.float32) / 1e6).astype(np.float32)
+
+
+def test_packets_are_placed_by_timestamp_whatever_their_order() -> None:
+    clock = InputClock(delay=0)
+    order = [0, 2, 1, 3]  # one reordered pair
+    for k in order:
+        clock.push(k * P, _ramp(k * P, P))
+    out = clock.take()
+    assert np.allclose(out, _ramp(0, F))
+    assert clock.stats.concealed == 0 and clock.stats.played == F
+
+
+def test_a_lost_packet_is_concealed_and_the_clock_goes_on() -> None:
+    clock = InputClock(delay=0)
+    for k in (0, 1, 3):  # packet 2 never arrives
+        clock.push(k * P, np.full(P, 0.5, np.float32))
+    out = clock.take()
+    assert clock.stats.concealed == P
+    assert np.all(out[2 * P + 60 : 3 * P - 60] == 0.0)  # silence in the gap
+    assert out[P] == pytest.approx(0.5) and out[3 * P + 100] == pytest.approx(0.5)
+    assert abs(out[2 * P - 1]) < 0.05 and abs(out[3 * P]) < 0.05  # faded at the edges, no click
+    # nothing arrives any more (DTX, a muted track): every tick still gets a frame
+    for _ in range(5):
+        assert len(clock.take()) == F
+    assert clock.stats.concealed == P + 5 * F
+
+
+def test_a_packet_later_than_what_was_played_is_dropped() -> None:
+    clock = InputClock(delay=0)
+    for k in (0, 2, 3):  # packet 1 is late: 2 and 3 are played before it comes
+        clock.push(k * P, np.ones(P, np.float32))
+    clock.take()
+    clock.push(P, np.ones(P, np.float32))
+    assert clock.stats.late_dropped == P and clock.stats.delay_raises == 0
+
+
+def test_audio_after_a_stall_raises_the_delay_instead_of_being_dropped_then_the_delay_shrinks() -> None:
+    clock = InputClock(delay=0, max_late=3 * F)
+    clock.push(0, np.ones(P, np.float32))
+    clock.take()  # 0..479 real, then the network stalls: 480..1919 concealed
+    clock.take()  # and the next two frames too
+    clock.take()
+    # the stalled packets arrive in a burst, 4 frames' worth
+    for k in range(1, 17):
+        clock.push(k * P, np.full(P, 0.5, np.float32))
+    assert clock.stats.late_dropped == 0 and clock.stats.delay_raises == 1
+    out = clock.take()
+    assert out[100] == pytest.approx(0.5)  # played, later
+    for k in range(17, 60):  # the sender goes on at real time; the added latency is given back bit by bit
+        clock.push(k * P, np.full(P, 0.5, np.float32))
+        if k % 4 == 0:
+            clock.take()
+    assert clock.stats.overflow_dropped > 0
+    beyond = InputClock(delay=0, max_late=P)
+    beyond.push(0, np.ones(P, np.float32))
+    beyond.take()
+    beyond.take()
+    beyond.push(P, np.ones(P, np.float32))  # later than max_late: dropped
+    assert beyond.stats.late_dropped == P
+
+
+def test_the_playout_delay_absorbs_jitter() -> None:
+    clock = InputClock(delay=P)
+    clock.push(0, np.ones(P, np.float32))  # the first packet anchors the timeline `delay` behind it
+    out = clock.take()
+    assert np.all(out[:P] == 0.0) and out[P + 100] == pytest.approx(1.0)
+
+
+def test_a_timeline_jump_re_anchors() -> None:
+    clock = InputClock(delay=0, max_ahead=24000)
+    clock.push(0, np.ones(P, np.float32))
+    clock.take()
+    clock.push(10 * 24000, np.full(P, 0.5, np.float32))  # a new sender clock, 10 s ahead
+    assert clock.stats.resyncs == 1
+    out = clock.take()
+    assert out[100] == pytest.approx(0.5)
+
+
+def test_duplicates_keep_the_first_copy() -> None:
+    clock = InputClock(delay=0)
+    clock.push(0, np.full(F, 0.1, np.float32))
+    clock.push(P, np.full(P, 0.9, np.float32))  # a retransmitted duplicate
+    out = clock.take()
+    assert np.allclose(out, 0.1)
+
+
+def test_output_buffer_prefills_then_plays_continuously_and_is_bounded() -> None:
+    buf = OutputBuffer(rtp_frame=P, prefill=2 * P, limit=4 * F)
+    assert not buf.take().any()  # nothing yet: silence, RTP still flows
+    buf.push(np.full(F, 0.5, np.float32))
+    for _ in range(4):
+        assert buf.take()[0] == pytest.approx(0.5)
+    assert not buf.take().any()  # underrun: silence
+    assert buf.stats.underruns == 1
+    for _ in range(10):
+        buf.push(np.full(F, 0.5, np.float32))
+    assert buf.size <= 4 * F and buf.stats.overflow_dropped == 6 * F
+    assert buf.clear() == 4 * F and buf.size == 0
+
+
+def test_ephemeral_keys_expire_and_are_many_use() -> None:
+    now = [1000.0]
+    keys = EphemeralKeys(clock=lambda: now[0])
+    key, grant = keys.mint(SessionSettings(backend="beta"), {"type": "realtime"}, 60)
+    assert key.startswith("ek_") and grant.expires_at == 1060.0
+    assert keys.lookup(key) is not None and keys.lookup(key) is not None  # any number of sessions
+    assert keys.lookup("ek_unknown") is None and keys.lookup("sk-real") is None
+    now[0] = 1060.0
+    assert keys.lookup(key) is None and len(keys) == 0
+
+
+def test_ttl_follows_openai() -> None:
+    assert ttl_seconds(None) == 600
+    assert ttl_seconds({"anchor": "created_at", "seconds": 10}) == 10
+    for bad in ({"seconds": 9}, {"seconds": 7201}, {"seconds": "60"}, {"anchor": "now"}, 5):
+        with pytest.raises(EphemeralKeyError):
+            ttl_seconds(bad)
+
+
+def test_a_grant_narrows_back_ends_and_mcp_servers_to_its_own() -> None:
+    keys = EphemeralKeys()
+    _, grant = keys.mint(SessionSettings(backend="beta", mcp_servers=("clock",)), {}, 60)
+    info = ServerInfo(session_id="s", backends=("alpha", "beta"), default_backend="alpha",
+                      mcp_servers=("clock", "files"), tools_backends=("alpha", "beta"))
+    narrowed = grant.narrow(info)
+    assert narrowed.backends == ("beta",) and narrowed.mcp_servers == ("clock",) and narrowed.tools_backends == ("beta",)
+    _, default = keys.mint(SessionSettings(), {}, 60)
+    assert default.narrow(info).backends == ("alpha",) and default.narrow(info).mcp_servers == ()
+
+
+OFFER = ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\n"
+         "a=rtpmap:111 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n")
+
+
+def test_offer_checks() -> None:
+    check_offer(OFFER)
+    for bad, word in (("", "no SDP"), ("hello", "v=0"), (OFFER.replace("m=audio 9", "m=video 9"), "audio"),
+                      (OFFER.replace("opus", "G722").replace("PCMU", "G729"), "codec"),
+                      (OFFER.replace("m=audio 9", "m=audio 0"), "audio")):
+        with pytest.raises(OfferError, match=word):
+            check_offer(bad)
+
+
+def _frame(step: int, loud: bool, piece: str | None = None) -> AssistantFrame:
+    pcm = np.full(F, 0.3 if loud else 0.0, np.float32)
+    return AssistantFrame(step=step, pcm=pcm, text_id=5 if piece else 3, piece=piece, oracle_id=3)
+
+
+def _events(outs: list[Outgoing]) -> list[dict[str, object]]:
+    return [json.loads(o.data) for o in outs if o.data]
+
+
+def test_the_rtp_wire_sends_pcm_not_deltas_and_frames_responses_with_the_output_buffer() -> None:
+    wire = RealtimeRtpWire(ServerInfo(session_id="abcdef123456"), SessionSettings())
+    outs = wire.frame(_frame(0, True, "\u2581Hi"), 0, True)
+    assert outs[0].pcm is not None and outs[0].data == "" and outs[0].audio_index == 0
+    types = [e["type"] for e in _events(outs)]
+    assert "output_audio_buffer.started" in types and not [t for t in types if t.endswith("audio.delta")]
+    assert types.index("output_audio_buffer.started") > types.index("response.created")
+    outs = []
+    for i in range(1, 15):
+        outs += wire.frame(_frame(i, False), i, True)
+    types = [e["type"] for e in _events(outs)]
+    assert types.index("output_audio_buffer.stopped") > types.index("response.done")
+    assert all(o.pcm is not None for o in outs if not o.data)
+
+
+def test_output_audio_buffer_clear_withholds_the_rest_of_the_response() -> None:
+    wire = RealtimeRtpWire(ServerInfo(session_id="abcdef123456"), SessionSettings())
+    wire.frame(_frame(0, True, "\u2581Hi"), 0, True)
+    commands = wire.decode({"type": "websocket.receive", "text": json.dumps({"type": "output_audio_buffer.clear"})}, 0.0)
+    assert len(commands) == 1 and isinstance(commands[0], Reply)
+    reply = commands[0].messages[0]
+    assert reply.clear_audio and json.loads(reply.data)["type"] == "output_audio_buffer.cleared"
+    outs = wire.frame(_frame(1, True), 1, True)
+    assert outs[0].pcm is not None and not outs[0].pcm.any()  # the rest of that response is silence
+    for i in range(2, 15):
+        wire.frame(_frame(i, False), i, True)
+    outs = wire.frame(_frame(20, True, "\u2581Again"), 20, True)  # the next response is heard again
+    assert outs[0].pcm is not None and outs[0].pcm.any()
+
+
+def test_appends_on_the_data_channel_get_an_error() -> None:
+    wire = RealtimeRtpWire(ServerInfo(session_id="abcdef123456"), SessionSettings())
+    commands = wire.decode({"type": "websocket.receive", "text": json.dumps(
+        {"type": "input_audio_buffer.append", "audio": "AAAA"})}, 0.0)
+    assert len(commands) == 1 and "RTP" in commands[0].message  # type: ignore[union-attr]
