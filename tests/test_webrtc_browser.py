@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from moshi_client import ServerProcess
 from playwright.sync_api import sync_playwright
-from speech import silence, synthesize
 
 from kame.audio import write_wav
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import silence, synthesize
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "browser-rtc-5e2a"

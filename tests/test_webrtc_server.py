@@ -22,9 +22,10 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from moshi_client import ServerProcess
-from speech import synthesize
-from webrtc_peer import SpeechTrack, start_call
+
+from tests.support.moshi_client import ServerProcess
+from tests.support.speech import synthesize
+from tests.support.webrtc_peer import SpeechTrack, start_call
 
 TOKEN = "rtc-secret-77c1"
 GOOD_ORIGIN = "http://good.example"

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from moshi_client import ServerProcess, free_port
 from pydantic import ValidationError
-from speech import synthesize
-from webrtc_peer import SpeechTrack, start_call
 
 from kame.server.config import ServerConfig
 from kame.server.webrtc.ice import rtc_configuration, with_public_address
+from tests.support.moshi_client import ServerProcess, free_port
+from tests.support.speech import synthesize
+from tests.support.webrtc_peer import SpeechTrack, start_call
 
 TURN_USER = "kame"
 TURN_PASSWORD = "turn-pw-7c41d9"

@@ -77,8 +77,8 @@ class RealtimeRtpWire(RealtimeWire):
             pcm = np.zeros_like(frame.pcm)
         return [Outgoing("", audio_index=index, pcm=pcm), *events]
 
-    def _out(self, events: list[Event], index: int | None = None) -> list[Outgoing]:
-        return super()._out(self._with_buffer_events(events), None)
+    def _out(self, events: list[Event], index: int | None = None, *, kame: bool = False) -> list[Outgoing]:
+        return super()._out(self._with_buffer_events(events), None, kame=kame)
 
     def _with_buffer_events(self, events: list[Event]) -> list[Event]:
         """``output_audio_buffer.started`` after a response's audio part opens, ``.stopped`` after its
