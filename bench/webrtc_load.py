@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 from kame.client.stats import StreamStats  # noqa: E402
 
@@ -46,7 +46,7 @@ class CallResult:
 async def one_webrtc_session(url: str, pcm: np.ndarray, chunk: int, token: str | None, stagger: float) -> CallResult:
     """Call, stream ``pcm`` (24 kHz) as RTP at real time, record 3 s more, hang up."""
     import soxr
-    from webrtc_peer import SpeechTrack, start_call
+    from tests.support.webrtc_peer import SpeechTrack, start_call
 
     await asyncio.sleep(stagger)
     result = CallResult()
