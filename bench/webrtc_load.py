@@ -46,6 +46,7 @@ class CallResult:
 async def one_webrtc_session(url: str, pcm: np.ndarray, chunk: int, token: str | None, stagger: float) -> CallResult:
     """Call, stream ``pcm`` (24 kHz) as RTP at real time, record 3 s more, hang up."""
     import soxr
+
     from tests.support.webrtc_peer import SpeechTrack, start_call
 
     await asyncio.sleep(stagger)
