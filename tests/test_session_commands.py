@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import sentencepiece as spm
-from llm_server import LlmServer, RecordedRequest, Reply, llm_server  # noqa: F401  (fixture)
 
 from kame.backend.registry import BackendRegistry
 from kame.config import KameConfig
@@ -21,6 +20,7 @@ from kame.oracle.loop import OracleLoop, SessionOracleSettings
 from kame.oracle.prompt import build_messages
 from kame.oracle.transcript import Transcript
 from kame.session.commands import utterance_key
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_client_items_join_the_context_and_can_be_forgotten() -> None:
 
 
 def test_a_requested_answer_is_asked_now_with_its_instructions_and_fed_whatever_the_policy(
-    llm_server: LlmServer, sp: spm.SentencePieceProcessor  # noqa: F811
+    llm_server: LlmServer, sp: spm.SentencePieceProcessor
 ) -> None:
     seen: list[RecordedRequest] = []
 

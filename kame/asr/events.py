@@ -15,6 +15,7 @@ class EventType(str, enum.Enum):
     SPEECH_STOPPED = "speech_stopped"  #: end of turn (after turn.end_silence_s of silence)
     FINAL = "final"  #: the turn's committed text (may be empty: a noise that looked like speech)
     ERROR = "error"  #: the recogniser failed; the stream emits nothing more
+    CUT = "cut"  #: the client's cut reached the recogniser: every final of the audio before it came first
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Called with each event on the thread that produced it (keep it short; thread-safe).
 EventCallback = Callable[[AsrEvent], None]
+#: The marker :meth:`Inbox.cut` queues between audio chunks: the turn in progress ends there.
+CUT = np.zeros(0, np.float32)
 
 
 class EngineTap(Protocol):
@@ -67,6 +69,13 @@ class Inbox:
             self._queued += len(x)
             self._cond.notify()
             return True
+
+    def cut(self) -> None:
+        """End the turn in progress after the audio queued so far (:data:`CUT`)."""
+        with self._cond:
+            if self._end is None:
+                self._chunks.append(CUT)
+                self._cond.notify()
 
     def end(self, flush: bool) -> None:
         with self._cond:
@@ -141,6 +150,15 @@ class AsrStream:
             return False
         self._fed += len(x)
         return self.inbox.put(x)
+
+    #: The recogniser answers :meth:`cut` with a ``CUT`` event after the finals before it (those that find
+    #: turns by themselves do not: the pipeline then takes the last partial at once).
+    cuts = False
+
+    def cut(self) -> None:
+        """The client ended the user's turn: the turn in progress ends after the audio fed so far (recognisers
+        that find turns by themselves ignore it)."""
+        self.inbox.cut()
 
     def close(self, flush: bool = True) -> None:
         """End of input. ``flush=False`` abandons the open turn instead. Returns at once."""
@@ -248,7 +266,7 @@ def drive(
         if end is False:
             return
         for chunk in chunks:
-            for em in transcriber.push(chunk):
+            for em in transcriber.cut() if chunk is CUT else transcriber.push(chunk):
                 emit(em)
         if end:
             for em in transcriber.finish():
@@ -270,6 +288,7 @@ class ThreadedStream(AsrStream):
                  on_event: EventCallback | None = None) -> None:
         super().__init__(name, max_queued_s=max_queued_s, max_events=max_events, on_event=on_event)
         self.transcriber = transcriber
+        self.cuts = type(transcriber).cut is not Transcriber.cut
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

@@ -54,6 +54,11 @@ class Transcriber(ABC):
     def finish(self) -> list[Emission]:
         """End of input: close the open turn and emit every final still owed."""
 
+    def cut(self) -> list[Emission]:
+        """End the turn in progress now (its final follows from :meth:`work`), keep listening. A recogniser
+        that cannot (it finds turns by itself) does nothing; the pipeline then uses the last partial."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources (idempotent)."""
 
@@ -154,6 +159,12 @@ class SegmentingTranscriber(Transcriber):
             return []  # a hypothesis that agrees with the last one still reports the words it settles
         utt.last_partial, utt.last_stable = partial, stable
         return [Emission(EventType.PARTIAL, partial, stable, utt.index)]
+
+    def cut(self) -> list[Emission]:
+        out = self._route(self._turns.cut())
+        while self._ended:  # the finals of everything before the cut, now, in order
+            out += self.work()
+        return [*out, Emission(EventType.CUT)]
 
     def finish(self) -> list[Emission]:
         out = self._route(self._turns.push(self._resampler.flush()))

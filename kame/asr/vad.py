@@ -103,6 +103,15 @@ class TurnDetector:
         self._rest = np.zeros(0, np.float32)
         return out
 
+    def cut(self) -> list[TurnSignal]:
+        """End an open turn now (the client said the turn is over: ``input_audio_buffer.commit``); the input
+        goes on and the next voice opens a new turn."""
+        if not self.in_turn:
+            return []
+        self.in_turn = False
+        self._votes.clear()
+        return [TurnEnd(self._silence * self._n, forced=True)]
+
     def _frame(self, f: np.ndarray, out: list[TurnSignal]) -> None:
         voiced = self._voice.is_voiced(f)
         self._votes.append(voiced)

@@ -149,6 +149,8 @@ class OracleLoop:
         self._failures = 0
         self._down = False
         self.closed = False
+        #: False: the back-end is asked only by :meth:`respond` (the client requests every answer)
+        self.auto_requests = True
         self.tools = tools
         self._turn_words: dict[int, int] = {}
         self._tools_noticed: set[str] = set()  #: back-ends whose refusal of tools this session was told
@@ -193,6 +195,14 @@ class OracleLoop:
         self._count_words(update.turn_id, update.word_count)
         if update.text:
             self._judge(self.debouncer.on_final(self.clock(), update.turn_id, update.text))
+
+    def drop_pending(self, reason: str) -> None:
+        """The user's turn in progress is dropped (the client cleared it): its partial leaves the transcript
+        and the request made on it is cancelled."""
+        self.transcript.user_final("")
+        cur = self._current
+        if cur is not None and not cur.requested:
+            self._cancel_current(reason)
 
     def on_assistant_token(self, token_id: int | None, step: int | None = None) -> None:
         """The front-end's text token of one step (None while nothing is generated); ``step``: the output step."""
@@ -252,7 +262,7 @@ class OracleLoop:
 
     # ------------------------------------------------------------------ requests
     def _judge(self, trigger: Trigger) -> None:
-        if self.closed or not self.enabled:
+        if self.closed or not self.enabled or not self.auto_requests:
             return
         if trigger.start:
             self._start(trigger)
@@ -313,7 +323,7 @@ class OracleLoop:
 
     def _retry_after_backoff(self) -> None:
         self._retry = None
-        if self.closed:
+        if self.closed or not self.auto_requests:
             return
         view = self.transcript.view()
         text = view.pending_user or (view.turns[-1].text if view.turns and view.turns[-1].role == "user" else "")

@@ -23,6 +23,11 @@ def utterance_key(utterance: int) -> str:
     return f"utterance:{utterance}"
 
 
+def commit_key(commit: int) -> str:
+    """The key of the user turn the client's ``commit``-th commit ended (client turns)."""
+    return f"commit:{commit}"
+
+
 @dataclass(frozen=True)
 class ContextItem:
     """A message the client put into the conversation (text only: what the back-end reads)."""
@@ -81,4 +86,16 @@ class CancelAnswer:
     reason: Literal["client_cancelled", "turn_detected"] = "client_cancelled"
 
 
-ConversationCommand = AddContext | ForgetContext | ForgetSpeech | RequestAnswer | CancelAnswer
+@dataclass(frozen=True)
+class CommitTurn:
+    """The client ends the user's turn now (``input_audio_buffer.commit``): the ASR's final for the audio so
+    far closes it. With client turns the pipeline reports :class:`~kame.session.events.UserTurnCommitted`."""
+
+
+@dataclass(frozen=True)
+class ClearTurn:
+    """The client drops the user's turn in progress (``input_audio_buffer.clear``): its transcript and the
+    back-end request made on it. Moshi has heard that audio already; nothing takes that back."""
+
+
+ConversationCommand = AddContext | ForgetContext | ForgetSpeech | RequestAnswer | CancelAnswer | CommitTurn | ClearTurn

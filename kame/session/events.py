@@ -306,6 +306,16 @@ class AnswerCancelled(PipelineEvent):
     reason: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class UserTurnCommitted(PipelineEvent):
+    """With client turns: the ``turn``-th commit's transcript (the ASR's finals since the last commit)."""
+
+    name: ClassVar[str] = "asr.turn_committed"
+    has_text: ClassVar[bool] = True
+    turn: int
+    text: str
+
+
 AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed
 LlmEvent = (
     LlmRequestStarted | LlmFirstToken | LlmDone | LlmCancelled | LlmDropped | LlmDeferred | LlmError | BackendDown | BackendUp

@@ -43,10 +43,13 @@ from kame.oracle.transcript import Turn
 from kame.session.commands import (
     AddContext,
     CancelAnswer,
+    ClearTurn,
+    CommitTurn,
     ConversationCommand,
     ForgetContext,
     ForgetSpeech,
     RequestAnswer,
+    commit_key,
     utterance_key,
 )
 from kame.session.events import (
@@ -60,6 +63,7 @@ from kame.session.events import (
     SpeechStopped,
     UserFinal,
     UserPartial,
+    UserTurnCommitted,
 )
 from kame.session.settings import OracleChoice, SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
@@ -76,6 +80,44 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_FRAMES = 64
 #: How long a reset retries to get a slot when the engine took this session's away meanwhile.
 RESET_ATTACH_TIMEOUT_S = 2.0
+#: How long a commit waits for a recogniser that cuts to reach the cut (it lags when the machine is overloaded)
+#: before it takes the last partial.
+COMMIT_FINAL_WAIT_S = 30.0
+
+
+class _ClientTurn:
+    """The user's turn while the client decides when it ends (client turns).
+
+    The ASR's finals since the last commit, the utterance in progress and its last partial, and the cuts
+    sent to the ASR and not reached yet, in order: a commit's number, or None for a clear. The ASR reaches
+    a cut after every final of the audio before it, so a commit takes exactly the words said before it even
+    when the recogniser lags; a recogniser that cannot cut is covered by a timeout.
+    """
+
+    def __init__(self, commits: int = 0) -> None:
+        self.finals: list[str] = []
+        self.utterance: int | None = None
+        self.partial = ""
+        self.commits = commits
+        self.cuts: list[int | None] = []
+        self.late = 0  #: cuts already answered by a timeout (their CUT, if it comes, is skipped)
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.dropped: set[int] = set()  #: utterances whose late finals are ignored
+        self.deferred: RequestAnswer | None = None  #: an answer requested while a commit waited for its words
+
+    def text(self, tail: str = "") -> str:
+        return " ".join(t for t in [*self.finals, tail] if t.strip())
+
+    def forget_words(self) -> None:
+        self.finals, self.partial = [], ""
+        if self.utterance is not None:
+            self.dropped.add(self.utterance)
+            self.utterance = None
+
+    def cancel_timers(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
 
 
 class Recognizer(Protocol):
@@ -158,6 +200,7 @@ class Pipeline:
         self._clock = _FeedClock()
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        self._turn = _ClientTurn()
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Pipeline:
@@ -215,6 +258,7 @@ class Pipeline:
                 tools=self.tools.tools if self.tools is not None else None,
             )
             self.oracle.apply(OracleChoice.resolve(self.settings, self.oracle_config))
+            self.oracle.auto_requests = self.settings.backend_on_transcripts
 
     async def _close_parts(self, flush_asr: bool) -> None:
         asr, self.asr = self.asr, None
@@ -320,6 +364,10 @@ class Pipeline:
             self.oracle.apply(OracleChoice.resolve(settings, self.oracle_config))
         if self.slot is not None and settings.sampling() != old.sampling():
             self.slot.set_sampling(*settings.sampling())
+        if self.oracle is not None:
+            self.oracle.auto_requests = settings.backend_on_transcripts
+        if settings.client_turns != old.client_turns:
+            self._switch_turns(settings.client_turns)
         self.settings = settings
 
     def _switch_llm(self, settings: SessionSettings) -> None:
@@ -339,6 +387,24 @@ class Pipeline:
                 self._open_oracle()
             finally:
                 self.settings = current
+
+    def _switch_turns(self, client: bool) -> None:
+        """Mid-session change of who ends turns. To the server's turns: what was said since the last commit
+        joins the history once the ASR reaches a cut placed now (cuts still pending from client turns are
+        honoured first, so a clear the recogniser has not reached yet still drops its words). To client
+        turns: a partial in progress waits for the commit."""
+        turn = self._turn
+        if not client:
+            if self.asr is not None and not self.asr.done and getattr(self.asr, "cuts", False):
+                self.asr.cut()
+                turn.cuts.append(0)  # 0: no commit, the words join the history
+            else:
+                text = turn.text(turn.partial)
+                if text and self.oracle is not None:
+                    self.oracle.on_user_final(text, commit_key(turn.commits + 1))
+                turn.forget_words()
+        elif self.oracle is not None:
+            self.oracle.transcript.user_final("")
 
     def _apply_tools(self, settings: SessionSettings) -> None:
         assert self.tools is not None and self.registry is not None
@@ -371,6 +437,10 @@ class Pipeline:
             if oracle is not None:
                 oracle.cancel(command.reason)
             self._put(AnswerCancelled(reason=command.reason))
+        elif isinstance(command, CommitTurn):
+            self._commit()
+        elif isinstance(command, ClearTurn):
+            self._clear()
         elif oracle is None:
             return
         elif isinstance(command, AddContext):
@@ -382,10 +452,104 @@ class Pipeline:
         elif isinstance(command, RequestAnswer):
             if command.continue_tools:
                 return  # the tool loop waiting on the client's outputs goes on by itself
+            if self._turn.cuts:  # a commit's words are still being transcribed: ask once they are in
+                self._turn.deferred = command
+                return
             context = None
             if command.context is not None:
                 context = [Turn(i.role, i.text, i.key) for i in command.context if i.text.strip()]
             oracle.respond(command.instructions, context)
+
+    # ------------------------------------------------------------------ client turns (turn_detection: null)
+    def _commit(self) -> None:
+        """End the user's turn now: the ASR cuts after the audio fed so far; with client turns the turn's
+        transcript is reported once the ASR has reached the cut (at most :data:`COMMIT_FINAL_WAIT_S`), or at
+        once with the last partial when the recogniser cannot cut (Kyutai's finds turns by itself)."""
+        cut = self.asr is not None and not self.asr.done
+        if cut:
+            self.asr.cut()  # type: ignore[union-attr]
+        if not self.settings.client_turns:
+            return  # the ASR's own events (speech_stopped, final) follow
+        turn = self._turn
+        turn.commits += 1
+        if not cut or not getattr(self.asr, "cuts", False):  # no recogniser, or one that cannot cut: what it has now
+            text = turn.text(turn.partial)
+            turn.forget_words()
+            self._complete(turn.commits, text)
+            return
+        turn.cuts.append(turn.commits)
+        turn.timers[turn.commits] = asyncio.get_running_loop().call_later(
+            COMMIT_FINAL_WAIT_S, self._commit_timeout, turn.commits)
+
+    def _commit_timeout(self, commit: int) -> None:
+        turn = self._turn
+        if commit not in turn.cuts:
+            return
+        while turn.cuts:  # this commit, and the clears before it, are answered now
+            turn.late += 1
+            if turn.cuts.pop(0) == commit:
+                break
+        text = turn.text(turn.partial)
+        turn.forget_words()  # the words still in progress belong to this commit: their final is not taken again
+        self._complete(commit, text)
+
+    def _complete(self, commit: int, text: str | None = None) -> None:
+        turn = self._turn
+        timer = turn.timers.pop(commit, None)
+        if timer is not None:
+            timer.cancel()
+        if text is None:
+            text = turn.text()
+            turn.finals = []
+        self._put(UserTurnCommitted(turn=commit, text=text))
+        if self.oracle is not None:
+            self.oracle.on_user_final(text, commit_key(commit))  # joins the history; asks nothing (no auto requests)
+        deferred, turn.deferred = turn.deferred, None
+        if deferred is not None:
+            self.apply(deferred)
+
+    def _clear(self) -> None:
+        """Drop the user's turn in progress: its transcript (what the ASR still has to report of it too), and
+        the back-end request made on it."""
+        turn = self._turn
+        turn.forget_words()
+        if self.asr is not None and not self.asr.done:
+            self.asr.cut()
+            if self.settings.client_turns:
+                turn.cuts.append(None)
+        if self.oracle is not None:
+            self.oracle.drop_pending("the client cleared the user's turn")
+
+    def _client_asr(self, ev: AsrEvent) -> None:
+        """An ASR event with client turns: it feeds the turn in progress; only a commit ends it."""
+        turn, utt = self._turn, ev.utterance
+        if utt in turn.dropped and ev.type is not EventType.CUT:
+            if ev.type is EventType.FINAL:
+                turn.dropped.discard(utt)
+            return
+        if ev.type is EventType.SPEECH_STARTED:
+            turn.utterance, turn.partial = utt, ""
+        elif ev.type is EventType.PARTIAL:
+            turn.utterance, turn.partial = utt, ev.text
+        elif ev.type is EventType.FINAL:
+            if turn.utterance == utt:
+                turn.utterance, turn.partial = None, ""
+            if ev.text.strip():
+                turn.finals.append(ev.text)
+        elif ev.type is EventType.CUT:
+            if turn.late:
+                turn.late -= 1
+            elif turn.cuts:
+                commit = turn.cuts.pop(0)
+                if commit is None:
+                    turn.forget_words()  # a clear: what came before it is dropped
+                elif commit == 0:  # back to the server's turns: the words join the history, no commit
+                    text = turn.text(turn.partial)
+                    turn.forget_words()
+                    if text and self.oracle is not None:
+                        self.oracle.on_user_final(text, commit_key(turn.commits + 1))
+                else:
+                    self._complete(commit)
 
     def inject_answer(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
         """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``, a Live
@@ -447,6 +611,21 @@ class Pipeline:
 
     def _on_asr(self, ev: AsrEvent) -> None:
         utt, audio_s = ev.utterance, ev.audio_s
+        if not self.settings.client_turns and self._turn.cuts and ev.type is not EventType.ERROR:
+            self._client_asr(ev)  # audio of the client-turn time the ASR reports late: its cuts first
+            return
+        if self.settings.client_turns and ev.type is not EventType.ERROR:
+            self._client_asr(ev)
+            # the raw events still go out (recordings, kame.* partials); the wire ends no turn on them
+            if ev.type is EventType.PARTIAL:
+                self._put(UserPartial(utterance=utt, audio_s=audio_s, text=ev.text, stable=ev.stable))
+            elif ev.type is EventType.FINAL:
+                self._put(UserFinal(utterance=utt, audio_s=audio_s, text=ev.text))
+            elif ev.type is EventType.SPEECH_STARTED:
+                self._put(SpeechStarted(utterance=utt, audio_s=audio_s))
+            elif ev.type is EventType.SPEECH_STOPPED:
+                self._put(SpeechStopped(utterance=utt, audio_s=audio_s))
+            return
         if ev.type is EventType.PARTIAL:
             fed_at = self._clock.wall_at(audio_s)
             latency = None if fed_at is None else max(0.0, time.time() - fed_at)

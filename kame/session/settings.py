@@ -48,6 +48,21 @@ class SessionSettings:
     mcp_servers: tuple[str, ...] | None = None
     #: The user starting to speak stops the answer in progress (``/v1/realtime`` ``turn_detection.interrupt_response``).
     interrupt_response: bool = False
+    #: Who ends the user's turns: ``server_vad`` (the ASR) or ``client`` (``turn_detection: null``: only the client's
+    #: commit ends a turn, and the back-end is asked only when the client requests an answer).
+    turn_detection: str = "server_vad"
+    #: False: the back-end is asked only when the client requests an answer (``create_response: false``); KAME's
+    #: requests on partial and final transcripts are off. (Moshi itself still hears everything and may speak.)
+    create_response: bool = True
+
+    @property
+    def client_turns(self) -> bool:
+        return self.turn_detection == "client"
+
+    @property
+    def backend_on_transcripts(self) -> bool:
+        """KAME's own requests (on the user's partial and final transcripts) are on."""
+        return self.create_response and not self.client_turns
 
     def sampling(self) -> tuple[float | None, int | None]:
         """The per-session text sampling (temperature, top-k); always changed as a pair."""

@@ -56,6 +56,7 @@ from kame.server.runtime.wire import (
     SettingsIn,
     Wire,
 )
+from kame.session.commands import ClearTurn, CommitTurn
 from kame.session.events import AsrFailed, AssistantFrame, BackendDown, LlmError, PipelineEvent
 from kame.session.events import EngineFailed as EngineFailedEvent
 
@@ -117,6 +118,8 @@ class SessionRuntime:
             frame_s=FRAME_S, burst_s=cfg.input_burst_s, buffer_s=input_buffer_s, now=now
         )
         self._feed_wake = asyncio.Event()
+        #: commits and clears waiting for the audio sent before them: (frames fed by then, command)
+        self._after_audio: list[tuple[int, ConversationIn]] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.started = self.last_audio = now
         self.faults = 0
@@ -334,10 +337,19 @@ class SessionRuntime:
         elif isinstance(command, EndIn):
             self.end_with(command.end)
         elif isinstance(command, ConversationIn):
-            if self.pipeline is not None:
-                self.pipeline.apply(command.command)
+            self._conversation(command)
         elif isinstance(command, Ignored):
             self.log.debug("ignored: %s", command.what)
+
+    def _conversation(self, command: ConversationIn) -> None:
+        """A commit or a clear of the user's turn applies after the audio the client sent before it (some may
+        still wait in the pacer); what comes after one waits behind it, in order; everything else at once."""
+        if self.pipeline is None:
+            return
+        if self._after_audio or (isinstance(command.command, (CommitTurn, ClearTurn)) and self._pacer.queued):
+            self._after_audio.append((self.frames_in + self._pacer.queued, command))
+            return
+        self.pipeline.apply(command.command)
 
     def _answer(self, command: AnswerIn) -> None:
         """A client's answer goes to the oracle FIFO at once (not behind the step in progress), timed."""
@@ -403,6 +415,8 @@ class SessionRuntime:
         self.pipeline.feed(frame)
         if self.recorder is not None:
             self.recorder.user_audio(frame)
+        while self._after_audio and self._after_audio[0][0] <= self.frames_in:
+            self.pipeline.apply(self._after_audio.pop(0)[1].command)
 
     async def _feed_loop(self) -> None:
         while True:

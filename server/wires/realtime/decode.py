@@ -37,8 +37,6 @@ from kame.server.wires.realtime.items import (
 
 #: OpenAI client events this server knows but does not implement, and why.
 UNSUPPORTED: dict[str, str] = {
-    "input_audio_buffer.commit": "turns are detected by the server's speech recognition; there is no manual commit",
-    "input_audio_buffer.clear": "appended audio is fed to the model as it arrives; there is no buffer to clear",
     "output_audio_buffer.clear": "OpenAI defines it for WebRTC and SIP only; on a websocket the client holds the "
                                  "audio it has not played (stop playing it, and send response.cancel)",
     "transcription_session.update": "transcription-only sessions are not supported: Moshi always listens and speaks",
@@ -60,13 +58,27 @@ class SessionUpdate:
 
 
 @dataclass(frozen=True)
+class BufferCommit:
+    """``input_audio_buffer.commit``: the user's turn ends now."""
+
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BufferClear:
+    """``input_audio_buffer.clear``: the user's turn in progress is dropped."""
+
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
 class SessionReset:
     event_id: str | None = None
 
 
 ClientCommand = (
     AppendAudio | SessionUpdate | SessionReset | FunctionOutput | ResponseRequest | ResponseCancel
-    | MessageCreate | ItemRetrieve | ItemDelete | ItemTruncate
+    | MessageCreate | ItemRetrieve | ItemDelete | ItemTruncate | BufferCommit | BufferClear
 )
 
 
@@ -102,6 +114,10 @@ def decode_client_event(
         return SessionUpdate(obj.get("session"), event_id)
     if etype == "kame.session.reset":
         return SessionReset(event_id)
+    if etype == "input_audio_buffer.commit":
+        return BufferCommit(event_id)
+    if etype == "input_audio_buffer.clear":
+        return BufferClear(event_id)
     if etype == "conversation.item.create":
         item = obj.get("item")
         if isinstance(item, dict) and item.get("type", "message") == "message" and "role" in item:

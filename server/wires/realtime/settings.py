@@ -166,20 +166,28 @@ def _turn_detection(session: Mapping[str, Any]) -> tuple[bool, Any] | None:
 
 
 def _parse_turn_detection(session: Mapping[str, Any], current: SessionSettings) -> dict[str, Any]:
+    """``turn_detection``: ``null`` = client turns (only ``input_audio_buffer.commit`` ends a turn); an object =
+    the server's ASR ends them (``server_vad`` and ``semantic_vad`` alike), with ``create_response`` and
+    ``interrupt_response``."""
     found = _turn_detection(session)
     if found is None:
         return {}
     value = found[1]
     if value is None:
-        return {}  # client-driven turns: not yet (the ASR's VAD goes on)
-    td = _object(value, "session.audio.input.turn_detection")
-    out: dict[str, Any] = {}
-    if "interrupt_response" in td:
-        flag = td["interrupt_response"]
-        if not isinstance(flag, bool):
-            raise ClientError("invalid_value", "turn_detection.interrupt_response must be true or false",
-                              param="session.audio.input.turn_detection.interrupt_response")
-        out["interrupt_response"] = flag
+        return {"turn_detection": "client"}
+    param = "session.audio.input.turn_detection"
+    td = _object(value, param)
+    kind = td.get("type", "server_vad")
+    if kind not in ("server_vad", "semantic_vad"):
+        raise ClientError("invalid_value", f"{param}.type: server_vad, semantic_vad or a null turn_detection",
+                          param=f"{param}.type")
+    out: dict[str, Any] = {"turn_detection": "server_vad"}
+    for key in ("interrupt_response", "create_response"):
+        if key in td:
+            flag = td[key]
+            if not isinstance(flag, bool):
+                raise ClientError("invalid_value", f"turn_detection.{key} must be true or false", param=f"{param}.{key}")
+            out[key] = flag
     return out
 
 
@@ -309,9 +317,9 @@ def session_object(settings: SessionSettings, info: ServerInfo, *, kame_events: 
             "input": {
                 "format": dict(AUDIO_FORMAT),
                 "transcription": {"model": info.asr_kind} if asr else None,
-                "turn_detection": {"type": "server_vad", "create_response": True,
+                "turn_detection": {"type": "server_vad", "create_response": settings.create_response,
                                    "interrupt_response": settings.interrupt_response}
-                if asr
+                if asr and not settings.client_turns
                 else None,
                 "noise_reduction": None,
             },

@@ -32,7 +32,14 @@ from kame.server.runtime.wire import (
 )
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.audio import Pcm16In
-from kame.server.wires.realtime.decode import AppendAudio, SessionReset, SessionUpdate, decode_client_event
+from kame.server.wires.realtime.decode import (
+    AppendAudio,
+    BufferClear,
+    BufferCommit,
+    SessionReset,
+    SessionUpdate,
+    decode_client_event,
+)
 from kame.server.wires.realtime.events import ClientError, Event, EventEncoder, Ids
 from kame.server.wires.realtime.functions import FunctionOutput, output_accepted
 from kame.server.wires.realtime.items import (
@@ -96,6 +103,9 @@ class RealtimeWire:
         self.items = ItemStore()
         #: item id -> the ASR utterance of a user item (its key in the back-end's history)
         self._utterances: dict[str, int] = {}
+        #: client turns: committed items waiting for their transcript, in commit order; item id -> commit
+        self._commits: list[str] = []
+        self._client_items: dict[str, int] = {}
 
     def _out(self, events: list[Event], index: int | None = None, *, kame: bool = False) -> list[Outgoing]:
         """Encode events; ``kame.*`` ones only where the session asked for them (or ``kame``: the answer to a
@@ -156,6 +166,10 @@ class RealtimeWire:
                 return self._item_delete(command)
             if isinstance(command, ItemTruncate):
                 return self._item_truncate(command)
+            if isinstance(command, BufferCommit):
+                return self._buffer_commit(command)
+            if isinstance(command, BufferClear):
+                return self._buffer_clear(command)
         except ClientError as exc:
             return [self._client_error(exc)]
         return []
@@ -191,6 +205,35 @@ class RealtimeWire:
         ]
         return [Reply(self._out(events)), ConversationIn(sc.AddContext(command.context))]
 
+    # ------------------------------------------------------------------ the client's turns (docs/protocol.md 3.5)
+    def _buffer_commit(self, command: BufferCommit) -> list[Command]:
+        if not self.settings.client_turns:
+            # the ASR's turn in progress ends now; its speech_stopped / committed / transcription follow
+            if not any(not t.stopped for t in self.users.turns.values()):
+                raise ClientError("input_audio_buffer_commit_empty",
+                                  "no user speech since the last turn ended: nothing to commit", event_id=command.event_id)
+            return [ConversationIn(sc.CommitTurn())]
+        item_id = self.ids.item()
+        previous = self.conversation.add(item_id)
+        self._commits.append(item_id)
+        events: list[Event] = [
+            {"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": previous},
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": ev.user_item(item_id, "in_progress", None)},
+        ]
+        return [Reply(self._out(events)), ConversationIn(sc.CommitTurn())]
+
+    def _buffer_clear(self, command: BufferClear) -> list[Command]:
+        return [Reply(self._out([{"type": "input_audio_buffer.cleared"}])), ConversationIn(sc.ClearTurn())]
+
+    def _turn_committed(self, event: pe.UserTurnCommitted) -> list[Event]:
+        if not self._commits:
+            return []
+        item_id = self._commits.pop(0)
+        previous = self.conversation.previous_of(item_id)
+        self.conversation.forget(item_id)
+        self._client_items[item_id] = event.turn
+        return ev.transcription_completed(item_id, event.text, 0.0, previous)
+
     def _known_item(self, item_id: str, event_id: str | None) -> dict[str, object]:
         item = self.items.get(item_id)
         if item is None:
@@ -205,6 +248,9 @@ class RealtimeWire:
         utterance = self._utterances.pop(command.item_id, None)
         if utterance is not None:
             return [reply, ConversationIn(sc.ForgetContext(sc.utterance_key(utterance)))]
+        commit = self._client_items.pop(command.item_id, None)
+        if commit is not None:
+            return [reply, ConversationIn(sc.ForgetContext(sc.commit_key(commit)))]
         spoken = self.assistant.steps_of(command.item_id)
         if spoken is not None:
             return [reply, ConversationIn(sc.ForgetSpeech(spoken.first_step, spoken.end_step))]
@@ -291,7 +337,13 @@ class RealtimeWire:
                 self._utterances.pop(next(iter(self._utterances)))
 
     def _map(self, event: pe.PipelineEvent) -> list[Event]:
+        if isinstance(event, pe.UserTurnCommitted):
+            return self._turn_committed(event)
         if isinstance(event, (pe.SpeechStarted, pe.UserPartial, pe.SpeechStopped, pe.UserFinal)):
+            if self.settings.client_turns:  # only a commit ends a turn: no VAD events, no user items of the ASR's
+                if isinstance(event, pe.UserPartial):
+                    return [ev.transcription_partial("", event.text, event.stable, event.latency_s)]
+                return []
             return self._map_user(event)
         if isinstance(event, pe.AnswerCancelled):
             # a client's response.cancel was answered when it came; the user's speech cancels here
