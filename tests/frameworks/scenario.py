@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_server import RecordedRequest, Reply, ToolCallScript
-from moshi_client import ServerProcess
+from tests.support.llm_server import RecordedRequest, Reply, ToolCallScript
+from tests.support.moshi_client import ServerProcess
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_server import LlmServer
-from moshi_client import ServerProcess
 from scenario import llm, run_driver
+
+from tests.support.llm_server import LlmServer
+from tests.support.moshi_client import ServerProcess
 
 TYPED = "Please tell me a short joke about penguins."
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_server import LlmServer
-from moshi_client import ServerProcess
 from scenario import llm, run_driver
+
+from tests.support.llm_server import LlmServer
+from tests.support.moshi_client import ServerProcess
 
 GENERATE = "Tell the user a short joke about penguins."
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_server import LlmServer
-from moshi_client import ServerProcess
 from scenario import llm, run_driver
+
+from tests.support.llm_server import LlmServer
+from tests.support.moshi_client import ServerProcess
 
 
 def test_pipecat_with_its_own_vad(kame_server: ServerProcess, llm_backend: LlmServer, question_audio: Path,
