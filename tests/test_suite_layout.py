@@ -31,7 +31,7 @@ def is_test_module(name: str) -> bool:
 def test_no_test_file_imports_another_test_file() -> None:
     offenders = {
         str(path.relative_to(ROOT)): bad
-        for path in sorted([*TESTS.glob("*.py"), *(TESTS / "support").glob("*.py")])
+        for path in sorted(TESTS.rglob("*.py"))
         if (bad := [m for m in imported_modules(path) if is_test_module(m)])
     }
     assert offenders == {}, f"import helpers from tests/support/ instead: {offenders}"
@@ -52,3 +52,14 @@ def test_helpers_are_in_the_support_package() -> None:
 def test_no_bench_puts_tests_on_sys_path() -> None:
     bad = [p.name for p in sorted((ROOT / "bench").glob("*.py")) if '/ "tests"' in p.read_text() or "tests\")" in p.read_text()]
     assert bad == [], f"benches import tests.support with the repository root on sys.path: {bad}"
+
+
+def test_support_modules_are_imported_from_the_package() -> None:
+    """A bare ``from llm_server import ...`` only works while tests/support/ happens to be on sys.path."""
+    support = {p.stem for p in (TESTS / "support").glob("*.py") if p.stem != "__init__"}
+    offenders = {
+        str(path.relative_to(ROOT)): bad
+        for path in sorted(TESTS.rglob("*.py"))
+        if (bad := [m for m in imported_modules(path) if m.split(".")[0] in support])
+    }
+    assert offenders == {}, f"import them as tests.support.X: {offenders}"
