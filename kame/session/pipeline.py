@@ -37,6 +37,7 @@ from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
 from kame.media import SAMPLE_RATE
+from kame.oracle.choice import OracleChoice
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog
 from kame.oracle.transcript import Turn
@@ -61,7 +62,7 @@ from kame.session.events import (
     UserFinal,
     UserPartial,
 )
-from kame.session.settings import OracleChoice, SessionSettings
+from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
 
 if TYPE_CHECKING:
