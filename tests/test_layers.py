@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "kame.versions",
                 "kame.vocab",
                 "kame.events",
+                "kame.redaction",
                 "kame.frontend",
                 "kame.asr",
                 "kame.oracle",
