@@ -372,10 +372,6 @@ class LiveWire:
                 out.append(usage)
         return out
 
-    def kame(self, name: str, **fields: Any) -> KameEvent:
-        """A ``kame.*`` extension event (what reached Moshi, back-end state)."""
-        return KameEvent(name, fields)
-
     def ending(self, label: str, message: str, now: float, client_event_id: str | None = None) -> list[LiveEvent]:
         """The session's last events (none before ``session.started`` or when the client is gone)."""
         if not self.started or self.usage is None:
