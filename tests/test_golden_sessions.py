@@ -36,13 +36,13 @@ from typing import Any
 import numpy as np
 import pytest
 import websockets
-from llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
 
 from kame.asr.config import AsrConfig
 from kame.asr.events import Emission, EventType
 from kame.asr.recognizer import Recognizer
 from kame.asr.stream import AsrStream, EventCallback, ThreadedStream
 from kame.asr.transcriber import Transcriber, TranscriberStats
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 RATE = 24000
