@@ -59,8 +59,12 @@ class AssistantFrame(PipelineEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineFailed(PipelineEvent):
-    """The engine can no longer step this session (a failed step, a failed command, or a dead thread)."""
+class EngineDown(PipelineEvent):
+    """The engine can no longer step this session (a failed step, a failed command, or a dead thread).
+
+    The event of :class:`kame.frontend.engine_thread.EngineFailed` (the exception); its recorded name
+    stays ``engine.failed``.
+    """
 
     name: ClassVar[str] = "engine.failed"
     message: str

@@ -8,7 +8,7 @@ from kame.events import (
     AssistantFrame,
     BackendDown,
     BackendUp,
-    EngineFailed,
+    EngineDown,
     FunctionCallRequested,
     LlmCancelled,
     LlmDeferred,
@@ -36,7 +36,7 @@ from kame.events import (
 __all__ = [
     "PipelineEvent",
     "AssistantFrame",
-    "EngineFailed",
+    "EngineDown",
     "SpeechStarted",
     "SpeechStopped",
     "UserPartial",

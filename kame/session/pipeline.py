@@ -54,7 +54,7 @@ from kame.session.events import (
     AnswerCancelled,
     AsrFailed,
     AssistantFrame,
-    EngineFailed,
+    EngineDown,
     FunctionCallRequested,
     PipelineEvent,
     SpeechStarted,
@@ -425,7 +425,7 @@ class Pipeline:
     def _on_slot(self, item: SlotOutput | Exception) -> None:
         """An engine output (or failure) of this session's slot, in the event loop."""
         if isinstance(item, Exception):
-            self._put(EngineFailed(message=str(item)))
+            self._put(EngineDown(message=str(item)))
             return
         if self.oracle is not None:
             self.oracle.on_assistant_token(item.text_id, item.step)
