@@ -21,7 +21,7 @@ from kame.backend.errors import (
     BackendServerError,
     BackendTimeout,
     BackendUnavailable,
-    redact,
+    error_detail,
 )
 from kame.backend.openai_backend import OpenAIBackend
 from tests.support.llm_server import LlmServer, Reply
@@ -311,10 +311,10 @@ def test_key_absent_when_unreachable(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_redact_removes_secrets_and_bearer_tokens() -> None:
-    text = redact(f"key {KEY} and header Bearer abc.def-123 (end)", [KEY])
+    text = error_detail(f"key {KEY} and header Bearer abc.def-123 (end)", [KEY])
     assert KEY not in text and "abc.def-123" not in text
     assert text == "key *** and header Bearer *** (end)"
-    assert len(redact("x" * 1000)) <= 200
+    assert len(error_detail("x" * 1000)) <= 200
 
 
 # ---------------------------------------------------------------------- check()

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from kame.oracle.config import OracleConfig
+from kame.server.wires.ids import Ids
 from kame.server.wires.live.config import LiveServerInfo
-from kame.server.wires.live.events import ErrorEvent, KameEvent, LiveEncoder, LiveIds
+from kame.server.wires.live.events import ErrorEvent, KameEvent, LiveEncoder
 from kame.server.wires.live.wire import LiveWire
 from tests.support.live_pipecat import pipecat_live_events
 
@@ -37,7 +38,7 @@ def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int
 def test_pipecats_client_events_are_accepted_and_its_parser_reads_ours(encode: Callable[[str], list[int]]) -> None:
     pc = pipecat_live_events()
     wire = LiveWire(INFO, encode=encode, oracle_config=OracleConfig())
-    enc = LiveEncoder(LiveIds("pc"))
+    enc = LiveEncoder(Ids("pc"))
     sent: list[Any] = []
 
     def client(event: Any, now: float) -> None:

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 
 from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
+from kame.server.wires.ids import Ids
 from kame.server.wires.live import audio as live_audio
 from kame.server.wires.live.audio import LiveAudioFormat, LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.config import LiveServerInfo, parse_start, parse_update
@@ -44,7 +45,6 @@ from kame.server.wires.live.events import (
     LiveEncoder,
     LiveError,
     LiveEvent,
-    LiveIds,
     OutputAudioDelta,
     OutputTranscriptDelta,
     SessionClosed,
@@ -61,7 +61,7 @@ with warnings.catch_warnings():
     import audioop
 
 INFO = LiveServerInfo(session_id="abcd1234", asr="whisper", max_duration_s=600.0, usage_interval_s=5.0)
-ENCODER = LiveEncoder(LiveIds("t"))
+ENCODER = LiveEncoder(Ids("t"))
 
 
 def sdk_validate(event: LiveEvent) -> Any:

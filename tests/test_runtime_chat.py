@@ -17,7 +17,7 @@ from kame.server.runtime.session import SessionRuntime
 from kame.server.telemetry.logs import session_logger
 from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.wires.moshi.wire import MoshiWire
-from kame.session.events import EngineFailed, UserFinal
+from kame.session.events import EngineDown, UserFinal
 from kame.session.settings import SessionSettings
 from tests.support.runtime_fakes import FakeHost, FakePipeline, FakeWebSocket, output_frame  # noqa: F401
 
@@ -69,7 +69,7 @@ def test_engine_failure_ends_the_session_with_an_error() -> None:
         session = _session(ws, host, metrics, ServerConfig())
         task = asyncio.create_task(session.run())
         host.pipeline.put(output_frame(0))
-        host.pipeline.put(EngineFailed(message="engine step failed (RuntimeError)"))
+        host.pipeline.put(EngineDown(message="engine step failed (RuntimeError)"))
         await asyncio.wait_for(task, 5)
         return session
 

@@ -21,7 +21,7 @@ from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.telemetry.protocol_metrics import ProtocolMetrics
 from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
-from kame.session.events import EngineFailed, SpeechStarted, SpeechStopped
+from kame.session.events import EngineDown, SpeechStarted, SpeechStopped
 from kame.session.settings import SessionSettings
 from tests.support.runtime_fakes import FakeHost, FakeWebSocket, output_frame
 
@@ -162,7 +162,7 @@ def test_engine_failure_sends_an_error_event_then_closes_1011() -> None:
         session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings())
         task = asyncio.create_task(session.run())
         host.pipeline.put(output_frame(0))
-        host.pipeline.put(EngineFailed(message="engine step failed (boom)"))
+        host.pipeline.put(EngineDown(message="engine step failed (boom)"))
         await asyncio.wait_for(task, 5)
 
     asyncio.run(main())

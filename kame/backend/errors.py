@@ -4,25 +4,21 @@ The oracle loop only needs to tell "try again later" (busy, rate limited,
 breaker open) from "this back-end is broken" (auth, malformed) and from
 timeouts; the server maps ``kind`` to metrics and to the client's error
 message. Messages are built by us from sanitized parts only: they never
-carry an API key (see :func:`redact`).
+carry an API key (see :func:`error_detail`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+from kame.redaction import redact
+
 MAX_DETAIL_CHARS = 200
 
 
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with every secret and every ``Bearer <token>`` replaced by ``***``, cut to a sane length."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    text = _BEARER.sub(r"\1***", text)
-    text = " ".join(text.split())
+def error_detail(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` redacted (:func:`kame.redaction.redact`), on one line, cut to a sane length."""
+    text = " ".join(redact(text, secrets).split())
     if len(text) > MAX_DETAIL_CHARS:
         text = text[: MAX_DETAIL_CHARS - 3] + "..."
     return text

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kame.backend.config import BackendConfig, McpServerConfig, ToolsConfig
-from kame.backend.errors import redact
+from kame.backend.errors import error_detail
 from kame.backend.tools import ToolCall, ToolResult, ToolSpec, cap_output, failed, refused, timed_out
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class McpConnection:
         return [v for n in names if (v := self._environ.get(n))] + [v for v in self.cfg.env.values() if len(v) >= 8]
 
     def redact(self, text: str) -> str:
-        return redact(text, self._secrets())
+        return error_detail(text, self._secrets())
 
     # ------------------------------------------------------------------ connection
 

@@ -35,7 +35,7 @@ from kame.backend.errors import (
     BackendTimeout,
     BackendToolsRefused,
     BackendUnavailable,
-    redact,
+    error_detail,
 )
 from kame.backend.presets import apply_preset
 from kame.backend.tool_refusal import tools_refusal
@@ -140,7 +140,7 @@ class OpenAIBackend:
     # ------------------------------------------------------------------ errors
 
     def _map_api_error(self, exc: openai.APIError, phase: str, *, offered_tools: bool = False) -> BackendError:
-        detail = redact(_server_message(exc), self._secrets())
+        detail = error_detail(_server_message(exc), self._secrets())
         suffix = f": {detail}" if detail else ""
         if offered_tools and isinstance(exc, openai.APIStatusError):
             server = tools_refusal(exc.status_code, detail)
@@ -337,7 +337,7 @@ class OpenAIBackend:
             ctype = stream.response.headers.get("content-type", "")
             if not ctype.startswith("text/event-stream"):
                 raise BackendMalformedStream(
-                    self.name, f"expected text/event-stream, got {redact(ctype) or 'no content type'}"
+                    self.name, f"expected text/event-stream, got {error_detail(ctype) or 'no content type'}"
                 )
             while True:
                 try:

@@ -53,10 +53,6 @@ class SessionTimeline:
         self._assistant_cursor = 0
         self.late_chunks = 0  # assistant chunks that arrived too late to follow the previous one (gaps)
 
-    @property
-    def user_s(self) -> float:
-        return self._user_cursor / RATE
-
     def add_user(self, pcm: np.ndarray) -> float:
         """Append the next piece of user audio; returns its start time (s)."""
         start = self._user_cursor

@@ -14,11 +14,9 @@ that maps text to 24 kHz mono float32 fits :class:`Tts`. Two come with
 
 from __future__ import annotations
 
-import io
 import shlex
 import shutil
 import subprocess
-import wave
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -139,14 +137,3 @@ def make_tts(spec: str) -> Tts:
             raise UserError("--tts command:PROGRAM ARGS... needs a program")
         return CommandTts(argv)
     raise UserError(f"--tts {spec!r}: unknown engine (known: espeak, command:PROGRAM)")
-
-
-def pcm_to_wav_bytes(pcm: np.ndarray, rate: int = RATE) -> bytes:
-    """16-bit mono WAV bytes (for tests and for ``command:`` wrappers that want an example)."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(pcm, -1, 1) * 32767).round().astype("<i2").tobytes())
-    return buf.getvalue()

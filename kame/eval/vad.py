@@ -97,11 +97,6 @@ class SpeechTracker:
         self.segments: list[Segment] = []
 
     @property
-    def seen_s(self) -> float:
-        """Audio classified so far."""
-        return self._index * FRAME_S
-
-    @property
     def in_speech(self) -> bool:
         return self._open is not None
 

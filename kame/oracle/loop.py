@@ -34,15 +34,7 @@ from kame.backend.errors import BackendError, UnknownBackend
 from kame.backend.registry import BackendRegistry
 from kame.backend.tool_loop import CallFinished, CallsRequested, LoopDone, TextDelta, ToolLoop
 from kame.backend.tools import ToolCall
-from kame.oracle.config import OracleConfig
-from kame.oracle.debounce import Debouncer, Trigger
-from kame.oracle.prompt import build_messages_from_config
-from kame.oracle.sanitize import SanitizeOptions, settled_words, spoken_words
-from kame.oracle.session_tools import SessionTools
-from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
-from kame.oracle.transcript import Transcript, TranscriptView, Turn
-from kame.oracle.word_tokenizer import WordStreamTokenizer
-from kame.session.events import (
+from kame.events import (
     BackendDown,
     BackendUp,
     LlmCancelled,
@@ -60,7 +52,15 @@ from kame.session.events import (
     ToolCallStarted,
     ToolsRefused,
 )
-from kame.session.settings import OracleChoice
+from kame.oracle.choice import OracleChoice
+from kame.oracle.config import OracleConfig
+from kame.oracle.debounce import Debouncer, Trigger
+from kame.oracle.prompt import build_messages_from_config
+from kame.oracle.sanitize import SanitizeOptions, settled_words, spoken_words
+from kame.oracle.session_tools import SessionTools
+from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
+from kame.oracle.transcript import Transcript, TranscriptView, Turn
+from kame.oracle.word_tokenizer import WordStreamTokenizer
 
 log = logging.getLogger(__name__)
 

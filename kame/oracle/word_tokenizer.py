@@ -104,11 +104,6 @@ class WordStreamTokenizer:
         return " ".join(self._words)
 
     @property
-    def raw_text(self) -> str:
-        """This answer's raw text received so far."""
-        return self._raw
-
-    @property
     def done(self) -> bool:
         """Flushed, or ``max_words`` reached: nothing more will be yielded (cancel the LLM)."""
         return self._flushed or (self._max_words is not None and len(self._words) >= self._max_words)

@@ -23,7 +23,7 @@ import numpy as np
 from kame.audio import frames_of
 from kame.frontend.runner import FRAME_RATE, OracleInjection
 from kame.media import SAMPLE_RATE
-from kame.session.events import AssistantFrame, EngineFailed
+from kame.session.events import AssistantFrame, EngineDown
 from kame.session.root import SessionRoot
 from kame.session.settings import SessionSettings
 
@@ -66,7 +66,7 @@ async def run_tandem_file(
         async def collect() -> None:
             while len(outputs) < len(frames):
                 event = await pipeline.next_event()
-                if isinstance(event, EngineFailed):
+                if isinstance(event, EngineDown):
                     raise RuntimeError(event.message)
                 if not isinstance(event, AssistantFrame):
                     record(event.name, event.fields())

@@ -37,6 +37,7 @@ from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
 from kame.media import SAMPLE_RATE
+from kame.oracle.choice import OracleChoice
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog
 from kame.oracle.transcript import Turn
@@ -56,7 +57,7 @@ from kame.session.events import (
     AnswerCancelled,
     AsrFailed,
     AssistantFrame,
-    EngineFailed,
+    EngineDown,
     FunctionCallRequested,
     PipelineEvent,
     SpeechStarted,
@@ -65,7 +66,7 @@ from kame.session.events import (
     UserPartial,
     UserTurnCommitted,
 )
-from kame.session.settings import OracleChoice, SessionSettings
+from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
 
 if TYPE_CHECKING:
@@ -588,7 +589,7 @@ class Pipeline:
     def _on_slot(self, item: SlotOutput | Exception) -> None:
         """An engine output (or failure) of this session's slot, in the event loop."""
         if isinstance(item, Exception):
-            self._put(EngineFailed(message=str(item)))
+            self._put(EngineDown(message=str(item)))
             return
         if self.oracle is not None:
             self.oracle.on_assistant_token(item.text_id, item.step)

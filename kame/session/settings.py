@@ -5,7 +5,8 @@
 server's default" (``oracle.*`` of the config, the engine's sampling), so a
 client that sets a value back to null gets the default again. The policy
 names are the ``Literal`` types of :mod:`kame.oracle.switch`, defined there
-once.
+once. :class:`~kame.oracle.choice.OracleChoice` (the oracle part with the defaults filled in)
+lives in the oracle, which may not import this package.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
 from kame.backend.tools import ToolSpec
-from kame.oracle.config import OracleConfig
+from kame.oracle.choice import OracleChoice
 from kame.oracle.switch import BargeInPolicy, Policy
 
 #: Names of the answer-switch policies and of the barge-in policies, in the order they are documented.
 ORACLE_POLICIES: tuple[str, ...] = get_args(Policy)
 BARGE_IN_POLICIES: tuple[str, ...] = get_args(BargeInPolicy)
+
+__all__ = ["BARGE_IN_POLICIES", "ORACLE_POLICIES", "OracleChoice", "SessionSettings"]
 
 
 @dataclass(frozen=True)
@@ -83,24 +86,3 @@ class SessionSettings:
             out["instructions"] = out["instructions"][:200]
         out["functions"] = [f.name for f in self.functions]
         return out
-
-
-@dataclass(frozen=True)
-class OracleChoice:
-    """A session's oracle settings with the defaults filled in from the config."""
-
-    backend: str | None
-    policy: Policy
-    barge_in: BargeInPolicy
-    instructions: str | None
-    oracle_delay_s: float
-
-    @classmethod
-    def resolve(cls, settings: SessionSettings, config: OracleConfig) -> OracleChoice:
-        return cls(
-            backend=settings.backend,
-            policy=settings.oracle_policy or config.policy,
-            barge_in=settings.barge_in or config.barge_in,
-            instructions=settings.instructions if settings.instructions is not None else config.instructions,
-            oracle_delay_s=config.oracle_delay_s if settings.oracle_delay_s is None else settings.oracle_delay_s,
-        )

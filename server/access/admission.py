@@ -25,8 +25,7 @@ from starlette import status
 from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.access.ephemeral import is_ephemeral
 from kame.server.access.params import ParamError, QueryParams, parse_session_params
-from kame.server.runtime.end import close_reason
-from kame.server.runtime.manager import DRAIN_REASON
+from kame.server.runtime.end import DRAIN_REASON, close_reason
 from kame.server.telemetry.logs import SessionLogger, session_logger
 
 if TYPE_CHECKING:

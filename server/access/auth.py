@@ -11,21 +11,16 @@ constant time and never logged or echoed.
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import SecretStr
 
+# Masking them where they might appear is kame.redaction's; this name stays for the wires that import it.
+from kame.redaction import redact as redact
+
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 REALTIME_SUBPROTOCOL = "realtime"
-
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)(token=)[^&\s\"']+"),
-    re.compile(r"(?i)(openai-insecure-api-key\.)[^,\s\"']+"),
-    re.compile(r"(?i)(bearer\s+)[^\s,\"']+"),
-)
-
 
 @dataclass(frozen=True)
 class Credentials:
@@ -85,13 +80,3 @@ def origin_ok(origin: str | None, allowed: Iterable[str]) -> bool:
     if not allowed_set or "*" in allowed_set or origin is None:
         return True
     return normalize_origin(origin) in allowed_set
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with tokens in query strings, subprotocols, bearer headers and known secrets masked."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(r"\1***", text)
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text

@@ -19,6 +19,10 @@ from starlette.websockets import WebSocket
 if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
 
+#: The close reason of every session a draining server ends or refuses (the manager ends live ones,
+#: admission refuses new ones: both import it from here).
+DRAIN_REASON = "server shutting down"
+
 
 @dataclass(frozen=True)
 class SessionEnd:

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from starlette import status
 
+from kame.server.runtime.end import DRAIN_REASON
+
 if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
 
 log = logging.getLogger("kame.server.runtime.manager")
-
-DRAIN_REASON = "server shutting down"
 
 
 class LiveSession(Protocol):

@@ -57,8 +57,7 @@ from kame.server.runtime.wire import (
     Wire,
 )
 from kame.session.commands import ClearTurn, CommitTurn
-from kame.session.events import AsrFailed, AssistantFrame, BackendDown, LlmError, PipelineEvent
-from kame.session.events import EngineFailed as EngineFailedEvent
+from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineDown, LlmError, PipelineEvent
 
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
@@ -496,7 +495,7 @@ class SessionRuntime:
             event = await pipeline.next_event()
             if isinstance(event, AssistantFrame):
                 self._frame(event)
-            elif isinstance(event, EngineFailedEvent):
+            elif isinstance(event, EngineDown):
                 self.log.error("engine failed this session: %s", event.message)
                 self.end_with(engine_error_end())
                 return
@@ -556,7 +555,7 @@ class SessionRuntime:
         for event in pipeline.drain_events():
             if isinstance(event, AssistantFrame):
                 self.recorder.assistant_audio(event.pcm)
-            elif not isinstance(event, EngineFailedEvent):
+            elif not isinstance(event, EngineDown):
                 self.recorder.event(event.name, event.fields())
 
     def _stop_recording(self, reason: str, code: int | None) -> None:

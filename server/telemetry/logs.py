@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
-from kame.server.access.auth import redact
+from kame.redaction import redact
 
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None)).keys() | {"message", "asctime", "taskName", "color_message"}

@@ -16,9 +16,10 @@ from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
 from kame.oracle.config import OracleConfig
+from kame.server.wires.ids import Ids
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
-from kame.server.wires.live.events import LiveEncoder, LiveEvent, LiveIds
+from kame.server.wires.live.events import LiveEncoder, LiveEvent
 from kame.server.wires.live.responses_backend import registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
@@ -41,7 +42,7 @@ class Client:
             {"base_url": server.base_url, "model": "test-model", "api_key_env": "", "allow_tools": True}
         )
         self.registry = BackendRegistry(ResolvedBackends({"llm": cfg}, "llm"), environ={})
-        self.encoder = LiveEncoder(LiveIds("t"))
+        self.encoder = LiveEncoder(Ids("t"))
         self.sent: list[dict[str, Any]] = []
         self.answers: list[OracleAnswer] = []
         info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))

@@ -58,10 +58,6 @@ class LiveAudioFormat:
     def bytes_per_sample(self) -> int:
         return 2 if self.type == "audio/pcm" else 1
 
-    @property
-    def bytes_per_second(self) -> int:
-        return self.rate * self.bytes_per_sample
-
     def to_json(self) -> dict[str, object]:
         return {"type": self.type, "rate": self.rate}
 

@@ -48,6 +48,7 @@ from kame.server.runtime.wire import (
     SettingsIn,
     WireIO,
 )
+from kame.server.wires.ids import Ids
 from kame.server.wires.live import decode
 from kame.server.wires.live.commentary import Encode, OracleAnswer
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
@@ -57,7 +58,6 @@ from kame.server.wires.live.events import (
     LiveEncoder,
     LiveError,
     LiveEvent,
-    LiveIds,
     OutputAudioDelta,
     SessionStarted,
     SessionUpdated,
@@ -137,7 +137,7 @@ class LiveEndpointWire:
                 max_rounds=responses.max_rounds,
                 max_output_chars=responses.max_output_chars,
             )
-        self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=LiveIds(info.session_id[:8]),
+        self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=Ids(info.session_id[:8]),
                              frame_size=frame_size, responses=hooks)
         self.encoder = LiveEncoder(self.live.ids)
         self._rate_window = -1e9
@@ -315,7 +315,7 @@ def _client_safe(message: str, limit: int = 300) -> str:
 
 def refusal(error: str) -> Outgoing:
     """An admission refusal's message on this wire: an ``error`` event before the close."""
-    return Outgoing(LiveEncoder(LiveIds()).encode(ErrorEvent("invalid_value", error)))
+    return Outgoing(LiveEncoder(Ids()).encode(ErrorEvent("invalid_value", error)))
 
 
 def server_info(session_id: str, model: str, cfg: Any, admitted_at: float) -> LiveServerInfo:

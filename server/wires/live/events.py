@@ -12,34 +12,14 @@ event answers, when the client gave one.
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from kame.server.wires.ids import Ids
 
 Json = dict[str, Any]
 AppendKind = Literal["instructions", "thinking", "commentary"]
 CloseReason = Literal["close_requested", "expired", "content", "remote_hangup", "connection_lost"]
-
-
-class LiveIds:
-    """Session-unique ids: a random session prefix and counters (cheap, never repeated)."""
-
-    def __init__(self, prefix: str | None = None) -> None:
-        self.prefix = prefix or secrets.token_hex(4)
-        self._n = 0
-
-    def _next(self, kind: str) -> str:
-        self._n += 1
-        return f"{kind}_{self.prefix}{self._n:06x}"
-
-    def event(self) -> str:
-        return self._next("event")
-
-    def delegation(self) -> str:
-        return self._next("dlg")
-
-    def session(self) -> str:
-        return f"live_{self.prefix}"
 
 
 class LiveError(ValueError):
@@ -285,7 +265,7 @@ LiveEvent = (
 class LiveEncoder:
     """Serialises events (compact JSON) and stamps ``event_id``."""
 
-    def __init__(self, ids: LiveIds) -> None:
+    def __init__(self, ids: Ids) -> None:
         self.ids = ids
 
     def to_json(self, event: LiveEvent) -> Json:

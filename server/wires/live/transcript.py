@@ -89,10 +89,6 @@ class UserTranscript:
         self.utterances.pop(utterance, None)
         return delta
 
-    def words_of(self, utterance: int) -> int:
-        u = self.utterances.get(utterance)
-        return 0 if u is None else u.words
-
 
 @dataclass
 class AssistantTranscript:

@@ -34,6 +34,7 @@ import numpy as np
 
 from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
+from kame.server.wires.ids import Ids
 from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.commentary import (
     OracleAnswer,
@@ -71,7 +72,6 @@ from kame.server.wires.live.events import (
     KameEvent,
     LiveError,
     LiveEvent,
-    LiveIds,
     OutputAudioDelta,
     SessionStarted,
     SessionUpdated,
@@ -123,7 +123,7 @@ class LiveWire:
         *,
         encode: Encode,
         oracle_config: OracleConfig,
-        ids: LiveIds | None = None,
+        ids: Ids | None = None,
         frame_size: int = FRAME_SIZE,
         responses: ResponsesHooks | None = None,
     ) -> None:
@@ -131,7 +131,7 @@ class LiveWire:
         self.info = info
         self.encode = encode
         self.oracle_config = oracle_config
-        self.ids = ids or LiveIds(info.session_id[:8])
+        self.ids = ids or Ids(info.session_id[:8])
         self.frame_size = frame_size
         self.config: LiveConfig | None = None
         self.muted = False
@@ -371,10 +371,6 @@ class LiveWire:
             if usage is not None:
                 out.append(usage)
         return out
-
-    def kame(self, name: str, **fields: Any) -> KameEvent:
-        """A ``kame.*`` extension event (what reached Moshi, back-end state)."""
-        return KameEvent(name, fields)
 
     def ending(self, label: str, message: str, now: float, client_event_id: str | None = None) -> list[LiveEvent]:
         """The session's last events (none before ``session.started`` or when the client is gone)."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 import base64
 import json
 import re
-import secrets
 from typing import Any
 
 import numpy as np
 
 from kame.media import SAMPLE_RATE
 from kame.server.access.auth import redact
+from kame.server.wires.ids import Ids
 from kame.session import events as pe
 from kame.session.events import PipelineEvent
 
@@ -25,30 +25,6 @@ Event = dict[str, Any]
 
 AUDIO_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": SAMPLE_RATE}
 VOICE = "moshi"
-
-
-class Ids:
-    """Session-unique ids: a random session prefix and counters (cheap, never repeated)."""
-
-    def __init__(self, prefix: str | None = None) -> None:
-        self.prefix = prefix or secrets.token_hex(4)
-        self._n = 0
-
-    def _next(self, kind: str) -> str:
-        self._n += 1
-        return f"{kind}_{self.prefix}{self._n:06x}"
-
-    def event(self) -> str:
-        return self._next("event")
-
-    def response(self) -> str:
-        return self._next("resp")
-
-    def item(self) -> str:
-        return self._next("item")
-
-    def session(self) -> str:
-        return f"sess_{self.prefix}"
 
 
 class EventEncoder:

@@ -1,0 +1,178 @@
+"""The package layers, enforced: core <- session <- {server, client, eval} <- commands / cli.
+
+Every import statement of every module under kame/, server/ and client/ (as installed:
+server/ is ``kame.server``, client/ is ``kame.client``) is read with :mod:`ast`, including
+imports inside functions and under ``TYPE_CHECKING``: a lazy import is still a dependency. A
+module may import its own layer or a lower one, never a higher one; in the middle layer the
+server, the client and the evaluation do not import each other, except the evaluation, which
+drives a server through the client. Every module must belong to a layer, so a new top-level
+module is placed on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Source folder -> the package it ships as (pyproject.toml's ``package-dir``).
+FOLDERS = {"kame": "kame", "server": "kame.server", "client": "kame.client"}
+
+#: Bottom to top. A name covers the module and everything under it ("kame" alone: only kame/__init__).
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    (
+        "core",
+        frozenset(
+            {
+                "kame",
+                "kame.errors",
+                "kame.media",
+                "kame.audio",
+                "kame.loudness",
+                "kame.stats",
+                "kame.versions",
+                "kame.vocab",
+                "kame.events",
+                "kame.redaction",
+                "kame.frontend",
+                "kame.asr",
+                "kame.oracle",
+                "kame.backend",
+                "kame.config",
+                "kame.config_docs",
+                "kame.configs",
+                "kame.data",
+            }
+        ),
+    ),
+    ("session", frozenset({"kame.session"})),
+    ("apps", frozenset({"kame.server", "kame.client", "kame.eval"})),
+    ("commands", frozenset({"kame.commands", "kame.cli"})),
+)
+#: Layers whose packages are independent: one imports another only where PEERS_ALLOWED says so (the
+#: core's packages use each other freely: the front-end's ASR hook, the back-end's config, ...).
+INDEPENDENT = frozenset({"apps"})
+#: Imports allowed between packages of an independent layer (importer -> imported).
+PEERS_ALLOWED = frozenset({("kame.eval", "kame.client")})
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  #: the importing module, e.g. kame.oracle.loop
+    target: str  #: the imported module, e.g. kame.session.events
+    line: int
+
+
+def _top(name: str) -> str:
+    """The layer entry a module belongs to ("kame.session.events" -> "kame.session")."""
+    parts = name.split(".")
+    return name if len(parts) == 1 else ".".join(parts[:2])
+
+
+def layer_of(name: str) -> int | None:
+    entry = _top(name)
+    for index, (_, members) in enumerate(LAYERS):
+        if entry in members:
+            return index
+    return None
+
+
+def imports_of(module: str, source: str, is_package: bool) -> list[Import]:
+    """The kame modules one module's source imports (relative imports resolved)."""
+    found: list[Import] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [Import(module, alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # ``from kame import session`` imports the subpackage: count each name that is one.
+            names = [f"{target}.{alias.name}" for alias in node.names]
+            found += [Import(module, n, node.lineno) for n in names if _is_module(n)] or [Import(module, target, node.lineno)]
+    return [i for i in found if i.target == "kame" or i.target.startswith("kame.")]
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    for folder, package in FOLDERS.items():
+        pkg = package.split(".")
+        if parts[: len(pkg)] == pkg and (folder != "kame" or len(parts) < 2 or parts[1] not in {"server", "client"}):
+            rest = parts[len(pkg) :]
+            path = ROOT / folder / Path(*rest) if rest else ROOT / folder
+            for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def _is_module(name: str) -> bool:
+    return _module_file(name) is not None
+
+
+def all_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("").parts
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            modules[".".join((package, *rel))] = path
+    return modules
+
+
+def _peers_refused(importer: str, imported: str) -> bool:
+    return importer != imported and (importer, imported) not in PEERS_ALLOWED
+
+
+def violations(module: str, found: list[Import]) -> list[str]:
+    """Why each backward or sideways import of ``module`` is refused (empty: all allowed)."""
+    own = layer_of(module)
+    out: list[str] = []
+    for imp in found:
+        theirs = layer_of(imp.target)
+        if own is None or theirs is None:
+            continue  # reported by test_every_module_has_a_layer
+        if theirs > own:
+            out.append(f"{module}:{imp.line} imports {imp.target}: {LAYERS[own][0]} may not import {LAYERS[theirs][0]}")
+        elif theirs == own and LAYERS[own][0] in INDEPENDENT and _peers_refused(_top(module), _top(imp.target)):
+            out.append(f"{module}:{imp.line} imports {imp.target}: {_top(module)} and {_top(imp.target)} are peers")
+    return out
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m in all_modules() if layer_of(m) is None)
+    assert unplaced == [], f"modules in no layer of tests/test_layers.py LAYERS: {unplaced}"
+
+
+def test_no_backward_or_sideways_import() -> None:
+    modules = all_modules()
+    assert len(modules) > 100  # the walk found the tree
+    problems: list[str] = []
+    for module, path in modules.items():
+        problems += violations(module, imports_of(module, path.read_text(), path.name == "__init__.py"))
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_check_refuses_a_backward_import() -> None:
+    """The checker itself: the oracle importing the session (the cycle that was), the server
+    importing the client, a relative import climbing into the session, a lazy import."""
+    source = (
+        "from kame.session.events import OracleText\n"
+        "from kame.backend.tools import ToolSpec\n"
+        "def later():\n"
+        "    import kame.commands.serve\n"
+    )
+    found = imports_of("kame.oracle.loop", source, is_package=False)
+    assert [i.target for i in found] == ["kame.session.events", "kame.backend.tools", "kame.commands.serve"]
+    assert len(violations("kame.oracle.loop", found)) == 2
+    assert violations("kame.server.host", imports_of("kame.server.host", "from kame.client import mic\n", False))
+    relative = imports_of("kame.oracle.loop", "from ..session import settings\n", is_package=False)
+    assert [i.target for i in relative] == ["kame.session.settings"]
+    assert violations("kame.oracle.loop", relative)
+    assert not violations("kame.eval.session", imports_of("kame.eval.session", "import kame.client.reconnect\n", False))
+    assert not violations("kame.commands.serve", imports_of("kame.commands.serve", "from kame.server.config import AppConfig\n", False))
