@@ -1,0 +1,199 @@
+"""Acoustic echo: WebRTC's canceller (AEC3) for a microphone near a speaker, and a simulated echo path.
+
+A full-duplex model listens while it speaks: with speakers on, its own voice comes back through the
+microphone, the ASR transcribes it and the LLM answers itself. :class:`EchoCanceller` removes what
+was played (the *far end*, the reference) from what the microphone picked up (the *near end*), with
+WebRTC's audio processing module (AEC3 and its delay estimator, noise suppression, a high-pass
+filter) from the ``livekit`` wheel (the ``mic`` extra). It takes blocks of any length: they are cut
+into the 10 ms frames the module works on, so a block comes back with at most 10 ms of latency
+(none when its length is a multiple of 10 ms, as kame's 80 ms frames are).
+
+:class:`EchoPath` is the stand-in for a loudspeaker, a room and a microphone (the played signal
+convolved with a room impulse response, whose leading silence is the delay), so everything above is
+testable without sound cards (``kame mic --input-wav ... --echo-path IR.wav``, ``bench/echo.py``).
+
+Both work on float32 mono audio at one sample rate; a reference at another rate or channel count
+than the microphone is refused with :class:`EchoInputError` (one sentence), never silently misused.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kame.errors import UserError
+
+FRAME_MS = 10  #: the audio processing module's frame
+RATES = (8000, 16000, 24000, 32000, 48000)  #: sample rates the module takes
+
+
+class EchoInputError(UserError, ValueError):
+    """Audio the canceller cannot use (wrong rate or channel count, unreadable impulse response)."""
+
+
+def _livekit_rtc() -> Any:
+    try:
+        from livekit import rtc
+    except (ImportError, OSError) as exc:
+        raise UserError(
+            f"echo cancellation needs the `livekit` package ({exc}): `pip install 'kame[mic]'`, or turn it off with --no-aec"
+        ) from None
+    return rtc
+
+
+def _to_int16(pcm: np.ndarray) -> bytes:
+    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+class _Framer:
+    """Cuts a stream of blocks into fixed frames; keeps the remainder for the next block."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pending = np.zeros(0, np.float32)
+
+    def frames(self, pcm: np.ndarray) -> list[np.ndarray]:
+        buf = np.concatenate([self._pending, pcm]) if self._pending.size else pcm
+        n = buf.size // self.size
+        self._pending = buf[n * self.size :].copy()
+        return [buf[i * self.size : (i + 1) * self.size] for i in range(n)]
+
+
+class EchoCanceller:
+    """WebRTC AEC3 on one microphone and the one signal played near it (float32 mono blocks).
+
+    Call :meth:`far` with each block as it is played and :meth:`near` with each block the
+    microphone captured; ``near`` returns the block with the echo removed, of the same length.
+    ``delay_ms`` is a hint for the module's delay estimator (the playback plus capture latency);
+    AEC3 finds the actual delay itself. Not thread-safe: feed both sides from one thread (the
+    duplex stream's callback, or one event loop).
+    """
+
+    def __init__(self, sample_rate: int, channels: int = 1, *, delay_ms: int = 0, noise_suppression: bool = True,
+                 high_pass_filter: bool = True) -> None:
+        if sample_rate not in RATES:
+            raise EchoInputError(f"echo cancellation works at {', '.join(map(str, RATES))} Hz, not {sample_rate} Hz")
+        if channels != 1:
+            raise EchoInputError(f"echo cancellation takes mono audio, not {channels} channels")
+        rtc = _livekit_rtc()
+        self._rtc = rtc
+        self.sample_rate = sample_rate
+        self.channels = channels
+        self.frame = sample_rate * FRAME_MS // 1000
+        self.delay_ms = max(0, int(delay_ms))
+        self._apm = rtc.AudioProcessingModule(
+            echo_cancellation=True, noise_suppression=noise_suppression, high_pass_filter=high_pass_filter,
+            auto_gain_control=False,
+        )
+        self._far = _Framer(self.frame)
+        self._near = _Framer(self.frame)
+        self._out: collections.deque[np.ndarray] = collections.deque()
+        self._out_len = 0
+        self.far_samples = 0
+        self.near_samples = 0
+
+    def _check(self, side: str, pcm: np.ndarray, sample_rate: int | None, channels: int | None) -> np.ndarray:
+        arr = np.asarray(pcm, dtype=np.float32)
+        ch = channels if channels is not None else (arr.shape[1] if arr.ndim == 2 else 1)
+        rate = sample_rate if sample_rate is not None else self.sample_rate
+        if rate != self.sample_rate or ch != self.channels:
+            raise EchoInputError(
+                f"the {side} is {rate} Hz, {ch} channel(s) but the canceller runs at {self.sample_rate} Hz, "
+                f"{self.channels} channel(s): resample or down-mix it first"
+            )
+        return arr.reshape(-1)
+
+    def _frame(self, pcm: np.ndarray) -> Any:
+        return self._rtc.AudioFrame(_to_int16(pcm), self.sample_rate, 1, pcm.size)
+
+    def far(self, pcm: np.ndarray, *, sample_rate: int | None = None, channels: int | None = None) -> None:
+        """The block just played (the reference the echo is made of)."""
+        arr = self._check("reference (played audio)", pcm, sample_rate, channels)
+        self.far_samples += arr.size
+        for f in self._far.frames(arr):
+            self._apm.process_reverse_stream(self._frame(f))
+
+    def near(self, pcm: np.ndarray, *, sample_rate: int | None = None, channels: int | None = None) -> np.ndarray:
+        """The block the microphone captured, with the echo of what was played removed."""
+        arr = self._check("microphone signal", pcm, sample_rate, channels)
+        self.near_samples += arr.size
+        for f in self._near.frames(arr):
+            frame = self._frame(f)
+            self._apm.set_stream_delay_ms(self.delay_ms)
+            self._apm.process_stream(frame)  # in place
+            self._out.append(np.frombuffer(bytes(frame.data), dtype="<i2").astype(np.float32) / 32768.0)
+            self._out_len += self.frame
+        # the same length back: leading zeros while the first partial frame waits (at most 10 ms)
+        need = arr.size
+        parts: list[np.ndarray] = []
+        if self._out_len < need:
+            parts.append(np.zeros(need - self._out_len, np.float32))
+            need = self._out_len
+        while need > 0:
+            head = self._out[0]
+            take = min(need, head.size)
+            parts.append(head[:take])
+            if take == head.size:
+                self._out.popleft()
+            else:
+                self._out[0] = head[take:]
+            self._out_len -= take
+            need -= take
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def read_impulse_response(path: Path, sample_rate: int) -> np.ndarray:
+    """A mono room impulse response from a wav file, resampled to ``sample_rate``.
+
+    Its leading silence is the echo's delay, its level the echo's level. Anything unusable (missing,
+    not a wav, several channels, empty, silent) raises :class:`EchoInputError` saying which."""
+    import wave
+
+    try:
+        with wave.open(str(path), "rb") as w:
+            rate, channels, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
+            raw = w.readframes(n)
+    except FileNotFoundError:
+        raise EchoInputError(f"--echo-path {path}: no such file") from None
+    except (OSError, EOFError, wave.Error) as exc:
+        raise EchoInputError(f"--echo-path {path}: not a readable wav file ({exc})") from None
+    if channels != 1:
+        raise EchoInputError(f"--echo-path {path}: the impulse response has {channels} channels; give one (mono)")
+    dtypes = {2: "<i2", 4: "<i4"}
+    if width not in dtypes:
+        raise EchoInputError(f"--echo-path {path}: {8 * width}-bit samples; use 16- or 32-bit PCM")
+    ir = np.frombuffer(raw, dtype=dtypes[width]).astype(np.float64) / float(2 ** (8 * width - 1))
+    if ir.size == 0 or not np.any(ir):
+        raise EchoInputError(f"--echo-path {path}: the impulse response is empty or silent")
+    if rate != sample_rate:
+        import soxr
+
+        ir = soxr.resample(ir, rate, sample_rate) * (rate / sample_rate)  # the same gain at the new rate
+    return ir.astype(np.float32)
+
+
+class EchoPath:
+    """A simulated loudspeaker-room-microphone path: what is played, convolved with ``ir``, block by block.
+
+    ``play(block)`` returns what the microphone picks up of it during that block (the tails of
+    earlier blocks included), by FFT overlap-add, so long responses stay cheap."""
+
+    def __init__(self, ir: np.ndarray, block: int) -> None:
+        self.ir = np.asarray(ir, np.float64).reshape(-1)
+        self.block = block
+        self._n = 1 << int(np.ceil(np.log2(block + self.ir.size - 1)))
+        self._ir_f = np.fft.rfft(self.ir, self._n)
+        self._tail = np.zeros(self._n, np.float64)
+
+    def play(self, pcm: np.ndarray) -> np.ndarray:
+        x = np.asarray(pcm, np.float64).reshape(-1)
+        if x.size != self.block:
+            raise EchoInputError(f"echo path: blocks of {self.block} samples, not {x.size}")
+        y = np.fft.irfft(np.fft.rfft(x, self._n) * self._ir_f, self._n)
+        self._tail += y
+        out = self._tail[: self.block].copy()
+        self._tail = np.concatenate([self._tail[self.block :], np.zeros(self.block)])
+        return out.astype(np.float32)
