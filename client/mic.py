@@ -21,6 +21,8 @@ import asyncio
 import collections
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,6 +31,7 @@ from urllib.parse import urlparse, urlunparse
 import numpy as np
 
 from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, describe, open_with_retry, retry_reason
+from kame.echo import EchoCanceller, EchoPath, read_impulse_response
 from kame.errors import UserError
 from kame.media import FRAME_SIZE, SAMPLE_RATE
 
@@ -48,6 +51,9 @@ class MicOptions:
     instructions: str | None = None
     oracle_policy: str | None = None
     backoff: Backoff = Backoff()  # attempts=0: no reconnecting
+    aec: bool = True  # cancel the echo of the reply in the microphone (--no-aec: off)
+    echo_path: Path | None = None  # --input-wav only: a simulated speaker and room (an impulse response)
+    record_wav: Path | None = None  # --echo-path only: what the microphone heard and what was sent
 
 
 def websocket_url(server: str, protocol: str) -> str:
@@ -102,25 +108,26 @@ def _sounddevice() -> Any:
     return sounddevice
 
 
-class Speaker:
-    """Plays received audio through a small jitter buffer fed from the event loop."""
+class PlayBuffer:
+    """A small jitter buffer between the event loop (received audio) and the player (a sound card's
+    callback, or the simulated speaker of ``--echo-path``): what ``fill`` writes is what is played."""
 
-    def __init__(self, sd: Any, prebuffer_s: float = 0.12) -> None:
+    def __init__(self, prebuffer_s: float = 0.12) -> None:
         self._buf: collections.deque[np.ndarray] = collections.deque()
         self._lock = threading.Lock()
         self._queued = 0
         self._started = False
         self._prebuffer = int(prebuffer_s * RATE)
         self.underruns = 0
-        self.stream = sd.OutputStream(samplerate=RATE, channels=1, dtype="float32", blocksize=480, callback=self._cb)
 
     def push(self, pcm: np.ndarray) -> None:
         with self._lock:
             self._buf.append(np.asarray(pcm, np.float32).reshape(-1))
             self._queued += pcm.size
 
-    def _cb(self, outdata: np.ndarray, frames: int, _t: Any, _status: Any) -> None:
-        out = outdata[:, 0]
+    def fill(self, out: np.ndarray) -> None:
+        """Write the next ``out.size`` samples to play into ``out`` (silence where none came)."""
+        frames = out.size
         out[:] = 0
         with self._lock:
             if not self._started and self._queued < self._prebuffer:
@@ -139,6 +146,104 @@ class Speaker:
                     self._buf[0] = head[take:]
             if filled < frames and self._started:
                 self.underruns += 1
+
+
+class Duplex:
+    """One full-duplex sound stream: the microphone and the speaker on one clock.
+
+    Each callback plays the next block of the reply and captures one block of the microphone; with
+    a canceller the block just played is its reference, so the echo of the reply is removed from the
+    microphone before it is sent. The capture-plus-playback latency PortAudio reports is the
+    canceller's delay hint (AEC3 estimates the actual delay itself)."""
+
+    def __init__(self, sd: Any, canceller: EchoCanceller | None, on_block: Callable[[np.ndarray], None]) -> None:
+        self.play = PlayBuffer()
+        self.canceller = canceller
+        self.on_block = on_block
+        self.stream = sd.Stream(samplerate=RATE, channels=1, dtype="float32", blocksize=480, callback=self._cb)
+        if canceller is not None:
+            latency = self.stream.latency
+            canceller.delay_ms = int(1000 * (sum(latency) if isinstance(latency, (tuple, list)) else latency))
+
+    def _cb(self, indata: np.ndarray, outdata: np.ndarray, _frames: int, _t: Any, _status: Any) -> None:
+        out = outdata[:, 0]
+        self.play.fill(out)
+        mic = indata[:, 0].copy()
+        if self.canceller is not None:
+            self.canceller.far(out)
+            mic = self.canceller.near(mic)
+        self.on_block(mic)
+
+
+class EchoSimulation:
+    """``--echo-path``: a simulated speaker and microphone for ``--input-wav``, frame by frame.
+
+    The reply goes through the same jitter buffer as on a sound card; what is played is convolved with
+    the room impulse response (its leading silence is the delay) and mixed into the file's audio,
+    which is what the "microphone" hears; with a canceller, what is played is its reference. Both the
+    microphone signal and what is sent are kept for ``--record-wav``."""
+
+    def __init__(self, ir: np.ndarray, canceller: EchoCanceller | None) -> None:
+        self.play = PlayBuffer()
+        self.path = EchoPath(ir, FRAME)
+        self.canceller = canceller
+        self.mic: list[np.ndarray] = []
+        self.sent: list[np.ndarray] = []
+        self.played: list[np.ndarray] = []
+        self.user: list[np.ndarray] = []
+
+    def step(self, user: np.ndarray) -> np.ndarray:
+        """One frame of the user's audio in, the frame to send out."""
+        user = np.pad(np.asarray(user, np.float32), (0, FRAME - user.size))
+        played = np.zeros(FRAME, np.float32)
+        self.play.fill(played)
+        mic = np.clip(user + self.path.play(played), -1.0, 1.0)  # the microphone's converter clips
+        sent = mic
+        if self.canceller is not None:
+            self.canceller.far(played)
+            sent = self.canceller.near(mic)
+        self.mic.append(mic)
+        self.sent.append(sent)
+        self.played.append(played)
+        self.user.append(user)
+        return sent
+
+    def echo_report(self) -> str | None:
+        """How loud the echo was and what was left of it: the echo return loss enhancement over the
+        frames where the reply played (after its first 2 s, the canceller's convergence) and the
+        file was silent (the simulation knows the user's audio: no double talk counted)."""
+        if not self.mic:
+            return None
+        played_on = np.cumsum([np.mean(p**2) > 1e-7 for p in self.played])
+        quiet = [np.mean(u**2) < 1e-7 for u in self.user]
+        keep = np.array([q and n * FRAME > 2 * RATE for q, n in zip(quiet, played_on)])
+        if keep.sum() * FRAME < RATE:
+            return "echo: under 1 s of reply played past its first 2 s while the file was silent: nothing to measure"
+        frames = np.repeat(keep, FRAME)
+        mic, sent = np.concatenate(self.mic)[frames], np.concatenate(self.sent)[frames]
+
+        def db(x: np.ndarray) -> float:
+            return float(10 * np.log10(np.mean(x.astype(np.float64) ** 2) + 1e-12))
+
+        m, o = db(mic), db(sent)
+        what = "cancelled" if self.canceller is not None else "not cancelled (--no-aec)"
+        return (f"echo {what}: microphone {m:.1f} dBFS, sent {o:.1f} dBFS after 2 s of reply with the file silent "
+                f"(echo return loss enhancement {m - o:.1f} dB)")
+
+    def write_record(self, path: Path) -> None:
+        """A 2-channel wav: left what the microphone heard, right what was sent."""
+        import wave
+
+        mic = np.concatenate(self.mic) if self.mic else np.zeros(0, np.float32)
+        sent = np.concatenate(self.sent) if self.sent else np.zeros(0, np.float32)
+        both = np.stack([mic, sent], axis=1)
+        ints = (np.clip(both, -1.0, 1.0) * 32767.0).round().astype("<i2")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with wave.open(str(path), "wb") as w:
+            w.setnchannels(2)
+            w.setsampwidth(2)
+            w.setframerate(RATE)
+            w.writeframes(ints.tobytes())
 
 
 # --------------------------------------------------------------------------- sessions
@@ -263,6 +368,7 @@ class MicResult:
     rtf: float
     underruns: int = 0
     reconnects: int = 0  # sessions opened after the first (each one a new conversation)
+    echo: str | None = None  # --echo-path: how much of the echo was left in what was sent
 
 
 def _retrier(opts: MicOptions, display: Display) -> Retrier:
@@ -283,11 +389,45 @@ async def _after_session(client: Any, retrier: Retrier, display: Display) -> boo
     return True
 
 
+def _canceller(opts: MicOptions) -> EchoCanceller | None:
+    return EchoCanceller(RATE) if opts.aec else None
+
+
+async def _send_simulated(client: Any, pcm: np.ndarray, sim: EchoSimulation) -> int:
+    """Stream ``pcm`` at real time through the simulated speaker and microphone; the samples sent."""
+    start = time.monotonic()
+    if client.stats.first_send_t is None:
+        client.stats.first_send_t = start
+    sent = 0
+    played = 0
+    for k, i in enumerate(range(0, pcm.size, FRAME)):
+        if client.closed.is_set():
+            break
+        delay = start + k * FRAME / RATE - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        chunks = client.pcm_chunks
+        for chunk in chunks[played:]:
+            sim.play.push(chunk)
+        played = len(chunks)
+        piece = pcm[i : i + FRAME]
+        out = sim.step(piece)[: piece.size]
+        if await client.send_pcm(out, chunk=FRAME, realtime=False) < out.size:
+            break
+        sent += piece.size
+    return sent
+
+
 async def run_wav(opts: MicOptions, display: Display) -> MicResult:
     from kame.audio import read_audio, write_wav
 
     assert opts.input_wav is not None
     pcm = read_audio(opts.input_wav)
+    sim: EchoSimulation | None = None
+    if opts.echo_path is not None:
+        sim = EchoSimulation(read_impulse_response(opts.echo_path, RATE), _canceller(opts))
+        display.state(f"simulated speaker and microphone ({opts.echo_path}): echo cancellation "
+                      + ("on" if opts.aec else "off (--no-aec)"))
     retrier = _retrier(opts, display)
     received: list[np.ndarray] = []
     pos = 0
@@ -296,6 +436,8 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
         out = np.concatenate(received) if received else np.zeros(0, np.float32)
         if opts.output_wav is not None:
             write_wav(opts.output_wav, out)
+        if sim is not None and opts.record_wav is not None:
+            sim.write_record(opts.record_wav)
         return out
 
     while True:
@@ -314,10 +456,16 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
 
         shower = asyncio.create_task(show())
         try:
-            pos += await client.send_pcm(pcm[pos:], realtime=True)
+            if sim is None:
+                pos += await client.send_pcm(pcm[pos:], realtime=True)
+            else:
+                pos += await _send_simulated(client, pcm[pos:], sim)
             cut_short = client.closed.is_set() and pos < pcm.size
-            if not cut_short:
-                await client.send_silence(opts.tail_s)  # the line stays open for the reply, full duplex
+            if not cut_short:  # the line stays open for the reply, full duplex
+                if sim is None:
+                    await client.send_silence(opts.tail_s)
+                else:
+                    await _send_simulated(client, np.zeros(int(opts.tail_s * RATE), np.float32), sim)
                 await client.drain_output(2.0, until_complete=True)
         finally:
             shower.cancel()
@@ -333,7 +481,8 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
             await client.close()
             break
     out = save()
-    return MicResult(out, client.stats.time_to_first_audio_s, client.stats.rtf, reconnects=retrier.reconnects)
+    echo = sim.echo_report() if sim is not None else None
+    return MicResult(out, client.stats.time_to_first_audio_s, client.stats.rtf, reconnects=retrier.reconnects, echo=echo)
 
 
 async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> MicResult:
@@ -341,28 +490,30 @@ async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> M
     loop = asyncio.get_running_loop()
     mic_q: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=200)
 
-    def on_mic(indata: np.ndarray, _frames: int, _t: Any, _status: Any) -> None:
-        block = indata[:, 0].copy()
+    def on_mic(block: np.ndarray) -> None:
         def put() -> None:
             if not mic_q.full():
                 mic_q.put_nowait(block)
 
         loop.call_soon_threadsafe(put)
 
+    canceller = _canceller(opts)
     try:
-        mic = sd.InputStream(samplerate=RATE, channels=1, dtype="float32", blocksize=480, callback=on_mic)
-        speaker = Speaker(sd)
-    except Exception as exc:  # PortAudioError: no device
-        raise UserError(f"no usable audio device ({exc}); use --input-wav/--output-wav") from None
+        duplex = Duplex(sd, canceller, on_mic)
+    except Exception as exc:  # PortAudioError: no device, or none that plays and records 24 kHz mono
+        raise UserError(f"no usable sound device for playing and recording at once ({exc}); use --input-wav/--output-wav") from None
+    speaker = duplex.play
     retrier = _retrier(opts, display)
     received: list[np.ndarray] = []
-    with mic, speaker.stream:
+    hint = ("echo cancellation on: speakers are fine" if canceller is not None
+            else "--no-aec: use headphones, the speakers would reach the microphone")
+    with duplex.stream:
         while True:
             client = await _connect(opts, display, retrier)
             printer = _EventPrinter(client, opts.protocol, display)
             played = 0
             try:
-                display.state("listening: speak (use headphones: the speakers would reach the microphone)")
+                display.state(f"listening: speak ({hint})")
                 while not stop.is_set() and not client.closed.is_set():
                     try:
                         block = await asyncio.wait_for(mic_q.get(), 0.05)
@@ -394,6 +545,7 @@ def summary_lines(result: MicResult) -> list[str]:
         f"received audio: {result.received.size / RATE:.2f} s, real-time factor {result.rtf:.3f}"
         + (f", playback underruns {result.underruns}" if result.underruns else ""),
         *([f"reconnected {result.reconnects} time(s): each reconnect started a new conversation"] if result.reconnects else []),
+        *([result.echo] if result.echo else []),
     ]
 
 
@@ -402,6 +554,10 @@ def run_mic(opts: MicOptions, display: Display | None = None) -> int:
     if opts.protocol not in ("realtime", "moshi"):
         raise UserError(f"--protocol {opts.protocol}: realtime or moshi")
     websocket_url(opts.server, opts.protocol)  # validate early
+    if opts.echo_path is not None and opts.input_wav is None:
+        raise UserError("--echo-path simulates a speaker and microphone for --input-wav; with a real microphone leave it out")
+    if opts.record_wav is not None and opts.echo_path is None:
+        raise UserError("--record-wav records the simulated microphone: it needs --echo-path")
     if opts.input_wav is not None:
         result = asyncio.run(run_wav(opts, display))
     else:

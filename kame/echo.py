@@ -178,8 +178,8 @@ def read_impulse_response(path: Path, sample_rate: int) -> np.ndarray:
 class EchoPath:
     """A simulated loudspeaker-room-microphone path: what is played, convolved with ``ir``, block by block.
 
-    ``play(block)`` returns what the microphone picks up of it during that block (the tails of
-    earlier blocks included), by FFT overlap-add, so long responses stay cheap."""
+    ``play(block)`` (at most ``block`` samples) returns what the microphone picks up during that
+    block (the tails of earlier blocks included), by FFT overlap-add, so long responses stay cheap."""
 
     def __init__(self, ir: np.ndarray, block: int) -> None:
         self.ir = np.asarray(ir, np.float64).reshape(-1)
@@ -190,10 +190,10 @@ class EchoPath:
 
     def play(self, pcm: np.ndarray) -> np.ndarray:
         x = np.asarray(pcm, np.float64).reshape(-1)
-        if x.size != self.block:
-            raise EchoInputError(f"echo path: blocks of {self.block} samples, not {x.size}")
+        if x.size > self.block:
+            raise EchoInputError(f"echo path: blocks of at most {self.block} samples, not {x.size}")
         y = np.fft.irfft(np.fft.rfft(x, self._n) * self._ir_f, self._n)
         self._tail += y
-        out = self._tail[: self.block].copy()
-        self._tail = np.concatenate([self._tail[self.block :], np.zeros(self.block)])
+        out = self._tail[: x.size].copy()
+        self._tail = np.concatenate([self._tail[x.size :], np.zeros(x.size)])
         return out.astype(np.float32)

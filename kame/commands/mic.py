@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 NAME = "mic"
-HELP = "Talk to a kame server from the terminal (microphone and speakers, or --input-wav/--output-wav)."
+HELP = "Talk to a kame server from the terminal (microphone and speakers, echo cancelled; or --input-wav/--output-wav)."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-wav", type=Path, default=None, help="Send this file at real time instead of the microphone.")
     p.add_argument("--output-wav", type=Path, default=None, help="Write everything the server sent here.")
     p.add_argument("--tail", type=float, default=4.0, help="Seconds the line stays open after --input-wav ends.")
+    p.add_argument("--no-aec", dest="aec", action="store_false",
+                   help="Do not cancel the echo of the reply in the microphone (WebRTC AEC3, on by default: speakers are fine). "
+                        "Without it, use headphones: the assistant would hear itself and answer itself.")
+    p.add_argument("--echo-path", type=Path, default=None, metavar="IR.wav",
+                   help="With --input-wav: simulate a speaker and microphone, mixing the reply convolved with this room "
+                        "impulse response (its leading silence is the delay) into the file's audio.")
+    p.add_argument("--record-wav", type=Path, default=None,
+                   help="With --echo-path: write a 2-channel wav, what the simulated microphone heard (left) and what was sent (right).")
     p.add_argument("--retries", type=int, default=8,
                    help="Reconnect this many times in a row after a refusal (1013, HTTP 503) or a drain (1001), "
                         "with back-off and jitter; each reconnect starts a new conversation. 0: never.")
@@ -47,5 +55,8 @@ def run(args: argparse.Namespace) -> int:
         instructions=args.instructions,
         oracle_policy=args.oracle_policy,
         backoff=Backoff(attempts=args.retries),
+        aec=args.aec,
+        echo_path=args.echo_path,
+        record_wav=args.record_wav,
     )
     return run_mic(opts)

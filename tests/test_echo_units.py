@@ -1,0 +1,105 @@
+"""kame.echo without a server: the canceller removes a simulated echo, keeps block lengths, and refuses
+a reference or microphone at the wrong rate or channel count and unusable impulse responses, in one
+sentence each."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kame.echo import EchoCanceller, EchoInputError, EchoPath, read_impulse_response
+
+RATE = 24000
+
+
+def modulated_noise(seconds: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    env = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * np.arange(n) / RATE)
+    return (0.1 * rng.standard_normal(n) * env).astype(np.float32)
+
+
+def test_echo_is_removed_after_convergence() -> None:
+    ir = np.zeros(int(0.2 * RATE) + 1, np.float32)
+    ir[-1] = 0.5  # 200 ms, -6 dB
+    path, aec = EchoPath(ir, 1920), EchoCanceller(RATE)
+    far = modulated_noise(5)
+    mic, out = [], []
+    for i in range(0, far.size, 1920):
+        block = far[i : i + 1920]
+        m = path.play(block)
+        aec.far(block)
+        mic.append(m)
+        out.append(aec.near(m))
+    m, o = np.concatenate(mic)[2 * RATE :], np.concatenate(out)[2 * RATE :]
+    erle = 10 * np.log10(np.mean(m**2) / np.mean(o**2))
+    assert erle >= 25, erle
+
+
+def test_echo_path_delays_and_scales() -> None:
+    ir = np.zeros(100, np.float32)
+    ir[99] = 0.25
+    path = EchoPath(ir, 80)
+    x = np.zeros(240, np.float32)
+    x[0] = 1.0
+    y = np.concatenate([path.play(x[i : i + 80]) for i in range(0, 240, 80)])
+    assert np.argmax(np.abs(y)) == 99 and y[99] == pytest.approx(0.25, abs=1e-6)
+
+
+def test_any_block_length_comes_back_the_same_length() -> None:
+    aec = EchoCanceller(RATE)
+    sizes = [100, 240, 333, 1920, 7]
+    for n in sizes:
+        aec.far(np.zeros(n, np.float32))
+        assert aec.near(np.zeros(n, np.float32)).size == n
+    assert aec.near_samples == sum(sizes)
+
+
+def test_mismatched_reference_or_microphone_is_one_sentence() -> None:
+    aec = EchoCanceller(RATE)
+    with pytest.raises(EchoInputError) as exc:
+        aec.far(np.zeros(480, np.float32), sample_rate=48000)
+    assert "48000 Hz" in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(EchoInputError) as exc:
+        aec.near(np.zeros((480, 2), np.float32))
+    assert "2 channel" in str(exc.value)
+    with pytest.raises(EchoInputError):
+        EchoCanceller(44100)
+    with pytest.raises(EchoInputError):
+        EchoCanceller(RATE, channels=2)
+    aec.far(np.zeros(480, np.float32))  # still usable after a refused block
+    assert aec.near(np.zeros(480, np.float32)).size == 480
+
+
+def _wav(path: Path, data: np.ndarray, rate: int, channels: int = 1) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((data * 32767).astype("<i2").tobytes())
+    return path
+
+
+def test_impulse_response_files(tmp_path: Path) -> None:
+    # a 48 kHz response: resampled with its delay and gain kept
+    ir48 = np.zeros(9600)
+    ir48[4800] = 0.5  # 100 ms
+    ir = read_impulse_response(_wav(tmp_path / "a.wav", ir48, 48000), RATE)
+    assert abs(int(np.argmax(np.abs(ir))) - 2400) <= 1
+    x = modulated_noise(1)
+    gain = np.sqrt(np.mean(np.convolve(x, ir)[3000:20000] ** 2) / np.mean(x[600:17600] ** 2))
+    assert gain == pytest.approx(0.5, rel=0.05)
+    bad = [
+        (tmp_path / "missing.wav", "no such file"),
+        (_wav(tmp_path / "s.wav", np.ones(20) * 0.1, RATE, channels=2), "2 channels"),
+        (_wav(tmp_path / "z.wav", np.zeros(20), RATE), "silent"),
+    ]
+    (tmp_path / "t.wav").write_text("text, not a wav")
+    bad.append((tmp_path / "t.wav", "not a readable wav"))
+    for path, words in bad:
+        with pytest.raises(EchoInputError) as exc:
+            read_impulse_response(path, RATE)
+        assert words in str(exc.value) and "\n" not in str(exc.value)
