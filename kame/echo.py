@@ -53,7 +53,7 @@ class _Framer:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._pending = np.zeros(0, np.float32)
+        self._pending: np.ndarray = np.zeros(0, np.float32)
 
     def frames(self, pcm: np.ndarray) -> list[np.ndarray]:
         buf = np.concatenate([self._pending, pcm]) if self._pending.size else pcm
@@ -186,7 +186,7 @@ class EchoPath:
         self.block = block
         self._n = 1 << int(np.ceil(np.log2(block + self.ir.size - 1)))
         self._ir_f = np.fft.rfft(self.ir, self._n)
-        self._tail = np.zeros(self._n, np.float64)
+        self._tail: np.ndarray = np.zeros(self._n, np.float64)
 
     def play(self, pcm: np.ndarray) -> np.ndarray:
         x = np.asarray(pcm, np.float64).reshape(-1)
