@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
-from speech import RATE, content_recall, synthesize, words
+from tests.support.speech import RATE, content_recall, synthesize, words
 
 from kame.echo import EchoCanceller, EchoPath
 
