@@ -42,9 +42,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
-from tests.support.speech import RATE, content_recall, synthesize, words
-
 from kame.echo import EchoCanceller, EchoPath
+from tests.support.speech import RATE, content_recall, synthesize, words
 
 FRAME = 1920
 FAR_TEXT = [
