@@ -283,7 +283,8 @@ def test_browser_page_retries_while_no_replica_has_room(fleet: tuple[HAProxy, li
             )
             try:
                 page = browser.new_context().new_page()
-                page.goto(lb.http_url + "/")  # served through HAProxy while there is room
+                # served through HAProxy while there is room; the HAProxy path is websocket-only (docs/server.md)
+                page.goto(lb.http_url + "/?transport=websocket")
                 page.wait_for_function("() => window.kame !== undefined", timeout=15000)
                 holders = on_loop(fill())
                 assert all(h is not None for h in holders)

@@ -166,6 +166,17 @@ def test_page_talks_over_webrtc_by_default(server: ServerProcess, playwright: Pl
         assert page.inner_text("#m-reply") != "–"  # reply delay, from output_audio_buffer.started
         wait_until(page, "() => /Alpha thinks/.test(document.getElementById('oracle-log').innerText)", 45,
                    "the oracle's text (kame.* events on oai-events)", lambda: summary(page))
+        # push to talk, released: the track is muted, the server hears silence (the fake microphone goes on
+        # saying its question every 5 s); held (the space bar): the microphone again
+        page.click("label[for=mode-ptt]")
+        time.sleep(2.5)  # turns already heard may still be reported
+        started = "window.kame.events.filter((e) => e.type === 'input_audio_buffer.speech_started').length"
+        before = page.evaluate(started)
+        time.sleep(8)
+        assert page.evaluate(started) == before, "speech heard while push to talk was released"
+        page.keyboard.down("Space")
+        wait_until(page, f"() => {started} > {before}", 15, "speech while the space bar is held", lambda: summary(page))
+        page.keyboard.up("Space")
         # no websocket was opened: the call was the conversation
         assert page.evaluate("window.__sockets") == []
         assert metric(server, "kame_webrtc_calls_total", result="answered") == answered + 1

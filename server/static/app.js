@@ -612,6 +612,9 @@ function onSessionCreated(session) {
   const kameFields = {};
   if (ui.backend.value && ui.backend.value !== k.backend) kameFields.backend = ui.backend.value;
   if (ui.policy.value !== k.oracle_policy) kameFields.oracle_policy = ui.policy.value;
+  // kame's own events (partials, the back-end, the oracle) are opt-in: the websocket asks with ?kame_events=1,
+  // a call (whose URL is OpenAI's) with its first session.update.
+  if (client && client.transport === "webrtc") kameFields.events = true;
   if (Object.keys(kameFields).length) fields.kame = kameFields;
   if (ui.instructions.value.trim()) fields.instructions = ui.instructions.value.trim();
   kame.session = session;
