@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "kame.errors",
                 "kame.media",
                 "kame.audio",
+                "kame.echo",
                 "kame.loudness",
                 "kame.stats",
                 "kame.versions",
