@@ -154,7 +154,7 @@ def test_openais_browser_flow_in_chromium(server: ServerProcess, app_page: str, 
     assert "output_audio_buffer.cleared" in types
     assert not [t for t in types if t.endswith("audio.delta")]
     inbound = result["inbound"]
-    assert inbound and inbound["packetsReceived"] > 100, inbound  # RTP from kame, continuously
+    assert inbound and inbound["packetsReceived"] > 50, inbound  # RTP from kame, continuously (40 ms packets: > 2 s)
     assert inbound["totalAudioEnergy"] > 0, inbound  # and not only silence
     print("\nchromium inbound-rtp:", json.dumps(inbound))
     assert not errors, errors

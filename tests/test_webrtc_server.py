@@ -110,6 +110,8 @@ def test_a_call_with_an_ephemeral_key_speaks_and_hears_over_rtp(server: ServerPr
         try:
             await asyncio.wait_for(call.opened.wait(), 15)
             created = await call.wait_for(lambda e: e["type"] == "session.created", 15)
+            # kame's own events are opt-in (issue 24): this test reads the oracle's
+            call.send({"type": "session.update", "session": {"type": "realtime", "kame": {"events": True}}})
             final = await call.wait_for(
                 lambda e: e["type"] == "conversation.item.input_audio_transcription.completed", 40)
             answer = await call.wait_for(lambda e: e["type"] == "kame.backend.answer" or
