@@ -225,7 +225,8 @@ async def _talk_then_stop(port: int, name: str) -> dict[str, Any]:
     data = (np.clip(q, -1, 1) * 32767).astype("<i2").tobytes()
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
     seen: dict[str, Any] = {"types": [], "audio_bytes": 0, "transcripts": [], "closed": None}
-    async with client.realtime.connect(model="kame") as conn:
+    # kame events on (they are opt-in): Moshi speaks between responses, and its frames keep this loop going
+    async with client.realtime.connect(model="kame", extra_query={"kame_events": "1"}) as conn:
         assert (await asyncio.wait_for(conn.recv(), 30)).type == "session.created"
 
         async def speak() -> None:
