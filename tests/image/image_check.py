@@ -225,8 +225,7 @@ async def _talk_then_stop(port: int, name: str) -> dict[str, Any]:
     data = (np.clip(q, -1, 1) * 32767).astype("<i2").tobytes()
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
     seen: dict[str, Any] = {"types": [], "audio_bytes": 0, "transcripts": [], "closed": None}
-    # kame events on (they are opt-in): Moshi speaks between responses, and its frames keep this loop going
-    async with client.realtime.connect(model="kame", extra_query={"kame_events": "1"}) as conn:
+    async with client.realtime.connect(model="kame") as conn:
         assert (await asyncio.wait_for(conn.recv(), 30)).type == "session.created"
 
         async def speak() -> None:
@@ -239,8 +238,20 @@ async def _talk_then_stop(port: int, name: str) -> dict[str, Any]:
         stop_at: float | None = None
         stopper: asyncio.Task[Any] | None = None
         try:
+            quiet_until = time.monotonic() + 30
             while True:
-                event = await asyncio.wait_for(conn.recv(), 30)
+                # a standard client sees no events between responses (kame's are opt-in): the stop
+                # condition is checked on a quiet second too, and 30 s without any event ends the loop
+                try:
+                    event = await asyncio.wait_for(conn.recv(), 1)
+                    quiet_until = time.monotonic() + 30
+                except asyncio.TimeoutError:
+                    if time.monotonic() > quiet_until:
+                        raise
+                    if stopper is None and speaker.done() and seen["transcripts"] and seen["audio_bytes"]:
+                        stop_at = time.monotonic()
+                        stopper = asyncio.create_task(asyncio.to_thread(docker, "stop", name, timeout=30))
+                    continue
                 seen["types"].append(event.type)
                 if event.type == "response.output_audio.delta":
                     seen["audio_bytes"] += len(base64.b64decode(event.delta))
