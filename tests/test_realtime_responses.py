@@ -75,7 +75,9 @@ class Client:
         for _ in range(n):
             self.step += 1
             frame = pe.AssistantFrame(step=self.step, pcm=pcm, text_id=5 if piece else None, piece=piece, oracle_id=-1)
-            got += self.take(self.wire.frame(frame, self.step, True))
+            out = self.wire.frame(frame, self.step, True)
+            self.commands += [o.command for o in out if isinstance(o, ConversationIn)]
+            got += self.take([o for o in out if isinstance(o, Outgoing)])
         return got
 
     def event(self, event: pe.PipelineEvent) -> list[dict[str, Any]]:
@@ -166,9 +168,27 @@ def test_response_cancel_ends_it_cancelled_withholds_the_rest_and_resets_the_ora
     assert isinstance(c.commands[-1], sc.CancelAnswer)
     # Moshi goes on talking: withheld until it has been silent for the end gap
     assert c.frames(LOUD, 20, "\u2581more") == []
+    assert not [k for k in c.commands if isinstance(k, sc.ForgetSpeech)]
     assert c.frames(QUIET, 10) == []
+    # the user never heard those words (steps 4..23): they leave the back-end's history once withholding ends
+    forget = [k for k in c.commands if isinstance(k, sc.ForgetSpeech)]
+    assert len(forget) == 1 and forget[0].start_step == 4 and 24 <= forget[0].end_step <= c.step, forget
     assert c.types(c.frames(LOUD, 1, "\u2581new"))[0] == "response.created"
+    assert len([k for k in c.commands if isinstance(k, sc.ForgetSpeech)]) == 1  # what is sent again stays
     _check_one_response_at_a_time(c.events)
+
+
+def test_response_create_after_a_cancel_first_forgets_what_was_withheld() -> None:
+    c = Client(RealtimeWire(INFO, SessionSettings()))
+    c.frames(LOUD, 2, "\u2581Hi")
+    c.send({"type": "response.cancel"})
+    c.frames(LOUD, 5, "\u2581more")  # steps 3..7, withheld
+    c.send({"type": "response.create"})
+    forget = [k for k in c.commands if isinstance(k, sc.ForgetSpeech)]
+    assert [(f.start_step, f.end_step) for f in forget] == [(3, 8)]
+    # the forgetting comes before the request, so the back-end's new request does not read those words
+    assert c.commands.index(forget[0]) < max(i for i, k in enumerate(c.commands) if isinstance(k, sc.RequestAnswer))
+    assert c.frames(LOUD, 1, "\u2581Sure")[0]["type"] == "response.output_item.added"  # no longer withheld
 
 
 def test_speech_cancels_the_open_response_with_interrupt_response() -> None:

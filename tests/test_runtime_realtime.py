@@ -21,7 +21,8 @@ from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.telemetry.protocol_metrics import ProtocolMetrics
 from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
-from kame.session.events import EngineDown, SpeechStarted, SpeechStopped
+from kame.session.commands import CancelAnswer, ForgetSpeech
+from kame.session.events import AssistantFrame, EngineDown, SpeechStarted, SpeechStopped
 from kame.session.settings import SessionSettings
 from tests.support.runtime_fakes import FakeHost, FakeWebSocket, output_frame
 
@@ -100,6 +101,39 @@ def test_output_frames_become_responses_and_a_user_turn_ends_one() -> None:
     transcript = [e["delta"] for e in ws.events() if e["type"] == "response.output_audio_transcript.delta"]
     assert transcript == ["word", " word"]
     assert len(host.slot.fed) == 6 and session.frames_in == 6
+
+
+def test_words_withheld_after_a_cancel_leave_the_backend_history() -> None:
+    """response.cancel withholds Moshi's remaining audio; once it has been silent for the end gap, the
+    runtime hands the pipeline the withheld steps to forget (the user never heard them)."""
+    cfg = ServerConfig(idle_timeout_s=30)
+    host = FakeHost()
+    ws = FakeTextSocket()
+    quiet = np.zeros(1920, np.float32)
+
+    async def main() -> None:
+        session = _session(ws, host, ServerMetrics(), cfg, settings=SessionSettings())
+        task = asyncio.create_task(session.run())
+        for step in range(3):
+            host.pipeline.put(output_frame(step, text_id=7))
+        await asyncio.sleep(0.1)
+        ws.push_event({"type": "response.cancel"})
+        await asyncio.sleep(0.1)
+        for step in range(3, 8):  # Moshi goes on: withheld
+            host.pipeline.put(output_frame(step, text_id=7))
+        for step in range(8, 20):  # then silent for the end gap
+            host.pipeline.put(AssistantFrame(step=step, pcm=quiet, text_id=3, piece=None, oracle_id=3))
+        await asyncio.sleep(0.2)
+        ws.disconnect()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    done = [e for e in ws.events() if e["type"] == "response.done"]
+    assert [d["response"]["status"] for d in done] == ["cancelled"]
+    commands = host.pipeline.commands
+    assert isinstance(commands[0], CancelAnswer), commands
+    forget = [c for c in commands if isinstance(c, ForgetSpeech)]
+    assert len(forget) == 1 and forget[0].start_step == 3 and 8 <= forget[0].end_step <= 19, forget
 
 
 def test_a_client_that_never_reads_loses_audio_not_events_then_is_closed() -> None:

@@ -513,7 +513,11 @@ class SessionRuntime:
         if not send_audio:
             self.frames_dropped += 1
             self.metrics.frames_dropped.labels(direction="out").inc()
-        self._queue(self.wire.frame(frame, index, send_audio))
+        for out in self.wire.frame(frame, index, send_audio):
+            if isinstance(out, ConversationIn):
+                self._conversation(out)
+            else:
+                self._queue((out,))
 
     def _event(self, event: PipelineEvent) -> None:
         self.metrics.on_event(event)

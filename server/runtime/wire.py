@@ -146,9 +146,11 @@ class Wire(Protocol):
     def decode(self, message: Message, now: float) -> list[Command]:
         """One websocket message (``websocket.receive``) -> commands."""
 
-    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationIn]:
         """An output frame (``index`` counts every frame of the session); with ``send_audio`` False its
-        audio is dropped (the client lags) but its text and the protocol's lifecycle go on."""
+        audio is dropped (the client lags) but its text and the protocol's lifecycle go on. A
+        :class:`ConversationIn` among the messages goes to the pipeline (Realtime: the words of audio
+        withheld after a cancel leave the back-end's history)."""
 
     def event(self, event: PipelineEvent) -> list[Outgoing]:
         """Any other pipeline event."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kame.session.commands import ConversationCommand
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
@@ -55,6 +56,7 @@ class FakePipeline:
         self.flush_on_exit = True
         self.settings: list[SessionSettings] = []
         self.on_exit: list[PipelineEvent] = []  # what the pipeline reports while it closes (the ASR's last final)
+        self.commands: list[ConversationCommand] = []  # what the runtime applied (kame.session.commands)
 
     async def __aenter__(self) -> FakePipeline:
         self.entered = True
@@ -79,6 +81,9 @@ class FakePipeline:
 
     def update(self, settings: SessionSettings) -> None:
         self.settings.append(settings)
+
+    def apply(self, command: ConversationCommand) -> None:
+        self.commands.append(command)
 
     async def next_event(self) -> PipelineEvent:
         return await self.events.get()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kame.server.runtime.wire import Command, Outgoing, Reply
+from kame.server.runtime.wire import Command, ConversationIn, Outgoing, Reply
 from kame.server.wires.realtime.events import ClientError, Event
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session import events as pe
@@ -64,18 +64,20 @@ class RealtimeRtpWire(RealtimeWire):
         return [Reply([Outgoing(out[0].data, clear_audio=True)])]
 
     # ------------------------------------------------------------------ server -> client
-    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing | ConversationIn]:
         text = frame.piece
         speaking = self.assistant.speaking(frame.pcm, text)
         current = self.assistant.current
-        events = self._out(self.assistant.frame(None, speaking=speaking, text=text))
+        fed = frame.oracle_id >= 0 and frame.oracle_id != self.vocab.pad_id
+        events = self._out(self.assistant.frame(None, speaking=speaking, text=text, step=frame.step, fed=fed))
+        forget = self._forget_unheard()
         playing = self.assistant.current or current
         if not send_audio:
-            return events
+            return [*events, *forget]
         pcm = frame.pcm
         if playing is not None and playing.id == self._withheld:
             pcm = np.zeros_like(frame.pcm)
-        return [Outgoing("", audio_index=index, pcm=pcm), *events]
+        return [Outgoing("", audio_index=index, pcm=pcm), *events, *forget]
 
     def _out(self, events: list[Event], index: int | None = None, *, kame: bool = False) -> list[Outgoing]:
         return super()._out(self._with_buffer_events(events), None, kame=kame)

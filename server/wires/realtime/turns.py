@@ -119,6 +119,10 @@ class AssistantTurns:
         #: Moshi's audio after a cancel: not sent until it has been silent for the end gap
         self.withholding = False
         self._withheld_quiet = 0
+        self._withheld_from: int | None = None  # the first output step withheld
+        #: output step ranges ``[start, end)`` withheld after a cancel, not yet taken by the wire: the user
+        #: never heard them, so their words leave the back-end's history (:meth:`take_unheard`)
+        self.unheard: list[tuple[int, int]] = []
         #: the last audio message that ended (steps known), for truncate/delete
         self.spoken: dict[str, SpokenItem] = {}
         self._step = 0
@@ -159,10 +163,12 @@ class AssistantTurns:
             if answered or (not r.answer_fed and r.item_id is None and r.waited >= self.request_wait_frames):
                 out += self.close("completed")  # this frame belongs to what comes next
         if self.withholding:
+            if self._withheld_from is None:
+                self._withheld_from = self._step
             self._withheld_quiet = 0 if speaking else self._withheld_quiet + 1
             if self._withheld_quiet < self.end_silence_frames:
                 return out
-            self.withholding = False
+            self._stop_withholding(self._step)  # this frame is silent and not withheld
         r = self.current
         if r is None:
             if not speaking:
@@ -195,7 +201,7 @@ class AssistantTurns:
     def request(self, metadata: dict[str, str] | None = None) -> list[Event]:
         """``response.create``: an unrequested response still open ends ``completed``; the new one starts now."""
         out = self.close("completed")
-        self.withholding = False
+        self._stop_withholding(self._step + 1)
         r = _Response(self.ids.response(), requested=True, metadata=metadata)
         self.current = r
         self.responses += 1
@@ -207,9 +213,19 @@ class AssistantTurns:
         Moshi's remaining audio is withheld until it has been silent for the end gap; [] if none is open."""
         if self.current is None:
             return []
-        self.withholding = True
-        self._withheld_quiet = 0
+        if not self.withholding:
+            self.withholding, self._withheld_quiet, self._withheld_from = True, 0, None
         return self.close("cancelled", reason)
+
+    def take_unheard(self) -> list[tuple[int, int]]:
+        """The step ranges withheld since the last call (see :attr:`unheard`)."""
+        out, self.unheard = self.unheard, []
+        return out
+
+    def _stop_withholding(self, end_step: int) -> None:
+        if self.withholding and self._withheld_from is not None and end_step > self._withheld_from:
+            self.unheard.append((self._withheld_from, end_step))
+        self.withholding, self._withheld_from = False, None
 
     def function_call(self, call_id: str, name: str, arguments: str) -> list[Event]:
         """A call of the client's function: an output item of the open response (a new one if none), which ends."""

@@ -185,7 +185,8 @@ class RealtimeWire:
         continue_tools = self._outputs_pending_create > 0
         self._outputs_pending_create = 0
         request = sc.RequestAnswer(command.instructions, command.context, continue_tools=continue_tools)
-        return [Reply(self._out(self.assistant.request(command.metadata))), ConversationIn(request)]
+        reply = Reply(self._out(self.assistant.request(command.metadata)))
+        return [reply, *self._forget_unheard(), ConversationIn(request)]
 
     def _response_cancel(self, command: ResponseCancel) -> list[Command]:
         current = self.assistant.current
@@ -319,12 +320,17 @@ class RealtimeWire:
         return self._out([{"type": "kame.session.reset", "reason": "client"}], kame=True)
 
     # ------------------------------------------------------------------ server -> client
-    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing | ConversationIn]:
         text = frame.piece
         speaking = self.assistant.speaking(frame.pcm, text)
         delta = ev.pcm16_base64(frame.pcm) if send_audio else None
         fed = frame.oracle_id >= 0 and frame.oracle_id != self.vocab.pad_id
-        return self._out(self.assistant.frame(delta, speaking=speaking, text=text, step=frame.step, fed=fed), index)
+        events = self._out(self.assistant.frame(delta, speaking=speaking, text=text, step=frame.step, fed=fed), index)
+        return [*events, *self._forget_unheard()]
+
+    def _forget_unheard(self) -> list[ConversationIn]:
+        """Moshi's words withheld after a cancel were never heard: they leave the back-end's history."""
+        return [ConversationIn(sc.ForgetSpeech(start, end)) for start, end in self.assistant.take_unheard()]
 
     def event(self, event: pe.PipelineEvent) -> list[Outgoing]:
         return self._out(self._map(event))
