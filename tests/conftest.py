@@ -24,9 +24,12 @@ variables, HAProxy replicas, the CLI), which the summary names. Going over the l
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: Server processes a full run may start beyond those of ``server_process_subject`` tests.
 MAX_SERVERS = 8
 SUBJECT = "server_process_subject"
+_STARTS_KEY = "kame_server_starts"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,7 +78,24 @@ class _requester:
         moshi_client.CURRENT_REQUESTER.pop()
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A pytest-xdist worker hands its server starts to the controller (``workeroutput``)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_STARTS_KEY] = json.dumps([dataclasses.asdict(s) for s in moshi_client.SERVER_STARTS])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller of a pytest-xdist run collects each worker's server starts."""
+    data = getattr(node, "workeroutput", {}).get(_STARTS_KEY)
+    if data:
+        moshi_client.SERVER_STARTS.extend(moshi_client.ServerStart(**s) for s in json.loads(data))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    if getattr(config, "workeroutput", None) is not None:
+        return
     starts = moshi_client.SERVER_STARTS
     counted = [s for s in starts if not s.requested_by.startswith("subject ")]
     subject = [s for s in starts if s.requested_by.startswith("subject ")]

@@ -47,7 +47,10 @@ pytestmark = pytest.mark.timeout(560)
 
 def docker(*args: str, timeout: float = 120, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    return subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=check, env=env, **kw)
+    done = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=False, env=env, **kw)
+    if check and done.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args[:3])} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done
 
 
 def make_base() -> None:
@@ -55,9 +58,12 @@ def make_base() -> None:
     if docker("image", "inspect", BASE, check=False).returncode == 0:
         return
     tar = CACHE / "bookworm-minbase.tar"
-    if not tar.exists():
+    if tar.is_dir():  # what an earlier version of this check left (its temporary name had no .tar)
+        shutil.rmtree(tar)
+    if not tar.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = tar.with_suffix(".part")
+        tmp = CACHE / "bookworm-minbase.part.tar"  # mmdebstrap writes a tarball only to a name ending in .tar
+        tmp.unlink(missing_ok=True)
         subprocess.run(
             ["nice", "-n", "15", "mmdebstrap", "--quiet", "--variant=minbase",
              "--include=python3,python3-venv,ca-certificates", "bookworm", str(tmp)],
