@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: install everything (venv, Python and Debian
 # packages) from scratch if needed, check style and types (scripts/lint.sh: ruff, mypy),
-# then run the whole test suite (with the 15 slowest tests listed).
+# then run the whole test suite (two pytest-xdist workers; the 15 slowest tests listed).
 # Extra arguments go to pytest.
 #
 # Each step is a `phase NAME COMMAND...`: timed, reported, and listed in the final summary line
@@ -40,7 +40,30 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
-phase tests "" .venv/bin/python -m pytest -ra --durations=15 "$@"
+# The tests: in TEST_WORKERS (2) pytest-xdist workers, a file per worker at a time (its module
+# servers start once), then the tests marked `alone` (timing under a load they make themselves) with
+# nothing else running. The last part's summary counts the server processes of both.
+run_tests() {
+    local workers=${TEST_WORKERS:-2} starts status alone_status
+    if [ "$workers" = "0" ]; then
+        .venv/bin/python -m pytest -ra --durations=15 "$@"
+        return
+    fi
+    starts=$(mktemp /tmp/kame-test-starts.XXXXXX)
+    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" --dist loadfile \
+        -m "not alone" "$@"
+    status=$?
+    echo "test.sh: the tests marked alone, with nothing else running:"
+    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=5 -m alone "$@"
+    alone_status=$?
+    rm -f "$starts"
+    [ $alone_status -eq 5 ] && alone_status=0  # none selected (a run of other files)
+    [ $status -eq 5 ] && status=0  # none selected outside the alone ones
+    [ $status -ne 0 ] && return $status
+    return $alone_status
+}
+
+phase tests "" run_tests "$@"
 phase frameworks "the framework tests failed (scripts/test_frameworks.sh)" ./scripts/test_frameworks.sh
 phase image "the image phase failed (scripts/test_image.sh)" ./scripts/test_image.sh
 finish

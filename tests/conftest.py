@@ -42,14 +42,38 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: Server processes a full run may start beyond those of ``server_process_subject`` tests.
 MAX_SERVERS = 8
 SUBJECT = "server_process_subject"
+#: Tests whose assertion is timing under a load they make themselves (another worker's load would blur
+#: it): scripts/test.sh runs them after the parallel part, alone (``-m alone``).
+ALONE = "alone"
 _STARTS_KEY = "kame_server_starts"
+#: The test command's parts (parallel, then alone) add their server starts here, so the last part's
+#: summary covers the whole run (scripts/test.sh sets it).
+STARTS_FILE = os.environ.get("PYTEST_KAME_STARTS_FILE")
+#: The files that take longest (a run's ``--durations``), collected first, so that pytest-xdist
+#: (``--dist loadfile``) starts them early and a run does not end waiting on one of them. Order only.
+SLOW_FIRST = (
+    "test_eval_duplex_e2e.py", "test_eval_e2e.py", "test_live_server.py", "test_haproxy.py", "test_webrtc_page.py",
+    "test_browser.py", "test_run_cli.py", "test_live_responses_server.py", "test_chat_mcp.py",
+    "test_tools_refused_server.py", "test_server_lifecycle.py", "test_oracle_loop.py", "test_eval_session.py",
+    "test_mcp_tools.py", "test_server_chat.py", "test_realtime_tools.py", "test_webrtc_server.py",
+    "test_realtime_turns.py", "test_realtime_server.py",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
+        "markers", f"{ALONE}: the test asserts timing under a load it makes itself; scripts/test.sh runs it "
+        "after the parallel part, with nothing else running"
+    )
+    config.addinivalue_line(
         "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
         "the servers it starts are not counted against the limit of shared and own servers"
     )
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests stay in order
 
 
 @pytest.hookimpl(wrapper=True)
@@ -96,7 +120,12 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     if getattr(config, "workeroutput", None) is not None:
         return
-    starts = moshi_client.SERVER_STARTS
+    starts = list(moshi_client.SERVER_STARTS)
+    if STARTS_FILE:
+        path = Path(STARTS_FILE)
+        earlier = [moshi_client.ServerStart(**s) for s in json.loads(path.read_text() or "[]")] if path.exists() else []
+        path.write_text(json.dumps([dataclasses.asdict(s) for s in earlier + starts]))
+        starts = earlier + starts
     counted = [s for s in starts if not s.requested_by.startswith("subject ")]
     subject = [s for s in starts if s.requested_by.startswith("subject ")]
     tr = terminalreporter

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 import traceback
 from typing import Any
@@ -25,6 +24,7 @@ from kame.backend.errors import (
 )
 from kame.backend.openai_backend import OpenAIBackend
 from tests.support.llm_server import LlmServer, Reply
+from tests.support.moshi_client import free_port
 
 KEY = "sk-kametest-SECRET-7f3a9c0d1e2b"
 USER = [{"role": "user", "content": "Hello?"}]
@@ -42,11 +42,6 @@ async def collect(backend: OpenAIBackend, messages: Any = USER, **kw: Any) -> li
         out.append(chunk)
     return out
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_streams_text_chunks_and_sends_the_request(llm_server: LlmServer) -> None:

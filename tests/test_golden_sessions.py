@@ -24,7 +24,6 @@ import base64
 import json
 import os
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -43,6 +42,7 @@ from kame.asr.recognizer import Recognizer
 from kame.asr.stream import AsrStream, EventCallback, ThreadedStream
 from kame.asr.transcriber import Transcriber, TranscriberStats
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
+from tests.support.moshi_client import free_port
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 RATE = 24000
@@ -108,11 +108,6 @@ class ScriptedRecognizer(Recognizer):
 
 # --------------------------------------------------------------------------- the server
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class GoldenServer:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from kame.server.wires.live.responses_backend import registry_catalog, registry_
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
+from tests.support.moshi_client import free_port
 
 WEATHER = {
     "type": "function",
@@ -55,11 +55,6 @@ def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int
     sp = spm.SentencePieceProcessor(model_file=str(path))
     return lambda text: list(sp.encode(text, out_type=int))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def app_for(registry: BackendRegistry, encode: Callable[[str], list[int]], answers: list[OracleAnswer]) -> FastAPI:

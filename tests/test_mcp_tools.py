@@ -21,6 +21,7 @@ from kame.backend.resolve import ResolvedBackends
 from kame.backend.tool_loop import CallFinished, LoopDone, TextDelta, ToolLoop
 from kame.backend.tools import ToolCall
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
+from tests.support.moshi_client import free_port
 
 SECRET = "mcp-secret-KEY-4c1f9a77e2"
 
@@ -236,14 +237,8 @@ def test_sessions_pick_servers_by_name_only() -> None:
         McpServerConfig(command="x", env_from={"K": "sk-not-a-name"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_streamable_http_server(server_script: Path) -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(server_script), str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -256,6 +256,7 @@ def test_switch_backend_mid_session(llm_server: LlmServer, sp: spm.SentencePiece
     assert [r.model for r in llm_server.chat_requests()] == ["model-alpha", "model-beta"]
 
 
+@pytest.mark.alone  # the tick cadence with a bad LLM: another worker's load would blur it
 @pytest.mark.parametrize("reply", [
     Reply(hang_before_headers=True),
     Reply(hang_after_chunks=2, text="one two three four"),

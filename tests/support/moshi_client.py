@@ -22,12 +22,37 @@ from kame.client.moshi_client import (  # noqa: F401  (re-exported for tests and
 # --------------------------------------------------------------------------- a real server in a subprocess
 
 
+#: pytest-xdist workers each count up through their own block of ports below Linux's ephemeral range
+#: (32768 and up, what ``bind(0)`` hands out), so two workers starting servers at once never pick the
+#: same port: a port found with ``bind(0)`` and released is free only until someone binds it, and a server
+#: takes seconds to bind its own.
+_PORT_BLOCK = 1500
+_next_port: list[int] = []
+
+
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a server this process starts (see :data:`_PORT_BLOCK`)."""
+    import os
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    first = 20000 + _PORT_BLOCK * int(worker[2:])
+    if not _next_port:
+        _next_port.append(first)
+    for _ in range(_PORT_BLOCK):
+        port = _next_port[0]
+        _next_port[0] = first + (port + 1 - first) % _PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + _PORT_BLOCK - 1}")
 
 
 @dataclass
