@@ -215,6 +215,17 @@ def test_no_gpu_is_one_clear_line(built: Built) -> None:
     assert "Traceback" not in out
 
 
+def test_missing_models_is_one_clear_line(built: Built) -> None:
+    # a real checkpoint that is not on the volume, offline (as on an air-gapped box before `kame download`)
+    rc, out = _logs_until_exit(["-e", f"KAME_SERVER__PORT={free_port()}", "-e", "HF_HUB_OFFLINE=1",
+                                "-e", "KAME_FRONTEND__CHECKPOINT=kyutai/moshika-pytorch-bf16",
+                                built.tag, "--config", "cpu-demo"])
+    lines = [line for line in out.splitlines() if "is not in the local cache and HF_HUB_OFFLINE is set" in line]
+    assert lines and "kame download --checkpoint kyutai/moshika-pytorch-bf16" in lines[0], out[-2000:]
+    assert "Traceback" not in out
+    assert rc != 0
+
+
 def test_unwritable_data_is_one_clear_line(built: Built) -> None:
     # another uid than the image's: the /data volume (owned by 10001) is not writable for it
     rc, out = _logs_until_exit(["--user", "12345", "-e", f"KAME_SERVER__PORT={free_port()}", "-e", "HF_HUB_OFFLINE=1",
