@@ -134,56 +134,74 @@ class Ignored:
 Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | AnswerIn | EndIn | ConversationIn | Ignored
 
 
-class Wire(Protocol):
-    """One session's protocol state. Every method is pure: it returns what to do or to send."""
+class Wire:
+    """One session's protocol state. Every method is pure: it returns what to do or to send.
+
+    The base class answers everything with nothing (``[]``): a wire overrides what its protocol has a
+    message for, and only that (Moshi's protocol has no settings, functions or resets).
+    """
 
     #: Metrics label and log field (``chat``, ``realtime``, ...).
     protocol: str
 
     def opening(self, settings: SessionSettings) -> list[Outgoing]:
         """What the client gets once its pipeline is ready (handshake, ``session.created``)."""
+        return []
 
     def decode(self, message: Message, now: float) -> list[Command]:
         """One websocket message (``websocket.receive``) -> commands."""
+        return []
 
     def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationIn]:
         """An output frame (``index`` counts every frame of the session); with ``send_audio`` False its
         audio is dropped (the client lags) but its text and the protocol's lifecycle go on. A
         :class:`ConversationIn` among the messages goes to the pipeline (Realtime: the words of audio
         withheld after a cancel leave the back-end's history)."""
+        return []
 
     def event(self, event: PipelineEvent) -> list[Outgoing]:
         """Any other pipeline event."""
+        return []
 
     def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
         """The pipeline took new settings."""
+        return []
 
     def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
         """The pipeline refused new settings (e.g. a back-end that went away); nothing changed."""
+        return []
 
     def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
         """The pipeline took a function's output (it was waiting for it)."""
+        return []
 
     def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
         """No call waits for that output (unknown, answered, or timed out)."""
+        return []
 
     def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
         """Audio arrived so far ahead of real time that some was dropped (the first time in a row)."""
+        return []
 
     def reset_starting(self) -> list[Outgoing]:
         """Before a reset: close what is open."""
+        return []
 
     def reset_done(self) -> list[Outgoing]:
         """After a reset: the new conversation begins."""
+        return []
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
         """The session reaches its maximum duration in ``seconds_left``."""
+        return []
 
     def draining(self, seconds_left: float) -> list[Outgoing]:
         """The server drains: the session has ``seconds_left`` before it is closed (1001)."""
+        return []
 
     def closing(self, end: SessionEnd) -> list[Outgoing]:
         """Last messages before the close frame (not sent when the client is gone)."""
+        return []
 
 
 class WireIO(Protocol):

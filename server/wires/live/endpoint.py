@@ -42,10 +42,10 @@ from kame.server.runtime.wire import (
     Command,
     EndIn,
     Fault,
-    FunctionOutputIn,
     Outgoing,
     Reply,
     SettingsIn,
+    Wire,
     WireIO,
 )
 from kame.server.wires.ids import Ids
@@ -109,7 +109,7 @@ class ResponsesBackends:
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: ``tools.max_client_output_chars``
 
 
-class LiveEndpointWire:
+class LiveEndpointWire(Wire):
     """One ``/v1/live/sessions`` session's protocol state, as the runtime sees it."""
 
     protocol = PROTOCOL
@@ -239,12 +239,6 @@ class LiveEndpointWire:
         commands.append(self._client_error(error))
         return commands
 
-    def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
-        return []  # this wire sends no FunctionOutputIn (Responses delegation runs its own rounds)
-
-    def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
-        return []
-
     def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
         error = LiveError(
             "input_audio_buffer_overflow",
@@ -252,12 +246,6 @@ class LiveEndpointWire:
             client_event_id=event_id,
         )
         return [self._client_error(error)]
-
-    def reset_starting(self) -> list[Outgoing]:
-        return []  # the Live API has no reset
-
-    def reset_done(self) -> list[Outgoing]:
-        return []
 
     # ------------------------------------------------------------------ server -> client
     def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:

@@ -21,7 +21,7 @@ from starlette import status
 
 from kame.media import FRAME_SIZE, SAMPLE_RATE
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, Command, Fault, FunctionOutputIn, Ignored, Outgoing, SettingsIn
+from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, Wire
 from kame.server.wires.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.wires.moshi import protocol
 from kame.server.wires.moshi.protocol import ServerInfo
@@ -37,8 +37,11 @@ PROTOCOL = "chat"
 PATH = "/api/chat"
 
 
-class MoshiWire:
-    """One ``/api/chat`` session's codec state."""
+class MoshiWire(Wire):
+    """One ``/api/chat`` session's codec state. Moshi's protocol has no settings messages (they come only
+    with the URL, checked before the session starts), no client functions (its tools are the operator's
+    MCP servers), no overflow message (the runtime logs and counts it) and no reset: the base class's
+    no-op defaults answer those."""
 
     protocol = PROTOCOL
 
@@ -91,27 +94,6 @@ class MoshiWire:
         # Moshi's protocol has no transcript or back-end messages; a refusal of tools is a 0x05 notice.
         if isinstance(event, ToolsRefused):
             return [Outgoing(protocol.encode_notice(protocol.tools_refused_notice(event.backend, client_safe(event.reason, 200))))]
-        return []
-
-    def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
-        return []
-
-    def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
-        return []  # settings come only with the URL, checked before the session starts
-
-    def function_output_accepted(self, command: FunctionOutputIn) -> list[Outgoing]:
-        return []  # Moshi's protocol has no client functions (its tools are the operator's MCP servers)
-
-    def function_output_rejected(self, message: str, command: FunctionOutputIn) -> list[Command]:
-        return []
-
-    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
-        return []  # no message for it in Moshi's protocol (the runtime logs and counts it)
-
-    def reset_starting(self) -> list[Outgoing]:
-        return []
-
-    def reset_done(self) -> list[Outgoing]:
         return []
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:

@@ -29,6 +29,7 @@ from kame.server.runtime.wire import (
     Reply,
     ResetIn,
     SettingsIn,
+    Wire,
 )
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.audio import Pcm16In
@@ -72,7 +73,7 @@ FRAME_MS = 80
 _AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 
 
-class RealtimeWire:
+class RealtimeWire(Wire):
     """One ``/v1/realtime`` session's protocol state: ids, the conversation, open turns, settings."""
 
     protocol = PROTOCOL
