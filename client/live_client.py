@@ -24,7 +24,6 @@ import asyncio
 import base64
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +32,7 @@ import numpy as np
 import soxr
 
 from kame.client.stats import FRAME, RATE, AudioSessionBase, StreamStats
-
-with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import audioop
+from kame.pcm import float_to_g711, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
 
 Event = dict[str, Any]
 AUDIO_EVENT = "session.output_audio.delta"
@@ -71,23 +67,21 @@ class _Codec:
         x = np.asarray(pcm, np.float32).reshape(-1)
         if self._down is not None:
             x = self._down.resample_chunk(x)
-        linear = (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
         if self.type == "audio/pcmu":
-            return audioop.lin2ulaw(linear, 2)
+            return float_to_g711(x, "ulaw")
         if self.type == "audio/pcma":
-            return audioop.lin2alaw(linear, 2)
-        return linear
+            return float_to_g711(x, "alaw")
+        return float_to_pcm16_bytes(x)
 
     def decode(self, data: bytes) -> np.ndarray:
         if self.type == "audio/pcmu":
-            data = audioop.ulaw2lin(data, 2)
+            x = g711_to_float(data, "ulaw")
         elif self.type == "audio/pcma":
-            data = audioop.alaw2lin(data, 2)
+            x = g711_to_float(data, "alaw")
         else:
             data = self._odd + data
             self._odd = data[len(data) - len(data) % 2:]
-            data = data[: len(data) - len(data) % 2]
-        x = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+            x = pcm16_to_float(data)
         if self._up is not None:
             x = self._up.resample_chunk(x)
         return x

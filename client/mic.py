@@ -34,6 +34,7 @@ from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, describe, o
 from kame.echo import EchoCanceller, EchoPath, read_impulse_response
 from kame.errors import UserError
 from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.pcm import float_to_pcm16
 
 RATE = SAMPLE_RATE
 FRAME = FRAME_SIZE
@@ -237,7 +238,7 @@ class EchoSimulation:
         mic = np.concatenate(self.mic) if self.mic else np.zeros(0, np.float32)
         sent = np.concatenate(self.sent) if self.sent else np.zeros(0, np.float32)
         both = np.stack([mic, sent], axis=1)
-        ints = (np.clip(both, -1.0, 1.0) * 32767.0).round().astype("<i2")
+        ints = float_to_pcm16(both)
         path.parent.mkdir(parents=True, exist_ok=True)
         with wave.open(str(path), "wb") as w:
             w.setnchannels(2)

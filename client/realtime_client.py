@@ -33,6 +33,7 @@ from urllib.parse import urlencode
 import numpy as np
 
 from kame.client.stats import FRAME, FRAME_S, RATE, AudioSessionBase, StreamStats, percentile  # noqa: F401  (re-exported)
+from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -42,13 +43,12 @@ Event = dict[str, Any]
 
 def pcm16_b64(pcm: np.ndarray) -> str:
     """float32 [-1, 1] -> base64 PCM16 little-endian (what ``input_audio_buffer.append`` carries)."""
-    ints = (np.clip(np.asarray(pcm, np.float32).reshape(-1), -1.0, 1.0) * 32767.0).round().astype("<i2")
-    return base64.b64encode(ints.tobytes()).decode("ascii")
+    return base64.b64encode(float_to_pcm16_bytes(np.asarray(pcm, np.float32).reshape(-1))).decode("ascii")
 
 
 def b64_pcm(delta: str) -> np.ndarray:
     """base64 PCM16 -> float32."""
-    return np.frombuffer(base64.b64decode(delta), dtype="<i2").astype(np.float32) / 32768.0
+    return pcm16_to_float(base64.b64decode(delta))
 
 
 @dataclass

@@ -8,6 +8,7 @@ import numpy as np
 
 from kame.errors import UserError
 from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.pcm import float_to_pcm16
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -34,8 +35,7 @@ def write_wav(path: str | Path, pcm: np.ndarray, sample_rate: int = SAMPLE_RATE)
     """16-bit PCM wav (plays everywhere)."""
     import wave
 
-    clipped = np.clip(np.asarray(pcm, dtype=np.float32).reshape(-1), -1.0, 1.0)
-    ints = (clipped * 32767.0).round().astype("<i2")
+    ints = float_to_pcm16(np.asarray(pcm, dtype=np.float32).reshape(-1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kame.errors import UserError
+from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 FRAME_MS = 10  #: the audio processing module's frame
 RATES = (8000, 16000, 24000, 32000, 48000)  #: sample rates the module takes
@@ -45,7 +46,7 @@ def _livekit_rtc() -> Any:
 
 
 def _to_int16(pcm: np.ndarray) -> bytes:
-    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    return float_to_pcm16_bytes(pcm)
 
 
 class _Framer:
@@ -124,7 +125,7 @@ class EchoCanceller:
             frame = self._frame(f)
             self._apm.set_stream_delay_ms(self.delay_ms)
             self._apm.process_stream(frame)  # in place
-            self._out.append(np.frombuffer(bytes(frame.data), dtype="<i2").astype(np.float32) / 32768.0)
+            self._out.append(pcm16_to_float(bytes(frame.data)))
             self._out_len += self.frame
         # the same length back: leading zeros while the first partial frame waits (at most 10 ms)
         need = arr.size

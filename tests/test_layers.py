@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "kame.media",
                 "kame.audio",
                 "kame.echo",
+                "kame.pcm",
                 "kame.loudness",
                 "kame.stats",
                 "kame.versions",

@@ -20,7 +20,6 @@ from pydantic import TypeAdapter
 from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
 from kame.server.wires.ids import Ids
-from kame.server.wires.live import audio as live_audio
 from kame.server.wires.live.audio import LiveAudioFormat, LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.config import LiveServerInfo, parse_start, parse_update
 from kame.server.wires.live.decode import (
@@ -203,11 +202,6 @@ def test_muted_input_is_silence_of_the_same_length() -> None:
     b = muted.push(data, muted=True)
     assert len(a) == len(b) > 0
     assert all(float(np.abs(f).max()) == 0.0 for f in b) and float(np.abs(np.concatenate(a)).max()) > 0.1
-
-
-def test_audioop_module_is_importable_on_this_python() -> None:
-    # stdlib up to 3.12; the audioop-lts dependency provides it from 3.13 (pyproject marker)
-    assert hasattr(live_audio.audioop, "lin2ulaw") and hasattr(live_audio.audioop, "alaw2lin")
 
 
 # --------------------------------------------------------------------------- server events against the SDK

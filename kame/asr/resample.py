@@ -6,6 +6,7 @@ import numpy as np
 import soxr
 
 from kame.media import SAMPLE_RATE
+from kame.pcm import SCALE
 
 #: Sample rate of the audio sessions feed (Mimi / Moshi frames).
 INPUT_RATE = SAMPLE_RATE
@@ -17,7 +18,7 @@ def as_mono_float32(pcm: np.ndarray) -> np.ndarray:
     """1-D float32 view of a frame (accepts int16 too, scaled to [-1, 1))."""
     x = np.asarray(pcm)
     if x.dtype == np.int16:
-        x = x.astype(np.float32) / 32768.0
+        x = x.astype(np.float32) / SCALE
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 1:
         if x.size != max(x.shape, default=0):

@@ -15,14 +15,13 @@ import json
 import os
 from typing import Any
 
-import numpy as np
-
 from kame.asr.config import AsrConfig
 from kame.asr.process import ProcessStream
 from kame.asr.recognizer import AsrUnavailableError, Recognizer
 from kame.asr.stream import AsrStream, EventCallback
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.errors import UserError
+from kame.pcm import float_to_pcm16_bytes
 
 
 def _decoder_kwargs(model: str | None) -> dict[str, Any]:
@@ -61,8 +60,7 @@ class PocketsphinxTranscriber(SegmentingTranscriber):
             self._active, self._fed = utt.index, 0
         audio = utt.audio()
         if len(audio) > self._fed:
-            pcm = (np.clip(audio[self._fed :], -1.0, 1.0) * 32767.0).astype(np.int16)
-            self._decoder.process_raw(pcm.tobytes(), False, False)
+            self._decoder.process_raw(float_to_pcm16_bytes(audio[self._fed :]), False, False)
             self._fed = len(audio)
 
     def _hyp(self) -> str:

@@ -17,6 +17,7 @@ import webrtcvad
 from kame.asr.config import TurnConfig
 from kame.asr.resample import ASR_RATE
 from kame.loudness import at_least
+from kame.pcm import float_to_pcm16_bytes
 
 FRAME_S = 0.03  #: WebRTC VAD accepts 10, 20 or 30 ms frames; 30 ms is the most reliable.
 START_WINDOW_S = 0.3  #: window over which ``start_s`` of voiced audio must be found
@@ -33,8 +34,7 @@ class VoiceDetector:
     def is_voiced(self, frame: np.ndarray) -> bool:
         if not at_least(frame, self._floor_dbfs):
             return False
-        pcm = (np.clip(frame, -1.0, 1.0) * 32767.0).astype(np.int16)
-        return bool(self._vad.is_speech(pcm.tobytes(), self._rate))
+        return bool(self._vad.is_speech(float_to_pcm16_bytes(frame), self._rate))
 
 
 @dataclass(frozen=True)

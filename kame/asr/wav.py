@@ -14,6 +14,7 @@ import soxr
 
 from kame.asr.resample import INPUT_RATE
 from kame.errors import UserError
+from kame.pcm import pcm16_to_float
 
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 
@@ -63,7 +64,7 @@ def _decode(raw: bytes, tag: int, bits: int) -> np.ndarray | None:
     if bits == 8:
         return (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
     if bits == 16:
-        return np.frombuffer(raw[: len(raw) // 2 * 2], "<i2").astype(np.float32) / 32768.0
+        return pcm16_to_float(raw)
     if bits == 24:
         b = np.frombuffer(raw[: len(raw) // 3 * 3], np.uint8).reshape(-1, 3).astype(np.int32)
         v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)

@@ -27,6 +27,7 @@ import numpy as np
 from kame.eval.session import SessionRecording, TurnTiming
 from kame.eval.timeline import RATE
 from kame.eval.vad import Segment, VadConfig, speech_segments, turn_latency
+from kame.pcm import float_to_pcm16, pcm16_to_float
 
 _WS = re.compile(r"\s+")
 #: Events too bulky or too frequent to be worth a line in events.jsonl.
@@ -74,7 +75,7 @@ def user_transcript(events: Sequence[dict[str, Any]]) -> str:
 def write_stereo_wav(path: Path, stereo: np.ndarray, rate: int = RATE) -> None:
     """16-bit stereo WAV: left = user, right = assistant."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    ints = (np.clip(stereo, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    ints = float_to_pcm16(stereo)
     with wave.open(str(path), "wb") as w:
         w.setnchannels(2)
         w.setsampwidth(2)
@@ -87,7 +88,7 @@ def read_stereo_wav(path: Path) -> np.ndarray:
     with wave.open(str(path), "rb") as w:
         data = w.readframes(w.getnframes())
         channels = w.getnchannels()
-    return np.frombuffer(data, "<i2").astype(np.float32).reshape(-1, channels) / 32768.0
+    return pcm16_to_float(data).reshape(-1, channels)
 
 
 def turn_facts(

@@ -24,6 +24,7 @@ import numpy as np
 
 from kame.errors import UserError
 from kame.media import SAMPLE_RATE
+from kame.pcm import pcm16_to_float
 
 RATE = SAMPLE_RATE
 
@@ -61,7 +62,7 @@ def wav_bytes_to_pcm(data: bytes, rate: int = RATE) -> np.ndarray:
     tag, channels, file_rate, bits = fmt
     if tag != 1 or bits != 16 or channels < 1:
         raise UserError(f"TTS output: expected 16-bit PCM WAV, got format {tag} with {bits} bits")
-    x = np.frombuffer(pcm[: len(pcm) // (2 * channels) * 2 * channels], "<i2").astype(np.float32) / 32768.0
+    x = pcm16_to_float(pcm[: len(pcm) // (2 * channels) * 2 * channels])
     x = x.reshape(-1, channels).mean(axis=1)
     if file_rate != rate:
         import soxr

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from kame.pcm import float_to_pcm16_bytes
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -93,7 +95,6 @@ class SessionRecorder:
                     if what == "event":
                         events.write(json.dumps(payload, ensure_ascii=False, default=str) + "\n")
                     else:
-                        ints = (np.clip(payload, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
-                        (user if what == "user" else assistant).writeframes(ints)
+                        (user if what == "user" else assistant).writeframes(float_to_pcm16_bytes(payload))
         except Exception:  # a full disk must not take the session down
             log.exception("recording %s failed", self.directory)

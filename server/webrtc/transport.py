@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kame.media import FRAME_S, SAMPLE_RATE
+from kame.pcm import float_to_pcm16
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer
@@ -218,7 +219,7 @@ def _output_track_class() -> type:
                 self.late_restarts += 1
                 self._start = now - self._n * RTP_FRAME_S
             pcm = self.buffer.take()
-            ints = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
+            ints = float_to_pcm16(pcm).reshape(1, -1)
             frame = av.AudioFrame.from_ndarray(ints, format="s16", layout="mono")
             frame.sample_rate = SAMPLE_RATE
             frame.pts = self._n * RTP_FRAME

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
+
 TASKS = ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel")
 INPUT_RATE = 16000
 LABEL_FILE = {
@@ -71,7 +73,7 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         raw = w.readframes(n)
     if width != 2:
         raise ValueError(f"{8 * width}-bit samples (expected 16-bit PCM)")
-    x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    x = pcm16_to_float(raw)
     return x.reshape(-1, channels).mean(axis=1), rate
 
 
@@ -80,7 +82,7 @@ def write_wav(path: Path, pcm: np.ndarray, rate: int) -> None:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes((np.clip(pcm, -1, 1) * 32767).round().astype("<i2").tobytes())
+        w.writeframes(float_to_pcm16_bytes(pcm))
 
 
 def _timestamp(entry: Any, where: str, n: int) -> list[float]:

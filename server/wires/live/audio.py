@@ -5,9 +5,8 @@ A Live websocket carries raw mono audio in the format chosen at
 little-endian PCM at 24000 or 16000 Hz, or G.711 mu-law (``audio/pcmu``) or
 A-law (``audio/pcma``) at 8000 Hz for telephony. Moshi and the ASR take
 24 kHz, so other rates go through soxr's streaming resampler (stateful:
-chunks of any size join without clicks), and G.711 through ``audioop``
-(stdlib up to Python 3.12; the ``audioop-lts`` package provides the same
-module from 3.13 on). Nothing here is hand-written DSP.
+chunks of any size join without clicks), and G.711 through :mod:`kame.pcm`
+(``audioop``). Nothing here is hand-written DSP.
 
 Input appends may have any length, even an odd number of PCM16 bytes;
 :class:`LiveAudioIn` joins them and cuts engine frames. A muted input is
@@ -17,7 +16,6 @@ silence of the same length: the session timeline goes on.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,11 +23,8 @@ import numpy as np
 import soxr
 
 from kame.media import SAMPLE_RATE
+from kame.pcm import float_to_g711, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
 from kame.server.wires.codec import FRAME_SIZE, FrameChunker
-
-with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (removed in 3.13: audioop-lts)
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import audioop
 
 ENGINE_RATE = SAMPLE_RATE
 Encoding = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -75,15 +70,6 @@ def _resampler(in_rate: int, out_rate: int) -> soxr.ResampleStream | None:
     return soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=quality)
 
 
-def _int16_to_float(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def _float_to_int16(pcm: np.ndarray) -> bytes:
-    ints = (np.clip(np.asarray(pcm, np.float32).reshape(-1), -1.0, 1.0) * 32767.0).round().astype("<i2")
-    return ints.tobytes()
-
-
 class LiveAudioIn:
     """Client audio bytes in ``fmt`` -> 24 kHz float32 frames of ``frame_size`` samples."""
 
@@ -97,16 +83,16 @@ class LiveAudioIn:
 
     def _decode(self, data: bytes) -> np.ndarray:
         if self.format.type == "audio/pcmu":
-            return _int16_to_float(audioop.ulaw2lin(data, 2))
+            return g711_to_float(data, "ulaw")
         if self.format.type == "audio/pcma":
-            return _int16_to_float(audioop.alaw2lin(data, 2))
+            return g711_to_float(data, "alaw")
         if self._odd:
             data = self._odd + data
             self._odd = b""
         if len(data) % 2:
             self._odd = data[-1:]
             data = data[:-1]
-        return _int16_to_float(data)
+        return pcm16_to_float(data)
 
     def push(self, data: bytes, *, muted: bool = False) -> list[np.ndarray]:
         """Frames completed by this append (muted: the same amount of silence)."""
@@ -137,9 +123,8 @@ class LiveAudioOut:
         data = np.asarray(pcm, np.float32).reshape(-1)
         if self._resample is not None:
             data = self._resample.resample_chunk(data, last=False)
-        linear = _float_to_int16(data)
         if self.format.type == "audio/pcmu":
-            return audioop.lin2ulaw(linear, 2)
+            return float_to_g711(data, "ulaw")
         if self.format.type == "audio/pcma":
-            return audioop.lin2alaw(linear, 2)
-        return linear
+            return float_to_g711(data, "alaw")
+        return float_to_pcm16_bytes(data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kame.pcm import pcm16_to_float
 from kame.server.wires.codec import FRAME_SIZE, FrameChunker
 
 
@@ -34,8 +35,7 @@ class Pcm16In:
             data = data[:-1]
         if not data:
             return []
-        pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        return self._chunker.push(pcm)
+        return self._chunker.push(pcm16_to_float(data))
 
     @property
     def pending_samples(self) -> int:

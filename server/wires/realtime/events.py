@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kame.media import SAMPLE_RATE
+from kame.pcm import float_to_pcm16_bytes
 from kame.server.access.auth import redact
 from kame.server.wires.ids import Ids
 from kame.session import events as pe
@@ -44,8 +45,7 @@ class EventEncoder:
 
 def pcm16_base64(pcm: np.ndarray) -> str:
     """float32 [-1, 1] -> base64 of 16-bit little-endian PCM (clipped)."""
-    ints = (np.clip(np.asarray(pcm, np.float32).reshape(-1), -1.0, 1.0) * 32767.0).round().astype("<i2")
-    return base64.b64encode(ints.tobytes()).decode("ascii")
+    return base64.b64encode(float_to_pcm16_bytes(np.asarray(pcm, np.float32).reshape(-1))).decode("ascii")
 
 
 # --------------------------------------------------------------------------- errors
