@@ -16,6 +16,7 @@ import json
 import signal
 import time
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,11 @@ from tests.support.moshi_client import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def server(demo_server: ServerProcess) -> ServerProcess:
-    """The stock CPU demo, shared (these runs only open sessions on it)."""
-    return demo_server
+def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("duplex-server") / "server.log"
+    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=log).start()
+    yield srv
+    srv.stop(signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
