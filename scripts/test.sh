@@ -40,11 +40,12 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
-# The tests: in TEST_WORKERS (2) pytest-xdist workers, a file per worker at a time (its module
+# The tests: in one process by default (TEST_WORKERS=0: two workers still flake once a run under each
+# other's load), or in TEST_WORKERS pytest-xdist workers, a file per worker at a time (its module
 # servers start once), then the tests marked `alone` (timing under a load they make themselves) with
 # nothing else running. The last part's summary counts the server processes of both.
 run_tests() {
-    local workers=${TEST_WORKERS:-2} starts status alone_status
+    local workers=${TEST_WORKERS:-0} starts status alone_status
     if [ "$workers" = "0" ]; then
         .venv/bin/python -m pytest -ra --durations=15 "$@"
         return
