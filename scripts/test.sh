@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: install everything (venv, Python and Debian
 # packages) from scratch if needed, check style and types (scripts/lint.sh: ruff, mypy),
-# then run the whole test suite (two pytest-xdist workers; the 15 slowest tests listed).
+# then run the whole test suite (one process, or TEST_WORKERS pytest-xdist workers; the 15 slowest
+# tests listed).
 # Extra arguments go to pytest.
 #
 # Each step is a `phase NAME COMMAND...`: timed, reported, and listed in the final summary line
@@ -41,8 +42,8 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # The tests: in one process by default (TEST_WORKERS=0: two workers still flake once a run under each
-# other's load), or in TEST_WORKERS pytest-xdist workers, a file per worker at a time (its module
-# servers start once), then the tests marked `alone` (timing under a load they make themselves) with
+# other's load), or in TEST_WORKERS pytest-xdist workers, a group of files per worker at a time (a file,
+# or the files sharing a server: tests/conftest.py xdist_groups; each server starts once), then the tests marked `alone` (timing under a load they make themselves) with
 # nothing else running. The last part's summary counts the server processes of both.
 run_tests() {
     local workers=${TEST_WORKERS:-0} starts status alone_status
@@ -51,7 +52,7 @@ run_tests() {
         return
     fi
     starts=$(mktemp /tmp/kame-test-starts.XXXXXX)
-    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" --dist loadfile \
+    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" --dist loadgroup \
         -m "not alone" "$@"
     status=$?
     echo "test.sh: the tests marked alone, with nothing else running:"

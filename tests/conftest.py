@@ -12,6 +12,8 @@ Shared fixtures
   back-end, 8 slots, no token), started once per run in its own process. Use it for any test that only
   talks to the server; do not change its state (no signals, no drains, no limits): such a test starts its
   own ``ServerProcess`` (or a module fixture) instead.
+- ``browser_server``, ``tools_server``, ``secured_server``: the configurations several files share
+  (tests/support/servers.py says which and why), once per run each, under the same rules.
 
 Metrics on a shared server: read deltas, never absolute counters, e.g.
 ``before = demo_server.metric("kame_sessions_total"); ...; assert demo_server.metric(...) - before == 1``.
@@ -35,6 +37,7 @@ import pytest
 
 from tests.support import moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
+from tests.support.servers import BROWSER, SECURED, SHARED, TOOLS, SharedServer, start_shared, xdist_groups
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,7 +53,7 @@ _STARTS_KEY = "kame_server_starts"
 #: summary covers the whole run (scripts/test.sh sets it).
 STARTS_FILE = os.environ.get("PYTEST_KAME_STARTS_FILE")
 #: The files that take longest (a run's ``--durations``), collected first, so that pytest-xdist
-#: (``--dist loadfile``) starts them early and a run does not end waiting on one of them. Order only.
+#: (``--dist loadgroup``) starts them early and a run does not end waiting on one of them. Order only.
 SLOW_FIRST = (
     "test_eval_duplex_e2e.py", "test_eval_e2e.py", "test_live_server.py", "test_haproxy.py", "test_webrtc_page.py",
     "test_browser.py", "test_run_cli.py", "test_live_responses_server.py", "test_chat_mcp.py",
@@ -71,9 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: The session fixtures of shared servers: the files using one of them share a pytest-xdist group.
+SHARED_FIXTURES = ("demo_server", *(f"{name}_server" for name in SHARED))
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests stay in order
+    groups = xdist_groups([(item.path.name, getattr(item, "fixturenames", ())) for item in items], SHARED_FIXTURES)
+    for item, group in zip(items, groups):
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -192,6 +202,30 @@ def encode(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     train_tokenizer(path, vocab_size=400)
     sp = spm.SentencePieceProcessor(model_file=str(path))
     return lambda text: list(sp.encode(text, out_type=int))
+
+
+def _shared(spec: SharedServer, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    srv = start_shared(spec, cache_dir, tmp_path_factory.mktemp(f"{spec.name}-server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def browser_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``BROWSER``: the page, no token, one slot, sessions recorded."""
+    yield from _shared(BROWSER, kame_cache_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tools_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``TOOLS``: the scripted back-end with a stdio MCP server's tools."""
+    yield from _shared(TOOLS, kame_cache_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def secured_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``SECURED``: a token, an origin allow-list, two slots, a 4 s idle timeout."""
+    yield from _shared(SECURED, kame_cache_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -39,58 +39,15 @@ from playwright.sync_api import (
 from kame.audio import write_wav
 from tests.support.browser import BASE_ARGS, CHROMIUM, DESKTOP, PHONE, Console, events, kame, summary, wait_until
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import new_sessions, recorded_sessions
 from tests.support.speech import silence, synthesize
 
 INSECURE_HOST = "kame.test"  # resolves to 127.0.0.1 but is not "localhost": not a secure context
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 1
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    description: Scripted replies (alpha).
-    scripted:
-      rules: {}
-      default_reply: "Alpha thinks about {user}."
-      first_token_delay_s: 0.1
-  beta:
-    kind: scripted
-    description: Scripted replies (beta).
-    scripted:
-      rules: {}
-      default_reply: "Beta answers {user} now."
-      first_token_delay_s: 0.1
-  offline:
-    kind: openai
-    description: An OpenAI-compatible server that is not running.
-    base_url: http://127.0.0.1:9/v1
-    model: none
-    api_key_env: ""
-    max_retries: 0
-default_backend: alpha
-"""
-
-
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("browser-server")
-    config = tmp / "browser.yaml"
-    config.write_text(CONFIG)
-    # Sessions are recorded: the user.wav of a session is exactly the audio the page sent.
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=tmp / "server.log",
-        config=str(config),
-        env={"KAME_SERVER__RECORD_DIR": str(tmp / "recordings")},
-    ).start()
-    srv.record_dir = tmp / "recordings"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def server(browser_server: ServerProcess) -> ServerProcess:
+    """The shared ``browser`` server (tests/support/servers.py): three back-ends (alpha, beta and one that
+    is down), one slot. Sessions are recorded: the user.wav of a session is exactly the audio the page sent."""
+    return browser_server
 
 
 @pytest.fixture(scope="module")
@@ -145,13 +102,13 @@ def open_page(browser: Browser, server: ServerProcess) -> Iterator[OpenPage]:
         ctx.close()
 
 
-def recorded_user_audio(record_dir: Path, timeout_s: float = 10.0) -> np.ndarray:
-    """The user.wav (int16) of the first session recorded, once its recorder has finished."""
+def recorded_user_audio(record_dir: Path, before: set[Path], timeout_s: float = 10.0) -> np.ndarray:
+    """The user.wav (int16) of the first session recorded since ``before``, once its recorder has finished."""
     import wave
 
     deadline = time.monotonic() + timeout_s
     while True:
-        sessions = sorted(record_dir.iterdir()) if record_dir.exists() else []
+        sessions = new_sessions(record_dir, before)
         events = sessions[0] / "events.jsonl" if sessions else None
         if events is not None and events.exists() and '"session.end"' in events.read_text():
             break
@@ -331,6 +288,8 @@ def test_voice_conversation_in_chromium(
     server: ServerProcess, open_page: OpenPage, artifacts_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     console = Console()
+    assert server.record_dir is not None
+    recorded_before = recorded_sessions(server.record_dir)
     page = open_page(console, "desktop", DESKTOP)
     def dump() -> Any:
         return summary(page)
@@ -468,7 +427,7 @@ def test_voice_conversation_in_chromium(
         assert time.monotonic() < deadline, "the desktop's slot was not freed"
         time.sleep(0.1)
     # What the server received from the desktop, frame by frame: nothing but zeros while released.
-    user = recorded_user_audio(server.record_dir)  # type: ignore[attr-defined]
+    user = recorded_user_audio(server.record_dir, recorded_before)
     assert abs(len(user) // 1920 - sent_frames) <= 3, (len(user) / 1920, sent_frames)  # frames line up
     released = user[released_ms * 24 : pressed_ms * 24]
     assert len(released) >= 40 * 1920 and not released.any(), int(np.count_nonzero(released))

@@ -1,7 +1,7 @@
 """The browser page shows the back-end's tool calls in its answer pane (real headless Chromium).
 
-The CPU demo server with an operator-configured stdio MCP server (written here with the
-``mcp`` SDK) and the scripted back-end, which calls its ``get_weather`` tool when it hears
+The shared ``tools`` server (tests/support/servers.py): an operator-configured stdio MCP server
+(written with the ``mcp`` SDK) and the scripted back-end, which calls its ``get_weather`` tool when it hears
 "weather". Chromium's fake microphone asks "What is the weather like today?"; the page shows
 the call (name, outcome, duration) in the card of the request that made it, and the answer
 built on the result in the same pane.
@@ -9,8 +9,6 @@ built on the result in the same pane.
 
 from __future__ import annotations
 
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,54 +21,12 @@ from tests.support.browser import BASE_ARGS, CHROMIUM, DESKTOP, Console, summary
 from tests.support.moshi_client import ServerProcess
 from tests.support.speech import silence, synthesize
 
-MCP_SERVER = textwrap.dedent('''
-    from mcp.server.mcpserver import MCPServer
-
-    app = MCPServer("weather")
-
-    @app.tool()
-    def get_weather(city: str) -> str:
-        """Current weather of a city."""
-        return f"sunny and warm in {city}"
-
-    if __name__ == "__main__":
-        app.run()
-''')
-
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 1
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  scripted:
-    kind: scripted
-    scripted:
-      rules: {{}}
-      default_reply: "I heard {{user}}."
-      first_token_delay_s: 0.1
-      tool_rules:
-        - {{keyword: weather, tool: get_weather, arguments: {{city: Paris}}, say_first: "Let me check.",
-           answer: "The forecast says {{result}}."}}
-tools:
-  mcp_servers:
-    weather: {{command: {python}, args: [{script}], tools: [get_weather], read_only: [get_weather], enabled: true}}
-"""
-
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("browser-tools")
-    script = tmp / "weather_mcp.py"
-    script.write_text(MCP_SERVER)
-    config = tmp / "tools.yaml"
-    config.write_text(CONFIG.format(python=sys.executable, script=script))
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config)).start()
-    yield srv
-    srv.stop()
+def server(tools_server: ServerProcess) -> ServerProcess:
+    """The shared ``tools`` server (tests/support/servers.py): the scripted back-end calls the stdio MCP
+    server's ``get_weather`` when it hears "weather"."""
+    return tools_server
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Server-side MCP tools for a Moshi-protocol session (/api/chat) on the real CPU demo server.
 
-A real stdio MCP server written here with the ``mcp`` SDK is configured by the operator
+A real stdio MCP server written with the ``mcp`` SDK (the shared ``tools`` server, tests/support/servers.py) is configured by the operator
 (server-wide, with an allow-list, read-only tools, a timeout and an environment key); the
 scripted back-end calls its tools when it hears the keyword. A question spoken with espeak
 gets the tool's answer into Moshi's oracle (seen in the session's recording); a tool that
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,92 +20,30 @@ import numpy as np
 import pytest
 
 from tests.support.moshi_client import ServerProcess, run_session
+from tests.support.servers import TOOLS_SECRET, new_sessions, recorded_sessions
 from tests.support.speech import silence, synthesize
 
-SECRET = "mcp-chat-secret-91ab77c2e0"
-
-MCP_SERVER = textwrap.dedent('''
-    import os, time
-    from mcp.server.mcpserver import MCPServer
-
-    app = MCPServer("weather")
-
-    @app.tool()
-    def get_weather(city: str) -> str:
-        """Current weather of a city."""
-        return f"sunny and warm in {city}, key {os.environ.get('WEATHER_KEY', 'none')}"
-
-    @app.tool()
-    def crash() -> str:
-        os._exit(3)
-
-    @app.tool()
-    def hang() -> str:
-        time.sleep(3600)
-        return "never"
-
-    if __name__ == "__main__":
-        app.run()
-''')
-
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  scripted:
-    kind: scripted
-    scripted:
-      rules: {{}}
-      default_reply: "I heard {{user}}."
-      first_token_delay_s: 0.1
-      tool_rules:
-        - {{keyword: weather, tool: get_weather, arguments: {{city: Paris}}, say_first: "Let me check.",
-           answer: "The forecast says {{result}}."}}
-        - {{keyword: crash, tool: crash, say_first: "", answer: "Done."}}
-        - {{keyword: stuck, tool: hang, say_first: "", answer: "Done."}}
-tools:
-  mcp_servers:
-    weather:
-      command: {python}
-      args: [{script}]
-      env_from: {{WEATHER_KEY: KAME_TEST_WEATHER_KEY}}
-      tools: [get_weather, crash, hang]
-      read_only: [get_weather, crash, hang]
-      timeout_s: 1.5
-      enabled: true
-server:
-  max_sessions: 2
-  idle_timeout_s: 10
-  record_dir: {record}
-"""
+SECRET = TOOLS_SECRET
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
-    tmp = tmp_path_factory.mktemp("chat-mcp")
-    script = tmp / "weather_mcp.py"
-    script.write_text(MCP_SERVER)
-    record = tmp / "rec"
-    config = tmp / "mcp.yaml"
-    config.write_text(CONFIG.format(python=sys.executable, script=script, record=record))
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config),
-                        env={"KAME_TEST_WEATHER_KEY": SECRET}).start()
-    yield srv, record
-    srv.stop()
-    assert SECRET not in srv.logs()
+def server(tools_server: ServerProcess) -> Iterator[tuple[ServerProcess, Path]]:
+    """The shared ``tools`` server (tests/support/servers.py: the scripted back-end and a stdio MCP server
+    with get_weather, crash and hang; ``WEATHER_KEY`` from the environment; sessions recorded)."""
+    assert tools_server.record_dir is not None
+    yield tools_server, tools_server.record_dir
+    assert SECRET not in tools_server.logs()
 
 
-def _events(record: Path, sessions: int) -> list[dict]:
-    """Events of the recorded sessions, once the recorder has written the last one's end."""
+def _events(record: Path, before: set[Path], sessions: int) -> list[dict]:
+    """Events of the sessions recorded since ``before``, once the recorder has written the last one's end."""
     deadline = time.monotonic() + 10
     while True:
         out: list[dict] = []
-        for path in sorted(record.glob("*/events.jsonl")):
-            out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for folder in new_sessions(record, before):
+            path = folder / "events.jsonl"
+            if path.exists():
+                out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         if sum(1 for e in out if e.get("type") == "session.end") >= sessions or time.monotonic() > deadline:
             return out
         time.sleep(0.1)
@@ -121,10 +57,11 @@ def _ask(srv: ServerProcess, question: str) -> tuple[int, int]:
 
 def test_an_mcp_tool_answers_a_spoken_question_through_the_oracle(server: tuple[ServerProcess, Path]) -> None:
     srv, record = server
+    before = recorded_sessions(record)
     received, sent = _ask(srv, "What is the weather like today?")
     assert received > 0.8 * sent  # the session streamed all along
     assert srv.metric("kame_tool_calls_total", 'outcome="ok",tool="get_weather"') >= 1
-    events = _events(record, 1)
+    events = _events(record, before, 1)
     texts = [str(e.get("text", "")) for e in events if str(e.get("type", e.get("event", ""))).startswith("oracle.")]
     assert any(t.startswith("The forecast says sunny and warm in Paris") for t in texts), texts
     dump = json.dumps(events)

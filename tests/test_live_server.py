@@ -26,42 +26,20 @@ from kame.client.live_client import LiveClient
 from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import SECURED_IDLE_S, SECURED_TOKEN
 from tests.support.speech import silence, synthesize
 
-TOKEN = "live-secret-41c7aa"
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Alpha would answer {user}."
-      first_token_delay_s: 0.05
-default_backend: alpha
-server:
-  max_sessions: 3
-  idle_timeout_s: 6
-"""
+TOKEN = SECURED_TOKEN
 QUESTION = "What is the capital of France?"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("live-server")
-    config = tmp / "live.yaml"
-    config.write_text(CONFIG)
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config),
-                        env={"KAME_AUTH_TOKEN": TOKEN}).start()
-    yield srv
-    srv.stop()
-    assert TOKEN not in srv.logs()
+def server(secured_server: ServerProcess) -> Iterator[ServerProcess]:
+    """The shared ``secured`` server (tests/support/servers.py): a token, the scripted back-end alpha,
+    two slots, a 4 s idle timeout."""
+    yield secured_server
+    assert TOKEN not in secured_server.logs()
 
 
 def question_audio() -> np.ndarray:
@@ -376,12 +354,12 @@ def test_auth_and_idle_end(server: ServerProcess) -> None:
         c = await LiveClient.connect(server.http_url, token=TOKEN)
         assert await c.start({"model": "gpt-live-1"}) is not None
         t = time.monotonic()
-        await asyncio.wait_for(c.closed.wait(), 15)  # no audio: the idle timeout (6 s) ends it
+        await asyncio.wait_for(c.closed.wait(), 15)  # no audio: the idle timeout ends it
         return anon, c, time.monotonic() - t
 
     anon, c, waited = asyncio.run(main())
     assert (anon.close_code, anon.close_reason) == (1008, "unauthorized") and anon.session is None
-    assert 5 < waited < 12
+    assert SECURED_IDLE_S - 1 < waited < SECURED_IDLE_S + 6  # the shared server's idle timeout (it was 6 s: 5-12)
     last = [e["type"] for _, e in c.events][-2:]
     assert last == ["info", "session.closed"], last
     info = c.of_type("info")[-1]

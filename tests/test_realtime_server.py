@@ -13,7 +13,6 @@ import asyncio
 import base64
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,51 +20,17 @@ import pytest
 
 from kame.client.realtime_client import RealtimeClient
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import SECURED_TOKEN
 from tests.support.speech import silence, synthesize
 
-TOKEN = "rt-secret-6b1d0e"
-GOOD_ORIGIN = "http://good.example"
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 3
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Alpha thinks about {user}."
-      first_token_delay_s: 0.1
-  beta:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Beta answers {user} now."
-      first_token_delay_s: 0.1
-default_backend: alpha
-server:
-  idle_timeout_s: 10
-"""
+TOKEN = SECURED_TOKEN
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("realtime-server")
-    config = tmp / "two-backends.yaml"
-    config.write_text(CONFIG)
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=tmp / "server.log",
-        config=str(config),
-        env={"KAME_AUTH_TOKEN": TOKEN, "KAME_SERVER__ALLOWED_ORIGINS": f"[{GOOD_ORIGIN}]"},
-    ).start()
-    yield srv
-    srv.stop()
-    assert TOKEN not in srv.logs()
+def server(secured_server: ServerProcess) -> Iterator[ServerProcess]:
+    """The shared ``secured`` server (tests/support/servers.py): two scripted back-ends (alpha, beta), a token, an origin allow-list."""
+    yield secured_server
+    assert TOKEN not in secured_server.logs()
 
 
 def rt_url(server: ServerProcess) -> str:
@@ -224,6 +189,9 @@ def test_token_query_and_subprotocol_and_refusals(server: ServerProcess) -> None
             out[name] = (await c.wait_closed(5), c.session, [e["error"]["code"] for e in c.errors], c.errors)
         return out
 
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    rejected0 = server.metric("kame_sessions_rejected_total", 'reason="unauthorized"', auth)
+    realtime0 = server.metric("kame_protocol_sessions_total", 'protocol="realtime"', auth)
     out = asyncio.run(main())
     assert out["query"] is True
     assert out["subprotocol"] == (True, "realtime")
@@ -232,8 +200,10 @@ def test_token_query_and_subprotocol_and_refusals(server: ServerProcess) -> None
     assert out["origin"][0] == (1008, "origin not allowed")
     assert out["bad_param"][0] == (1008, "invalid query parameter")
     assert out["bad_param"][2] == ["invalid_value"] and "gamma" in out["bad_param"][3][0]["error"]["message"]
-    assert server.metric("kame_sessions_rejected_total", 'reason="unauthorized"', {"Authorization": f"Bearer {TOKEN}"}) >= 2
-    assert server.metric("kame_protocol_sessions_total", 'protocol="realtime"', {"Authorization": f"Bearer {TOKEN}"}) >= 3
+    # deltas on the shared server (the absolute ">= 3" counted the earlier test's session too): the two
+    # refused for their token, and the two sessions this test started (query, subprotocol)
+    assert server.metric("kame_sessions_rejected_total", 'reason="unauthorized"', auth) - rejected0 >= 2
+    assert server.metric("kame_protocol_sessions_total", 'protocol="realtime"', auth) - realtime0 >= 2
 
 
 def test_session_update_errors_and_reset_keep_the_session(server: ServerProcess) -> None:

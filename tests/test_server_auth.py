@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.moshi_client import MoshiClient, ServerProcess
+from tests.support.servers import GOOD_ORIGIN, SECURED_TOKEN
 
-TOKEN = "tok-3f9a1c77e2b54d0c"
-GOOD_ORIGIN = "http://good.example"
+TOKEN = SECURED_TOKEN
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("server-auth") / "server.log"
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=log,
-        env={
-            "KAME_ASR__KIND": "none",
-            "KAME_AUTH_TOKEN": TOKEN,
-            "KAME_SERVER__ALLOWED_ORIGINS": f"[{GOOD_ORIGIN}]",
-            "KAME_FRONTEND__BATCH_SIZE": "2",
-            "KAME_SERVER__WARMUP_STEPS": "1",
-        },
-    ).start()
-    yield srv
-    srv.stop()
+def server(secured_server: ServerProcess) -> Iterator[ServerProcess]:
+    """The shared ``secured`` server (tests/support/servers.py): a bearer token and an origin allow-list."""
+    yield secured_server
 
 
 def _session(server: ServerProcess, **kwargs: Any) -> MoshiClient:

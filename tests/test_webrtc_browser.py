@@ -28,27 +28,11 @@ from playwright.sync_api import sync_playwright
 
 from kame.audio import write_wav
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import APP_PORT, SECURED_TOKEN
 from tests.support.speech import silence, synthesize
 
 CHROMIUM = "/usr/bin/chromium"
-TOKEN = "browser-rtc-5e2a"
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 1
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Alpha thinks about {user}."
-      first_token_delay_s: 0.1
-default_backend: alpha
-"""
+TOKEN = SECURED_TOKEN
 
 FLOW = """
 async ({ api, key }) => {
@@ -93,25 +77,21 @@ async ({ api, key }) => {
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("webrtc-browser")
-    config = tmp / "browser-rtc.yaml"
-    config.write_text(CONFIG)
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config),
-                        env={"KAME_SERVER__AUTH_TOKEN": TOKEN})
-    srv.start()
-    yield srv
-    srv.stop()
+def server(secured_server: ServerProcess) -> ServerProcess:
+    """The shared ``secured`` server (tests/support/servers.py): a token (the trusted server mints ``ek_`` keys
+    with it) and an origin allow-list that names the app's page."""
+    return secured_server
 
 
 @pytest.fixture
 def app_page(tmp_path: Path) -> Iterator[str]:
-    """An app's own page (another origin on loopback; kame's page has a CSP that allows only itself)."""
+    """An app's own page (another origin on loopback, allowed by the server; kame's page has a CSP that
+    allows only itself)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "index.html").write_text("<!doctype html><title>an app</title>")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", APP_PORT), handler)  # an allowed origin
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

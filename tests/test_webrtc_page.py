@@ -30,36 +30,14 @@ BASE_ARGS = [
     "--disable-component-update", "--disable-sync",
     "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
 ]
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 1
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Alpha thinks about {user}."
-      first_token_delay_s: 0.1
-default_backend: alpha
-"""
 TRANSCRIPT = """() => window.kame.events.some((e) => e.type === 'conversation.item.input_audio_transcription.completed'
                                          && /capital|france/i.test(e.transcript))"""
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("webrtc-page")
-    config = tmp / "page-rtc.yaml"
-    config.write_text(CONFIG)
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config))
-    srv.start()
-    yield srv
-    srv.stop()
+def server(browser_server: ServerProcess) -> ServerProcess:
+    """The shared ``browser`` server (tests/support/servers.py): the scripted back-end alpha, one slot, no token."""
+    return browser_server
 
 
 @pytest.fixture(scope="module")

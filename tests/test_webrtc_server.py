@@ -15,7 +15,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,55 +23,18 @@ import pytest
 import websockets
 
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import GOOD_ORIGIN, SECURED_TOKEN
 from tests.support.speech import synthesize
 from tests.support.webrtc_peer import SpeechTrack, start_call
 
-TOKEN = "rtc-secret-77c1"
-GOOD_ORIGIN = "http://good.example"
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 2
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Alpha thinks about {user}."
-      first_token_delay_s: 0.1
-  beta:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Beta answers {user} now."
-      first_token_delay_s: 0.1
-default_backend: alpha
-server:
-  idle_timeout_s: 4
-  webrtc_connect_timeout_s: 3
-"""
+TOKEN = SECURED_TOKEN
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("webrtc-server")
-    config = tmp / "webrtc.yaml"
-    config.write_text(CONFIG)
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=tmp / "server.log",
-        config=str(config),
-        env={"KAME_SERVER__AUTH_TOKEN": TOKEN, "KAME_SERVER__ALLOWED_ORIGINS": json.dumps([GOOD_ORIGIN])},
-    )
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+def server(secured_server: ServerProcess) -> Iterator[ServerProcess]:
+    """The shared ``secured`` server (tests/support/servers.py): a token, an origin allow-list, two slots,
+    a 4 s idle timeout, a 3 s ICE connect timeout."""
+    yield secured_server
 
 
 def _auth() -> dict[str, str]:
@@ -195,12 +157,13 @@ def test_the_official_sdk_mints_a_key_and_creates_a_call_with_a_session(server: 
         await pc.close()
         return location, [e["type"] for e in events], created
 
+    hangups0 = server.metric("kame_sessions_ended_total", 'reason="hangup"', _auth())
     location, types, created = asyncio.run(main())
     assert location.startswith("/v1/realtime/calls/rtc_")
     assert created["session"]["kame"]["backend"] == "beta"  # the multipart session part
     assert "session.updated" in types  # the sideband's update reached the call's session
     _wait_sessions(server, 0)
-    assert server.metric("kame_sessions_ended_total", 'reason="hangup"', _auth()) >= 1
+    assert server.metric("kame_sessions_ended_total", 'reason="hangup"', _auth()) >= hangups0 + 1
 
 
 def test_an_ek_session_cannot_widen_the_back_end_and_works_on_the_websocket(server: ServerProcess) -> None:
@@ -305,12 +268,13 @@ def test_lost_packets_and_a_muted_microphone_never_stall_the_clock(server: Serve
             await call.close()
 
     concealed0 = server.metric("kame_webrtc_input_concealed_seconds_total", "", _auth())
+    idle0 = server.metric("kame_sessions_ended_total", 'reason="idle"', _auth())
     received, seconds = asyncio.run(main())
     assert received >= 0.8 * seconds * 48000, "output RTP flows continuously"
     _wait_sessions(server, 0)
     concealed = server.metric("kame_webrtc_input_concealed_seconds_total", "", _auth()) - concealed0
     assert concealed >= 3.0, concealed  # the muted stretch (and the lost packets) were filled on the server's clock
-    assert server.metric("kame_sessions_ended_total", 'reason="idle"', _auth()) == 0
+    assert server.metric("kame_sessions_ended_total", 'reason="idle"', _auth()) == idle0
 
 
 def test_the_sideband_and_hangup_need_the_servers_key_and_a_live_call(server: ServerProcess) -> None:

@@ -109,6 +109,8 @@ class ServerProcess:
         self.cmd = [sys.executable, "-m", "kame.cli", "serve", "--config", config, "--port", str(self.port), *args]
         self.proc: Any = None
         self.statuses_seen: list[str] = []
+        #: where the server records its sessions, when a fixture configured that (else None)
+        self.record_dir: Path | None = None
         self.label = label or (Path(config).stem if config != "cpu-demo" else "cpu-demo")
 
     @property

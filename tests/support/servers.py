@@ -1,0 +1,244 @@
+"""The servers that several test files share: one configuration each, started once per run.
+
+A test file that only talks to a server asks for one of these (``conftest.py`` has a session fixture
+per entry of ``SHARED``, named ``<name>_server``) instead of starting its own: each start costs a
+torch import, the tiny model and Whisper (5-8 s and as many core-seconds on the 2-core CI machine).
+A test that changes a server's state (signals, drains, breakers, tight limits) starts its own.
+
+On a shared server a test reads metric deltas, never absolute counters, and picks out its own
+sessions (recordings, health) rather than "the first" or "all". Under pytest-xdist every file that
+uses one shared server lands on the same worker (``conftest.py`` groups them), so each still starts
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.moshi_client import ServerProcess, free_port
+
+#: The bearer token and the allowed browser origins of the ``secured`` server: a made-up site, and an
+#: app's own page on loopback (tests/test_webrtc_browser.py serves it on ``APP_PORT``).
+SECURED_TOKEN = "shared-secret-6b1d0e77c1"
+GOOD_ORIGIN = "http://good.example"
+APP_PORT = free_port()
+APP_ORIGIN = f"http://127.0.0.1:{APP_PORT}"
+#: The ``secured`` server's idle timeout: a session without audio for this long is ended.
+SECURED_IDLE_S = 4
+#: The value the ``tools`` server hands its MCP server (``env_from``): it must reach the tool only.
+TOOLS_SECRET = "mcp-chat-secret-91ab77c2e0"
+
+#: A stdio MCP server (the ``mcp`` SDK) with a working, a crashing and a hanging tool.
+WEATHER_MCP = textwrap.dedent('''
+    import os, time
+    from mcp.server.mcpserver import MCPServer
+
+    app = MCPServer("weather")
+
+    @app.tool()
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        return f"sunny and warm in {city}, key {os.environ.get('WEATHER_KEY', 'none')}"
+
+    @app.tool()
+    def crash() -> str:
+        os._exit(3)
+
+    @app.tool()
+    def hang() -> str:
+        time.sleep(3600)
+        return "never"
+
+    if __name__ == "__main__":
+        app.run()
+''')
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """One shared configuration: its YAML (``{python}``, ``{mcp}`` and ``{record}`` filled in at start),
+    extra environment, and whether its sessions are recorded (``ServerProcess.record_dir``)."""
+
+    name: str
+    config: str
+    env: dict[str, str] = field(default_factory=dict)
+    records: bool = False
+
+
+#: Two scripted back-ends and one that is down, one session slot, sessions recorded: the browser page
+#: (tests/test_browser.py), the page over WebRTC (test_webrtc_page.py) and OpenAI's browser flow from
+#: an app's own page (test_webrtc_browser.py). No token (the page has none), any origin.
+BROWSER = SharedServer(
+    "browser",
+    """
+device: cpu
+frontend:
+  checkpoint: "tiny:0"
+  batch_size: 1
+asr:
+  kind: whisper
+  device: cpu
+backends:
+  alpha:
+    kind: scripted
+    description: Scripted replies (alpha).
+    scripted:
+      rules: {}
+      default_reply: "Alpha thinks about {user}."
+      first_token_delay_s: 0.1
+  beta:
+    kind: scripted
+    description: Scripted replies (beta).
+    scripted:
+      rules: {}
+      default_reply: "Beta answers {user} now."
+      first_token_delay_s: 0.1
+  offline:
+    kind: openai
+    description: An OpenAI-compatible server that is not running.
+    base_url: http://127.0.0.1:9/v1
+    model: none
+    api_key_env: ""
+    max_retries: 0
+default_backend: alpha
+server:
+  record_dir: "{record}"
+""",
+    records=True,
+)
+
+#: The scripted back-end calling a real stdio MCP server's tools (weather, crash, hang) when it hears
+#: their keywords, sessions recorded: tests/test_chat_mcp.py and the page's tool pane
+#: (test_browser_tools.py).
+TOOLS = SharedServer(
+    "tools",
+    """
+device: cpu
+frontend:
+  checkpoint: "tiny:0"
+asr:
+  kind: whisper
+  device: cpu
+backends:
+  scripted:
+    kind: scripted
+    scripted:
+      rules: {}
+      default_reply: "I heard {user}."
+      first_token_delay_s: 0.1
+      tool_rules:
+        - {keyword: weather, tool: get_weather, arguments: {city: Paris}, say_first: "Let me check.",
+           answer: "The forecast says {result}."}
+        - {keyword: crash, tool: crash, say_first: "", answer: "Done."}
+        - {keyword: stuck, tool: hang, say_first: "", answer: "Done."}
+tools:
+  mcp_servers:
+    weather:
+      command: "{python}"
+      args: ["{mcp}"]
+      env_from: {WEATHER_KEY: KAME_TEST_WEATHER_KEY}
+      tools: [get_weather, crash, hang]
+      read_only: [get_weather, crash, hang]
+      timeout_s: 1.5
+      enabled: true
+server:
+  max_sessions: 2
+  idle_timeout_s: 10
+  record_dir: "{record}"
+""",
+    env={"KAME_TEST_WEATHER_KEY": TOOLS_SECRET},
+    records=True,
+)
+
+#: A bearer token and an origin allow-list, two scripted back-ends, two session slots, a 4 s idle
+#: timeout and a 3 s ICE connect timeout: the token and origin rules (tests/test_server_auth.py), the
+#: Realtime API over the websocket (test_realtime_server.py), over WebRTC (test_webrtc_server.py) and
+#: from an app's page in Chromium (test_webrtc_browser.py).
+SECURED = SharedServer(
+    "secured",
+    """
+device: cpu
+frontend:
+  checkpoint: "tiny:0"
+  batch_size: 2
+asr:
+  kind: whisper
+  device: cpu
+backends:
+  alpha:
+    kind: scripted
+    scripted:
+      rules: {}
+      default_reply: "Alpha thinks about {user}."
+      first_token_delay_s: 0.1
+  beta:
+    kind: scripted
+    scripted:
+      rules: {}
+      default_reply: "Beta answers {user} now."
+      first_token_delay_s: 0.1
+default_backend: alpha
+server:
+  idle_timeout_s: {idle}
+  webrtc_connect_timeout_s: 3
+""".replace("{idle}", str(SECURED_IDLE_S)),
+    env={"KAME_AUTH_TOKEN": SECURED_TOKEN, "KAME_SERVER__ALLOWED_ORIGINS": json.dumps([GOOD_ORIGIN, APP_ORIGIN])},
+)
+
+SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED)}
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    """``{key}`` placeholders only: the YAML's own braces (flow mappings, ``{user}``) stay as they are."""
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
+
+
+def start_shared(spec: SharedServer, cache_dir: Path, tmp: Path) -> ServerProcess:
+    """Start ``spec`` in ``tmp`` (config, log, MCP script, recordings) and wait until it is ready."""
+    mcp = tmp / "weather_mcp.py"
+    mcp.write_text(WEATHER_MCP)
+    record = tmp / "recordings"
+    config = tmp / f"{spec.name}.yaml"
+    config.write_text(_fill(spec.config, {"python": sys.executable, "mcp": str(mcp), "record": str(record)}))
+    srv = ServerProcess(cache_dir=cache_dir, log_path=tmp / "server.log", config=str(config), env=spec.env,
+                        label=f"{spec.name} (shared)")
+    srv.record_dir = record if spec.records else None
+    return srv.start()
+
+
+def recorded_sessions(record_dir: Path) -> set[Path]:
+    """The session folders recorded so far: take this before a test's sessions, then ``new_sessions``."""
+    return set(record_dir.iterdir()) if record_dir.exists() else set()
+
+
+def new_sessions(record_dir: Path, before: set[Path]) -> list[Path]:
+    """The session folders recorded since ``before``, oldest first."""
+    return sorted(recorded_sessions(record_dir) - before)
+
+
+def xdist_groups(items: Sequence[tuple[str, Iterable[str]]], shared: Iterable[str]) -> list[str]:
+    """A pytest-xdist group (``--dist loadgroup``) for each test, given as (file name, fixture names):
+    its file, except that files using the same shared server fixture are joined into one group. So a
+    worker runs whole files (their module servers start once) and a shared server starts on one worker."""
+    shared = tuple(shared)
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for file, fixtures in items:
+        for name in shared:
+            if name in fixtures:
+                a, b = find(file), find(name)
+                if a != b:
+                    parent[a] = b
+    return [find(file) for file, _ in items]
