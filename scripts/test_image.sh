@@ -49,7 +49,7 @@ if [ "${1:-}" = "--clean" ]; then
   exit 0
 fi
 t0=$(date +%s)
-NO_TORCH_COMPILE=1 .venv/bin/python -m pytest -ra -p no:cacheprovider -o testpaths= tests/image/image_check.py "$@"
+NO_TORCH_COMPILE=1 .venv/bin/python -m pytest -ra -p no:cacheprovider -o testpaths= --durations=8 tests/image/image_check.py "$@"
 rc=$?
 echo "test_image.sh: image phase $(( $(date +%s) - t0 )) s (exit $rc)"
 exit $rc
