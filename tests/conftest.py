@@ -12,8 +12,9 @@ Shared fixtures
   back-end, 8 slots, no token), started once per run in its own process. Use it for any test that only
   talks to the server; do not change its state (no signals, no drains, no limits): such a test starts its
   own ``ServerProcess`` (or a module fixture) instead.
-- ``browser_server``, ``tools_server``, ``secured_server``: the configurations several files share
-  (tests/support/servers.py says which and why), once per run each, under the same rules.
+- ``browser_server``, ``tools_server``, ``secured_server``, ``openai_server``: the configurations several
+  files share (tests/support/servers.py says which and why), once per run each, under the same rules;
+  ``llm_standins``: the ``openai`` server's back-ends (real HTTP servers on loopback), once per run.
 
 Metrics on a shared server: read deltas, never absolute counters, e.g.
 ``before = demo_server.metric("kame_sessions_total"); ...; assert demo_server.metric(...) - before == 1``.
@@ -37,7 +38,18 @@ import pytest
 
 from tests.support import moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
-from tests.support.servers import BROWSER, SECURED, SHARED, TOOLS, SharedServer, start_shared, xdist_groups
+from tests.support.servers import (
+    BROWSER,
+    OPENAI,
+    SECURED,
+    SHARED,
+    TOOLS,
+    LlmStandins,
+    SharedServer,
+    start_shared,
+    xdist_groups,
+)
+from tests.support.vllm_like_server import running_vllm_like_server
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -204,8 +216,9 @@ def encode(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     return lambda text: list(sp.encode(text, out_type=int))
 
 
-def _shared(spec: SharedServer, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
-    srv = start_shared(spec, cache_dir, tmp_path_factory.mktemp(f"{spec.name}-server"))
+def _shared(spec: SharedServer, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+            values: dict[str, str] | None = None) -> Iterator[moshi_client.ServerProcess]:
+    srv = start_shared(spec, cache_dir, tmp_path_factory.mktemp(f"{spec.name}-server"), values)
     yield srv
     srv.stop()
 
@@ -226,6 +239,22 @@ def tools_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 def secured_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
     """tests/support/servers.py ``SECURED``: a token, an origin allow-list, two slots, a 4 s idle timeout."""
     yield from _shared(SECURED, kame_cache_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def llm_standins() -> Iterator[LlmStandins]:
+    with running_llm_server(["tools-model", "plain-model"]) as llm, \
+            running_vllm_like_server(["served-model"]) as rt, running_vllm_like_server(["served-model"]) as live, \
+            running_vllm_like_server(["served-model"], refuse_tools=False) as ok:
+        yield LlmStandins(llm, rt, live, ok)
+
+
+@pytest.fixture(scope="session")
+def openai_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                  llm_standins: LlmStandins) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``OPENAI``: OpenAI-compatible back-ends on loopback, a token, two slots."""
+    urls = {name: getattr(llm_standins, name).base_url for name in ("llm", "rt", "live", "ok")}
+    yield from _shared(OPENAI, kame_cache_dir, tmp_path_factory, urls)
 
 
 @pytest.fixture(scope="session")

@@ -14,18 +14,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from kame.client.live_client import LiveClient
-from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import OPENAI_TOKEN, LlmStandins
 from tests.support.speech import silence, synthesize
 
-TOKEN = "live-responses-5be1c0"
+TOKEN = OPENAI_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 WEATHER = {
     "type": "function",
@@ -33,24 +33,6 @@ WEATHER = {
     "description": "Current weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  llm:
-    base_url: "{base_url}"
-    model: test-model
-    api_key_env: ""
-    allow_tools: true
-default_backend: llm
-server:
-  max_sessions: 2
-  idle_timeout_s: 8
-"""
 
 
 def respond(rec: RecordedRequest) -> Reply:
@@ -71,22 +53,19 @@ def respond(rec: RecordedRequest) -> Reply:
 
 
 @pytest.fixture(scope="module")
-def llm() -> Iterator[LlmServer]:
-    with running_llm_server() as server:
-        server.responder = respond
-        yield server
+def llm(llm_standins: LlmStandins) -> Iterator[LlmServer]:
+    """The shared ``openai`` server's ``llm`` back-end, answering with ``respond``."""
+    srv = llm_standins.llm
+    srv.reset()
+    srv.responder = respond
+    yield srv
+    srv.reset()
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, llm: LlmServer) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("live-responses")
-    config = tmp / "live.yaml"
-    config.write_text(CONFIG.replace("{base_url}", llm.base_url))
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config), env={"KAME_AUTH_TOKEN": TOKEN}
-    ).start()
-    yield srv
-    srv.stop()
+def server(openai_server: ServerProcess, llm: LlmServer) -> ServerProcess:
+    """tests/support/servers.py ``OPENAI``: the ``llm`` back-end (tools allowed); a token."""
+    return openai_server
 
 
 def spoken(text: str, after_s: float) -> np.ndarray:

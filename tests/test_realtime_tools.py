@@ -15,14 +15,14 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import OPENAI_TOKEN, LlmStandins
 from tests.support.speech import silence, synthesize
 
 WEATHER = {
@@ -39,32 +39,6 @@ BOOK = {
     "parameters": {"type": "object", "properties": {"time": {"type": "string"}}},
 }
 
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  llm:
-    base_url: {base_url}
-    model: tools-model
-    api_key_env: ""
-    allow_tools: true
-    breaker: {{enabled: false}}
-  notools:
-    base_url: {base_url}
-    model: plain-model
-    api_key_env: ""
-    allow_tools: false
-default_backend: llm
-tools:
-  call_timeout_s: 8
-server:
-  max_sessions: 2
-  idle_timeout_s: 15
-"""
 
 
 def llm(rec: RecordedRequest) -> Reply:
@@ -84,20 +58,19 @@ def llm(rec: RecordedRequest) -> Reply:
 
 
 @pytest.fixture(scope="module")
-def llm_backend() -> Iterator[LlmServer]:
-    with running_llm_server(["tools-model", "plain-model"]) as srv:
-        srv.responder = llm
-        yield srv
+def llm_backend(llm_standins: LlmStandins) -> Iterator[LlmServer]:
+    """The shared ``openai`` server's ``llm`` and ``notools`` back-ends (tools-model, plain-model)."""
+    srv = llm_standins.llm
+    srv.reset()
+    srv.responder = llm
+    yield srv
+    srv.reset()
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, llm_backend: LlmServer) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("realtime-tools")
-    config = tmp / "tools.yaml"
-    config.write_text(CONFIG.format(base_url=llm_backend.base_url))
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config)).start()
-    yield srv
-    srv.stop()
+def server(openai_server: ServerProcess) -> ServerProcess:
+    """tests/support/servers.py ``OPENAI``: ``llm`` (tools allowed) by default, ``notools``; a token."""
+    return openai_server
 
 
 def pcm16(pcm: np.ndarray) -> bytes:
@@ -175,7 +148,7 @@ def run_session(server: ServerProcess, question: str, tools: list[dict[str, Any]
     speech_end = 0.3 + len(synthesize(question)) / 24000
 
     async def main() -> tuple[Session, Any, float]:
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused")
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=OPENAI_TOKEN)
         async with client.realtime.connect(model="kame", extra_query={"kame_events": "1"}) as conn:
             await asyncio.wait_for(conn.recv(), 15)  # session.created
             await conn.session.update(session={"type": "realtime", "tools": tools, "tool_choice": "auto", **(extra or {})})
@@ -246,7 +219,7 @@ def test_function_errors(server: ServerProcess) -> None:
     from openai import AsyncOpenAI
 
     async def main() -> list[Any]:
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused")
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=OPENAI_TOKEN)
         got: list[Any] = []
         async with client.realtime.connect(model="kame", extra_query={"kame_events": "1"}) as conn:
             await asyncio.wait_for(conn.recv(), 15)

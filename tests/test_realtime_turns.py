@@ -9,34 +9,15 @@ import asyncio
 import base64
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.support.llm_server import LlmServer, RecordedRequest, Reply, running_llm_server
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import OPENAI_TOKEN, LlmStandins
 from tests.support.speech import silence, synthesize
-
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  llm:
-    base_url: {base_url}
-    model: turns-model
-    api_key_env: ""
-    breaker: {{enabled: false}}
-default_backend: llm
-server:
-  max_sessions: 1
-  idle_timeout_s: 15
-"""
 
 
 def answer(rec: RecordedRequest) -> Reply:
@@ -44,20 +25,18 @@ def answer(rec: RecordedRequest) -> Reply:
 
 
 @pytest.fixture(scope="module")
-def llm_backend() -> Iterator[LlmServer]:
-    with running_llm_server(["turns-model"]) as srv:
-        yield srv
+def llm_backend(llm_standins: LlmStandins) -> Iterator[LlmServer]:
+    """The shared ``openai`` server's default back-end (``llm``)."""
+    srv = llm_standins.llm
+    srv.reset()
+    yield srv
+    srv.reset()
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, llm_backend: LlmServer) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("realtime-turns")
-    config = tmp / "turns.yaml"
-    config.write_text(CONFIG.format(base_url=llm_backend.base_url))
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config),
-                        ).start()
-    yield srv
-    srv.stop()
+def server(openai_server: ServerProcess) -> ServerProcess:
+    """tests/support/servers.py ``OPENAI``: the ``llm`` back-end by default; a token."""
+    return openai_server
 
 
 def _b64(pcm: np.ndarray) -> str:
@@ -104,7 +83,7 @@ def test_client_turns_commit_clear_and_back_to_server_vad(server: ServerProcess,
     audio: list[tuple[float, int]] = []
 
     async def main() -> dict[str, Any]:
-        client = AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="none")
+        client = AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key=OPENAI_TOKEN)
         async with client.realtime.connect(model="kame") as conn:
             stop = asyncio.Event()
 

@@ -15,7 +15,6 @@ import asyncio
 import base64
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,10 +23,11 @@ import pytest
 from kame.client.live_client import LiveClient
 from tests.support.llm_server import RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
+from tests.support.servers import OPENAI_TOKEN, LlmStandins
 from tests.support.speech import silence, synthesize
-from tests.support.vllm_like_server import VllmLikeServer, running_vllm_like_server
+from tests.support.vllm_like_server import VllmLikeServer
 
-TOKEN = "tools-refused-7d21"
+TOKEN = OPENAI_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ANSWER = "It is sunny and mild in Paris today."
 WEATHER = {
@@ -36,32 +36,6 @@ WEATHER = {
     "description": "Current weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  rt:
-    base_url: "{rt}"
-    model: served-model
-    api_key_env: ""
-    breaker: {{enabled: false}}
-  live:
-    base_url: "{live}"
-    model: served-model
-    api_key_env: ""
-  ok:
-    base_url: "{ok}"
-    model: served-model
-    api_key_env: ""
-default_backend: rt
-server:
-  max_sessions: 2
-  idle_timeout_s: 15
-"""
 
 
 def respond(rec: RecordedRequest) -> Reply:
@@ -73,24 +47,21 @@ def respond(rec: RecordedRequest) -> Reply:
 
 
 @pytest.fixture(scope="module")
-def llms() -> Iterator[dict[str, VllmLikeServer]]:
-    with running_vllm_like_server(["served-model"]) as rt, running_vllm_like_server(["served-model"]) as live, \
-            running_vllm_like_server(["served-model"], refuse_tools=False) as ok:
-        for srv in (rt, live, ok):
-            srv.responder = respond
-        yield {"rt": rt, "live": live, "ok": ok}
+def llms(llm_standins: LlmStandins) -> Iterator[dict[str, VllmLikeServer]]:
+    """The shared ``openai`` server's vLLM-like back-ends: ``rt`` and ``live`` refuse tools, ``ok`` takes them."""
+    servers = {"rt": llm_standins.rt, "live": llm_standins.live, "ok": llm_standins.ok}
+    for srv in servers.values():
+        srv.reset()
+        srv.responder = respond
+    yield servers
+    for srv in servers.values():
+        srv.reset()
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-           llms: dict[str, VllmLikeServer]) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("tools-refused")
-    config = tmp / "kame.yaml"
-    config.write_text(CONFIG.format(**{name: srv.base_url for name, srv in llms.items()}))
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config),
-                        env={"KAME_AUTH_TOKEN": TOKEN}).start()
-    yield srv
-    srv.stop()
+def server(openai_server: ServerProcess, llms: dict[str, VllmLikeServer]) -> ServerProcess:
+    """tests/support/servers.py ``OPENAI``: the back-ends ``rt``, ``live`` and ``ok`` only this file uses; a token."""
+    return openai_server
 
 
 def question(text: str, after_s: float) -> np.ndarray:

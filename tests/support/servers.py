@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.llm_server import LlmServer
 from tests.support.moshi_client import ServerProcess, free_port
+from tests.support.vllm_like_server import VllmLikeServer
 
 #: The bearer token and the allowed browser origins of the ``secured`` server: a made-up site, and an
 #: app's own page on loopback (tests/test_webrtc_browser.py serves it on ``APP_PORT``).
@@ -30,6 +32,8 @@ APP_PORT = free_port()
 APP_ORIGIN = f"http://127.0.0.1:{APP_PORT}"
 #: The ``secured`` server's idle timeout: a session without audio for this long is ended.
 SECURED_IDLE_S = 4
+#: The bearer token of the ``openai`` server.
+OPENAI_TOKEN = "shared-openai-token-3f9a51"
 #: The value the ``tools`` server hands its MCP server (``env_from``): it must reach the tool only.
 TOOLS_SECRET = "mcp-chat-secret-91ab77c2e0"
 
@@ -190,7 +194,68 @@ server:
     env={"KAME_AUTH_TOKEN": SECURED_TOKEN, "KAME_SERVER__ALLOWED_ORIGINS": json.dumps([GOOD_ORIGIN, APP_ORIGIN])},
 )
 
-SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED)}
+#: Real OpenAI-compatible HTTP servers on loopback behind every back-end (``{llm}``: tests/support/
+#: llm_server.py serving tools-model and plain-model; ``{rt}``, ``{live}``: vLLM stand-ins that refuse
+#: tools, ``{ok}``: one that accepts them; ``conftest.py``'s ``llm_standins``, each test file sets its
+#: own responder), a token, two slots: client-executed functions (tests/test_realtime_tools.py),
+#: client-driven turns (test_realtime_turns.py), Live's Responses delegation
+#: (test_live_responses_server.py) and a server refusing tools (test_tools_refused_server.py).
+OPENAI = SharedServer(
+    "openai",
+    """
+device: cpu
+frontend:
+  checkpoint: "tiny:0"
+asr:
+  kind: whisper
+  device: cpu
+backends:
+  llm:
+    base_url: "{llm}"
+    model: tools-model
+    api_key_env: ""
+    allow_tools: true
+    breaker: {enabled: false}
+  notools:
+    base_url: "{llm}"
+    model: plain-model
+    api_key_env: ""
+    allow_tools: false
+  rt:
+    base_url: "{rt}"
+    model: served-model
+    api_key_env: ""
+    breaker: {enabled: false}
+  live:
+    base_url: "{live}"
+    model: served-model
+    api_key_env: ""
+  ok:
+    base_url: "{ok}"
+    model: served-model
+    api_key_env: ""
+default_backend: llm
+tools:
+  call_timeout_s: 8
+server:
+  max_sessions: 2
+  idle_timeout_s: 15
+""",
+    env={"KAME_AUTH_TOKEN": OPENAI_TOKEN},
+)
+
+@dataclass(frozen=True)
+class LlmStandins:
+    """The ``openai`` server's back-ends: real HTTP servers on loopback (``OPENAI``).
+    A test file sets the responders it needs, after ``reset()``: what an earlier file left is not its."""
+
+    llm: LlmServer
+    rt: VllmLikeServer
+    live: VllmLikeServer
+    ok: VllmLikeServer
+
+
+SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED, OPENAI)}
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -200,13 +265,14 @@ def _fill(template: str, values: dict[str, str]) -> str:
     return template
 
 
-def start_shared(spec: SharedServer, cache_dir: Path, tmp: Path) -> ServerProcess:
-    """Start ``spec`` in ``tmp`` (config, log, MCP script, recordings) and wait until it is ready."""
+def start_shared(spec: SharedServer, cache_dir: Path, tmp: Path, values: dict[str, str] | None = None) -> ServerProcess:
+    """Start ``spec`` in ``tmp`` (config, log, MCP script, recordings; ``values`` fill the config's other
+    placeholders, e.g. back-end URLs) and wait until it is ready."""
     mcp = tmp / "weather_mcp.py"
     mcp.write_text(WEATHER_MCP)
     record = tmp / "recordings"
     config = tmp / f"{spec.name}.yaml"
-    config.write_text(_fill(spec.config, {"python": sys.executable, "mcp": str(mcp), "record": str(record)}))
+    config.write_text(_fill(spec.config, {"python": sys.executable, "mcp": str(mcp), "record": str(record), **(values or {})}))
     srv = ServerProcess(cache_dir=cache_dir, log_path=tmp / "server.log", config=str(config), env=spec.env,
                         label=f"{spec.name} (shared)")
     srv.record_dir = record if spec.records else None
