@@ -12,7 +12,8 @@ Shared fixtures
   back-end, 8 slots, no token), started once per run in its own process. Use it for any test that only
   talks to the server; do not change its state (no signals, no drains, no limits): such a test starts its
   own ``ServerProcess`` (or a module fixture) instead.
-- ``browser_server``, ``tools_server``, ``secured_server``, ``openai_server``: the configurations several
+- ``browser_server``, ``tools_server``, ``secured_server``, ``openai_server``,
+  ``limits_server``: the configurations several
   files share (tests/support/servers.py says which and why), once per run each, under the same rules;
   ``llm_standins``: the ``openai`` server's back-ends (real HTTP servers on loopback), once per run.
 
@@ -40,6 +41,7 @@ from tests.support import moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
 from tests.support.servers import (
     BROWSER,
+    LIMITS,
     OPENAI,
     SECURED,
     SHARED,
@@ -233,6 +235,12 @@ def browser_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactor
 def tools_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
     """tests/support/servers.py ``TOOLS``: the scripted back-end with a stdio MCP server's tools."""
     yield from _shared(TOOLS, kame_cache_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def limits_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``LIMITS``: the CPU demo without ASR, low client limits, eight slots."""
+    yield from _shared(LIMITS, kame_cache_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

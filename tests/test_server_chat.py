@@ -1,6 +1,6 @@
 """The real server (CPU demo config, tiny model) driven over /api/chat by Moshi-protocol clients.
 
-One server for the whole module (8 sessions); every client paces its audio
+One server (tests/support/servers.py ``LIMITS``, shared with test_abuse.py; 8 sessions); every client paces its audio
 at real time, as a microphone would.
 """
 
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,15 +19,15 @@ QUESTION = "Hello there. What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("server-chat") / "server.log"
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=log,
-        env={"KAME_ASR__KIND": "none", "KAME_SERVER__IDLE_TIMEOUT_S": "5"},
-    ).start()
-    yield srv
-    srv.stop()
+def sessions_at_start(limits_server: ServerProcess) -> float:
+    """Sessions the shared server counted before this module's tests (test_metrics_exposition reads a delta)."""
+    return limits_server.metric("kame_sessions_total")
+
+
+@pytest.fixture(scope="module")
+def server(limits_server: ServerProcess, sessions_at_start: float) -> ServerProcess:
+    """tests/support/servers.py ``LIMITS``: the CPU demo without ASR, eight slots, low client limits."""
+    return limits_server
 
 
 def _wait_all_free(server: ServerProcess, timeout: float = 5.0) -> None:
@@ -187,7 +185,7 @@ def test_invalid_query_parameter_is_refused_with_a_reason(server: ServerProcess)
     assert any("text_temperature" in e for e in c.errors)
 
 
-def test_metrics_exposition(server: ServerProcess) -> None:
+def test_metrics_exposition(server: ServerProcess, sessions_at_start: float) -> None:
     status, body = server.get("/metrics")
     assert status == 200
     for name in (
@@ -205,7 +203,7 @@ def test_metrics_exposition(server: ServerProcess) -> None:
         assert f"# TYPE {name} " in body, name
     assert server.metric("kame_step_seconds_count") > 0
     assert server.metric("kame_frame_lateness_seconds_count") > 0
-    assert server.metric("kame_sessions_total") >= 9
+    assert server.metric("kame_sessions_total") - sessions_at_start >= 9
     assert server.metric("kame_sessions_active") == 0
 
 

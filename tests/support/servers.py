@@ -65,8 +65,9 @@ WEATHER_MCP = textwrap.dedent('''
 
 @dataclass(frozen=True)
 class SharedServer:
-    """One shared configuration: its YAML (``{python}``, ``{mcp}`` and ``{record}`` filled in at start),
-    extra environment, and whether its sessions are recorded (``ServerProcess.record_dir``)."""
+    """One shared configuration: its YAML (``{python}``, ``{mcp}`` and ``{record}`` filled in at start) or
+    ``cpu-demo`` (the stock demo config), extra environment (``KAME_*`` settings), and whether its sessions
+    are recorded (``ServerProcess.record_dir``)."""
 
     name: str
     config: str
@@ -255,7 +256,25 @@ class LlmStandins:
     ok: VllmLikeServer
 
 
-SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED, OPENAI)}
+#: The stock CPU demo without ASR (no Whisper: the tests send noise and silence, not words) and with
+#: low client limits (burst, buffer, flood, slow-client and idle timeouts) so that every abuse resolves
+#: in seconds; eight slots: the abuse matrix on both websockets (tests/test_abuse.py) and the Moshi
+#: protocol's sessions, refusals and malformed messages (test_server_chat.py).
+LIMITS = SharedServer(
+    "limits",
+    "cpu-demo",
+    env={
+        "KAME_ASR__KIND": "none",
+        "KAME_SERVER__IDLE_TIMEOUT_S": "4",
+        "KAME_SERVER__SLOW_CLIENT_TIMEOUT_S": "2",
+        "KAME_SERVER__INPUT_BURST_S": "1.0",
+        "KAME_SERVER__INPUT_BUFFER_S": "1.0",
+        "KAME_SERVER__FLOOD_CLOSE_S": "2.0",
+        "KAME_SERVER__MAX_MESSAGE_BYTES": str(256 * 1024),
+    },
+)
+
+SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED, OPENAI, LIMITS)}
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -271,9 +290,12 @@ def start_shared(spec: SharedServer, cache_dir: Path, tmp: Path, values: dict[st
     mcp = tmp / "weather_mcp.py"
     mcp.write_text(WEATHER_MCP)
     record = tmp / "recordings"
-    config = tmp / f"{spec.name}.yaml"
-    config.write_text(_fill(spec.config, {"python": sys.executable, "mcp": str(mcp), "record": str(record), **(values or {})}))
-    srv = ServerProcess(cache_dir=cache_dir, log_path=tmp / "server.log", config=str(config), env=spec.env,
+    config = spec.config
+    if config != "cpu-demo":
+        path = tmp / f"{spec.name}.yaml"
+        path.write_text(_fill(config, {"python": sys.executable, "mcp": str(mcp), "record": str(record), **(values or {})}))
+        config = str(path)
+    srv = ServerProcess(cache_dir=cache_dir, log_path=tmp / "server.log", config=config, env=spec.env,
                         label=f"{spec.name} (shared)")
     srv.record_dir = record if spec.records else None
     return srv.start()
