@@ -51,6 +51,7 @@ from tests.support.servers import (
     start_shared,
     xdist_groups,
 )
+from tests.support.turn import TURN_PASSWORD, TURN_USER, Turn, running_coturn
 from tests.support.vllm_like_server import running_vllm_like_server
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
@@ -258,11 +259,20 @@ def llm_standins() -> Iterator[LlmStandins]:
 
 
 @pytest.fixture(scope="session")
-def openai_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-                  llm_standins: LlmStandins) -> Iterator[moshi_client.ServerProcess]:
-    """tests/support/servers.py ``OPENAI``: OpenAI-compatible back-ends on loopback, a token, two slots."""
-    urls = {name: getattr(llm_standins, name).base_url for name in ("llm", "rt", "live", "ok")}
-    yield from _shared(OPENAI, kame_cache_dir, tmp_path_factory, urls)
+def coturn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Turn]:
+    """A real TURN server on loopback (tests/support/turn.py), once per run: the ``openai`` server's relay."""
+    with running_coturn(tmp_path_factory.mktemp("coturn")) as turn:
+        yield turn
+
+
+@pytest.fixture(scope="session")
+def openai_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, llm_standins: LlmStandins,
+                  coturn: Turn) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``OPENAI``: OpenAI-compatible back-ends on loopback, a token, two slots,
+    WebRTC relayed through ``coturn`` only."""
+    values = {name: getattr(llm_standins, name).base_url for name in ("llm", "rt", "live", "ok")}
+    values |= {"turn_port": str(coturn.port), "turn_user": TURN_USER, "turn_password": TURN_PASSWORD}
+    yield from _shared(OPENAI, kame_cache_dir, tmp_path_factory, values)
 
 
 @pytest.fixture(scope="session")

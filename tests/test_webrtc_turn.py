@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,77 +19,21 @@ from pydantic import ValidationError
 
 from kame.server.config import ServerConfig
 from kame.server.webrtc.ice import rtc_configuration, with_public_address
-from tests.support.moshi_client import ServerProcess, free_port
+from tests.support.moshi_client import ServerProcess
+from tests.support.servers import OPENAI_TOKEN
 from tests.support.speech import synthesize
+from tests.support.turn import RELAY_PORTS, TURN_PASSWORD, TURN_USER, Turn
 from tests.support.webrtc_peer import SpeechTrack, start_call
 
-TURN_USER = "kame"
-TURN_PASSWORD = "turn-pw-7c41d9"
-RELAY_PORTS = (49700, 49799)
-CONFIG = """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 1
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {{}}
-      default_reply: "Alpha thinks about {{user}}."
-      first_token_delay_s: 0.1
-default_backend: alpha
-server:
-  webrtc_ice_transport_policy: relay
-  webrtc_ice_servers:
-    - urls: "turn:127.0.0.1:{port}?transport=udp"
-      username: {user}
-      credential: {password}
-"""
-
 
 @pytest.fixture(scope="module")
-def coturn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
-    tmp = tmp_path_factory.mktemp("coturn")
-    port = free_port()
-    log = tmp / "turnserver.log"
-    proc = subprocess.Popen(
-        ["/usr/bin/turnserver", "-n", "--listening-ip", "127.0.0.1", "--relay-ip", "127.0.0.1",
-         "--listening-port", str(port), "--min-port", str(RELAY_PORTS[0]), "--max-port", str(RELAY_PORTS[1]),
-         "--lt-cred-mech", "--user", f"{TURN_USER}:{TURN_PASSWORD}", "--realm", "kame.test",
-         "--allow-loopback-peers", "--no-tls", "--no-dtls", "--no-cli", "--no-tcp-relay",
-         "--log-file", str(log), "--simple-log", "-v"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while not (log.exists() and re.search(r"listener opened on|IPv4. UDP listener", log.read_text())):
-            assert proc.poll() is None, f"turnserver exited: {log.read_text() if log.exists() else ''}"
-            assert time.monotonic() < deadline, "turnserver did not start"
-            time.sleep(0.1)
-        yield port, log
-    finally:
-        proc.terminate()
-        proc.wait(10)
+def server(openai_server: ServerProcess) -> ServerProcess:
+    """tests/support/servers.py ``OPENAI``: ``webrtc_ice_transport_policy: relay`` with ``coturn`` as its TURN
+    server (long-term credentials); Whisper, a token."""
+    return openai_server
 
 
-@pytest.fixture(scope="module")
-def server(coturn: tuple[int, Path], kame_cache_dir: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("webrtc-turn")
-    config = tmp / "turn.yaml"
-    config.write_text(CONFIG.format(port=coturn[0], user=TURN_USER, password=TURN_PASSWORD))
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config))
-    srv.start()
-    srv.log = tmp / "server.log"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
-
-
-def test_a_call_relayed_through_coturn(server: ServerProcess, coturn: tuple[int, Path]) -> None:
+def test_a_call_relayed_through_coturn(server: ServerProcess, coturn: Turn) -> None:
     question = synthesize("What is the capital of France?")
 
     async def main() -> tuple[Any, str]:
@@ -101,7 +41,7 @@ def test_a_call_relayed_through_coturn(server: ServerProcess, coturn: tuple[int,
 
         pcm48 = soxr.resample(question, 24000, 48000).astype(np.float32)
         track = SpeechTrack(np.concatenate([np.zeros(24000, np.float32), pcm48]))
-        call = await start_call(server.http_url, track=track)
+        call = await start_call(server.http_url, token=OPENAI_TOKEN, track=track)
         answer = call.pc.remoteDescription.sdp
         try:
             await asyncio.wait_for(call.opened.wait(), 20)
@@ -123,9 +63,9 @@ def test_a_call_relayed_through_coturn(server: ServerProcess, coturn: tuple[int,
     assert "france" in final["transcript"].lower()
     pcm = call.pcm()
     assert len(pcm) > 48000 * 2 and float(np.sqrt(np.mean(pcm**2))) > 1e-3, "the assistant's audio, relayed"
-    turn_log = coturn[1].read_text()
+    turn_log = coturn.log.read_text()
     assert re.search(rf"user <{TURN_USER}>", turn_log) and "ALLOCATE processed, success" in turn_log, turn_log[-3000:]
-    assert TURN_PASSWORD not in server.log.read_text()  # type: ignore[attr-defined]
+    assert TURN_PASSWORD not in server.log_path.read_text()
 
 
 # --------------------------------------------------------------------------- the config, without a server

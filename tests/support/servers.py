@@ -198,9 +198,11 @@ server:
 #: Real OpenAI-compatible HTTP servers on loopback behind every back-end (``{llm}``: tests/support/
 #: llm_server.py serving tools-model and plain-model; ``{rt}``, ``{live}``: vLLM stand-ins that refuse
 #: tools, ``{ok}``: one that accepts them; ``conftest.py``'s ``llm_standins``, each test file sets its
-#: own responder), a token, two slots: client-executed functions (tests/test_realtime_tools.py),
-#: client-driven turns (test_realtime_turns.py), Live's Responses delegation
-#: (test_live_responses_server.py) and a server refusing tools (test_tools_refused_server.py).
+#: own responder), a token, two slots, WebRTC through a real TURN server only (tests/support/turn.py;
+#: the relay-only policy binds every call, and no other file here makes one): client-executed functions
+#: (tests/test_realtime_tools.py), client-driven turns (test_realtime_turns.py), Live's Responses
+#: delegation (test_live_responses_server.py), a server refusing tools (test_tools_refused_server.py)
+#: and a call relayed through coturn (test_webrtc_turn.py).
 OPENAI = SharedServer(
     "openai",
     """
@@ -241,6 +243,11 @@ tools:
 server:
   max_sessions: 2
   idle_timeout_s: 15
+  webrtc_ice_transport_policy: relay
+  webrtc_ice_servers:
+    - urls: "turn:127.0.0.1:{turn_port}?transport=udp"
+      username: {turn_user}
+      credential: {turn_password}
 """,
     env={"KAME_AUTH_TOKEN": OPENAI_TOKEN},
 )
