@@ -143,9 +143,9 @@ def test_relevance_judge_and_cache(tmp_path: Path) -> None:
         llm.stop()
 
 
-def test_refused_session_is_retried(kame_cache_dir: Path, generated: Path, tmp_path: Path) -> None:
-    """One slot, two sessions at once (past the CLI's clamp to the free slots): the second is refused
-    (1013) and tried again once the first is over; both samples are scored."""
+def test_refused_session_is_retried(browser_server: ServerProcess, generated: Path, tmp_path: Path) -> None:
+    """One slot (tests/support/servers.py ``BROWSER``), two sessions at once (past the CLI's clamp to the free
+    slots): the second is refused (1013) and tried again once the first is over; both samples are scored."""
     from kame.eval.duplex.client import Target
     from kame.eval.duplex.runner import DuplexConfig, Variant, run_duplex
 
@@ -155,20 +155,15 @@ def test_refused_session_is_retried(kame_cache_dir: Path, generated: Path, tmp_p
         async def words_async(self, pcm: object, rate: int) -> list:
             return []
 
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp_path / "server.log",
-                        env={"KAME_FRONTEND__BATCH_SIZE": "1"}).start()
     said: list[str] = []
-    try:
-        data = tmp_path / "two"
-        for name in ("001", "002"):
-            src = generated / "smooth_turn_taking" / name
-            (data / name).mkdir(parents=True)
-            for f in ("input.wav", "turn_taking.json"):
-                (data / name / f).write_bytes((src / f).read_bytes())
-        cfg = DuplexConfig(task="smooth_turn_taking", data_dir=data, variants=[Variant("v")], dataset="t",
-                           concurrency=2, target=Target.parse(srv.http_url), asr=Asr(), say=said.append)
-        doc = asyncio.run(run_duplex(cfg, data))
-    finally:
-        srv.stop(signal.SIGKILL)
+    data = tmp_path / "two"
+    for name in ("001", "002"):
+        src = generated / "smooth_turn_taking" / name
+        (data / name).mkdir(parents=True)
+        for f in ("input.wav", "turn_taking.json"):
+            (data / name / f).write_bytes((src / f).read_bytes())
+    cfg = DuplexConfig(task="smooth_turn_taking", data_dir=data, variants=[Variant("v")], dataset="t",
+                       concurrency=2, target=Target.parse(browser_server.http_url), asr=Asr(), say=said.append)
+    doc = asyncio.run(run_duplex(cfg, data))
     assert doc["skipped"] == [] and doc["rows"][0]["samples"] == 2, doc["skipped"]
     assert any("1013" in s or "full" in s for s in said), said
