@@ -13,7 +13,7 @@ Shared fixtures
   talks to the server; do not change its state (no signals, no drains, no limits): such a test starts its
   own ``ServerProcess`` (or a module fixture) instead.
 - ``browser_server``, ``tools_server``, ``secured_server``, ``openai_server``,
-  ``limits_server``: the configurations several
+  ``limits_server``, ``lifecycle_server``: the configurations several
   files share (tests/support/servers.py says which and why), once per run each, under the same rules;
   ``llm_standins``: the ``openai`` server's back-ends (real HTTP servers on loopback), once per run.
 
@@ -41,6 +41,7 @@ from tests.support import moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
 from tests.support.servers import (
     BROWSER,
+    LIFECYCLE,
     LIMITS,
     OPENAI,
     SECURED,
@@ -242,6 +243,12 @@ def tools_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 def limits_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
     """tests/support/servers.py ``LIMITS``: the CPU demo without ASR, low client limits, eight slots."""
     yield from _shared(LIMITS, kame_cache_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def lifecycle_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+    """tests/support/servers.py ``LIFECYCLE``: no ASR, two slots, 1 s idle, 3 s maximum duration."""
+    yield from _shared(LIFECYCLE, kame_cache_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from kame.client.live_client import LiveClient
 from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
 from tests.support.moshi_client import ServerProcess
-from tests.support.servers import SECURED_IDLE_S, SECURED_TOKEN
+from tests.support.servers import LIFECYCLE_MAX_S, SECURED_IDLE_S, SECURED_TOKEN
 from tests.support.speech import silence, synthesize
 
 TOKEN = SECURED_TOKEN
@@ -276,20 +276,20 @@ def test_speculative_delegations_supersede(server: ServerProcess) -> None:
     assert [f["text"] for f in fed] == ["David has one brother."]
 
 
-@pytest.fixture(scope="module")
-def short_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """No ASR, a 5 s maximum duration warned 2 s before."""
-    tmp = tmp_path_factory.mktemp("live-short")
-    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config="cpu-demo",
+@pytest.fixture
+def drain_server(kame_cache_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """The drain test's own server (SIGTERM ends it): no ASR, a 5 s maximum duration warned 2 s before."""
+    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp_path / "server.log", config="cpu-demo",
                         env={"KAME_ASR__KIND": "none", "KAME_SERVER__MAX_DURATION_S": "5",
-                             "KAME_SERVER__DURATION_WARNING_S": "2"}).start()
+                             "KAME_SERVER__DURATION_WARNING_S": "2"}, label="live (drain)").start()
     yield srv
     srv.stop()
 
 
-def test_maximum_duration_expires(short_server: ServerProcess) -> None:
+def test_maximum_duration_expires(lifecycle_server: ServerProcess) -> None:
+    """tests/support/servers.py ``LIFECYCLE``: no ASR, a 3 s maximum duration warned 1 s before."""
     async def main() -> LiveClient:
-        c = await LiveClient.connect(short_server.http_url)
+        c = await LiveClient.connect(lifecycle_server.http_url)
         assert await c.start({"model": "gpt-live-1"}) is not None
         await c.send_silence(8.0)  # stops early when the session closes
         await asyncio.wait_for(c.closed.wait(), 5)
@@ -300,14 +300,16 @@ def test_maximum_duration_expires(short_server: ServerProcess) -> None:
     assert types.index("kame.session.ending") < types.index("session.closed"), types
     assert any(e["code"] == "no_transcription" for e in c.of_type("info"))  # said at the start: no ASR here
     closed = c.of_type("session.closed")[0]
-    assert closed["reason"] == "expired" and 4 <= closed["usage"]["seconds"] <= 6
+    limit = LIFECYCLE_MAX_S
+    assert closed["reason"] == "expired" and limit - 1 <= closed["usage"]["seconds"] <= limit + 1
     assert c.close_code == 1000, (c.close_code, c.close_reason)
-    assert 3.0 <= c.stats.audio_sent_s < 7.0, c.stats.audio_sent_s  # the audio stopped at the expiry, not at 8 s
+    assert limit - 2 <= c.stats.audio_sent_s < limit + 2, c.stats.audio_sent_s  # stopped at the expiry, not at 8 s
 
 
-def test_drain_tells_why_then_closes(short_server: ServerProcess) -> None:
-    """SIGTERM while a session streams: an info with kame's reason, session.closed connection_lost, 1001
-    (the last test on this server: it stops it)."""
+@pytest.mark.server_process_subject
+def test_drain_tells_why_then_closes(drain_server: ServerProcess) -> None:
+    """SIGTERM while a session streams: an info with kame's reason, session.closed connection_lost, 1001."""
+    short_server = drain_server
 
     async def main() -> LiveClient:
         c = await LiveClient.connect(short_server.http_url)

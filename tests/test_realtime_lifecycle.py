@@ -13,23 +13,21 @@ import pytest
 
 from kame.client.realtime_client import RealtimeClient
 from tests.support.moshi_client import MoshiClient, ServerProcess
+from tests.support.servers import LIFECYCLE
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("realtime-lifecycle") / "server.log"
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=log,
-        env={
-            "KAME_ASR__KIND": "none",
-            "KAME_FRONTEND__BATCH_SIZE": "2",
-            "KAME_SERVER__IDLE_TIMEOUT_S": "1.0",
-            "KAME_SERVER__MAX_DURATION_S": "3.0",
-            "KAME_SERVER__DURATION_WARNING_S": "1.0",
-            "KAME_SERVER__WARMUP_STEPS": "1",
-        },
-    ).start()
+def server(lifecycle_server: ServerProcess) -> ServerProcess:
+    """tests/support/servers.py ``LIFECYCLE``: no ASR, two slots, 1 s idle timeout, 3 s maximum duration
+    warned 1 s before."""
+    return lifecycle_server
+
+
+@pytest.fixture
+def drain_server(kame_cache_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """The SIGTERM test's own server (the signal ends it): ``LIFECYCLE`` with a one-tick warm-up."""
+    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp_path / "server.log",
+                        env={**LIFECYCLE.env, "KAME_SERVER__WARMUP_STEPS": "1"}, label="lifecycle (drain)").start()
     yield srv
     srv.stop(signal.SIGKILL)
 
@@ -105,7 +103,9 @@ def test_full_server_refuses_with_1013_and_counts_it(server: ServerProcess) -> N
     assert server.metric("kame_sessions_rejected_total", 'reason="full"') == before + 1
 
 
-def test_sigterm_drains_realtime_sessions(server: ServerProcess) -> None:
+@pytest.mark.server_process_subject
+def test_sigterm_drains_realtime_sessions(drain_server: ServerProcess) -> None:
+    server = drain_server
     _wait_free(server)
 
     async def main() -> tuple[list[RealtimeClient], float]:

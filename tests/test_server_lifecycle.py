@@ -14,25 +14,28 @@ from pathlib import Path
 import pytest
 
 from tests.support.moshi_client import MoshiClient, ServerProcess
+from tests.support.servers import LIFECYCLE, LIFECYCLE_SLOTS
 
 
 @pytest.fixture(scope="module")
-def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("server-lifecycle") / "server.log"
-    srv = ServerProcess(
-        cache_dir=kame_cache_dir,
-        log_path=log,
-        env={
-            "KAME_ASR__KIND": "none",
-            "KAME_FRONTEND__BATCH_SIZE": "3",
-            "KAME_SERVER__IDLE_TIMEOUT_S": "1.0",
-            "KAME_SERVER__MAX_DURATION_S": "3.0",
-            "KAME_SERVER__DURATION_WARNING_S": "1.0",
-            # a longer warm-up keeps the "starting" phase observable
-            "KAME_SERVER__WARMUP_STEPS": "30",
-            "KAME_SERVER__GC_INTERVAL_S": "0.5",
-        },
-    ).start()
+def ended_at_start(lifecycle_server: ServerProcess) -> dict[str, float]:
+    """Sessions the shared server ended by idle and maximum duration before this module's tests."""
+    return {r: lifecycle_server.metric("kame_sessions_ended_total", f'reason="{r}"') for r in ("idle", "max_duration")}
+
+
+@pytest.fixture(scope="module")
+def server(lifecycle_server: ServerProcess, ended_at_start: dict[str, float]) -> ServerProcess:
+    """tests/support/servers.py ``LIFECYCLE``: no ASR, two slots, 1 s idle timeout, 3 s maximum duration
+    warned 1 s before, a 30-tick warm-up, collections every 0.5 s."""
+    return lifecycle_server
+
+
+@pytest.fixture
+def drain_server(kame_cache_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """The SIGTERM test's own server (the signal ends it): ``LIFECYCLE`` with three slots."""
+    env = {**LIFECYCLE.env, "KAME_FRONTEND__BATCH_SIZE": "3", "KAME_SERVER__WARMUP_STEPS": "1"}
+    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp_path / "server.log", env=env,
+                        label="lifecycle (drain)").start()
     yield srv
     srv.stop(signal.SIGKILL)
 
@@ -41,7 +44,8 @@ def test_server_reports_starting_until_warmed_up(server: ServerProcess) -> None:
     assert server.statuses_seen[0] == "starting", server.statuses_seen
     assert server.statuses_seen[-1] == "ok"
     logs = server.logs()
-    assert logs.index("warm-up: 30 ticks of 3 slots") < logs.index("ready: 3 sessions on cpu")
+    n = LIFECYCLE_SLOTS
+    assert logs.index(f"warm-up: 30 ticks of {n} slots") < logs.index(f"ready: {n} sessions on cpu")
 
 
 def test_idle_client_is_closed(server: ServerProcess) -> None:
@@ -81,11 +85,11 @@ def test_maximum_duration_warns_then_closes(server: ServerProcess) -> None:
     assert c.stats.audio_received_s > 1.5  # it was a live session until then
 
 
-def test_slots_are_reused_after_timeouts(server: ServerProcess) -> None:
+def test_slots_are_reused_after_timeouts(server: ServerProcess, ended_at_start: dict[str, float]) -> None:
     status, body = server.get_json("/health")
     assert status == 200 and body["sessions"]["active"] == 0
-    assert server.metric("kame_sessions_ended_total", 'reason="idle"') >= 1
-    assert server.metric("kame_sessions_ended_total", 'reason="max_duration"') >= 1
+    assert server.metric("kame_sessions_ended_total", 'reason="idle"') - ended_at_start["idle"] >= 1
+    assert server.metric("kame_sessions_ended_total", 'reason="max_duration"') - ended_at_start["max_duration"] >= 1
 
 
 def test_memory_housekeeping_runs(server: ServerProcess) -> None:
@@ -99,24 +103,25 @@ def test_memory_housekeeping_runs(server: ServerProcess) -> None:
     assert server.metric("kame_gc_seconds_sum") / runs < 0.05  # model objects are frozen: not walked
 
 
-def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> None:
+@pytest.mark.server_process_subject
+def test_sigterm_drains_sessions_and_exits_quickly(drain_server: ServerProcess) -> None:
     """SIGTERM: admission stops at once but the server keeps listening (/ready 503, a new websocket
     1001) while live sessions run on for drain_grace_s (2 s by default); then 1001 and exit < 8 s."""
     grace = 2.0
 
     async def main() -> tuple[list[MoshiClient], float, dict[str, object], list[float]]:
-        clients = await asyncio.gather(*[MoshiClient.connect(server.ws_url) for _ in range(2)])
+        clients = await asyncio.gather(*[MoshiClient.connect(drain_server.ws_url) for _ in range(2)])
         assert all(await asyncio.gather(*[c.wait_handshake(10) for c in clients]))
         senders = [asyncio.create_task(c.send_silence(6.0)) for c in clients]
         await asyncio.sleep(0.8)
         t0 = time.monotonic()
-        server.proc.send_signal(signal.SIGTERM)
+        drain_server.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         during: dict[str, object] = {}
-        during["ready"] = await asyncio.to_thread(server.get_json, "/ready")
-        during["ready_k8s"] = (await asyncio.to_thread(server.get, "/ready?full_ok=1"))[0]
-        during["health"] = (await asyncio.to_thread(server.get_json, "/health"))[1]["status"]
-        late = await MoshiClient.connect(server.ws_url)
+        during["ready"] = await asyncio.to_thread(drain_server.get_json, "/ready")
+        during["ready_k8s"] = (await asyncio.to_thread(drain_server.get, "/ready?full_ok=1"))[0]
+        during["health"] = (await asyncio.to_thread(drain_server.get_json, "/health"))[1]["status"]
+        late = await MoshiClient.connect(drain_server.ws_url)
         during["late"] = await late.wait_closed(5)
         during["late_handshake"] = late.handshake.is_set()
         during["live_then"] = [c.closed.is_set() for c in clients]
@@ -144,9 +149,9 @@ def test_sigterm_drains_sessions_and_exits_quickly(server: ServerProcess) -> Non
         assert c.errors[-1] == "server shutting down", c.errors
         assert c.stats.audio_received_s > 0.8 + grace - 0.5  # audio flowed through the grace
     assert all(grace - 0.2 <= t < grace + 3.0 for t in closed_at), closed_at
-    server.proc.wait(timeout=max(0.1, 8.0 - (time.monotonic() - t0)))
+    drain_server.proc.wait(timeout=max(0.1, 8.0 - (time.monotonic() - t0)))
     assert time.monotonic() - t0 < 8.0
-    assert server.proc.returncode is not None
+    assert drain_server.proc.returncode is not None
 
 
 def test_default_config_without_gpu_says_how_to_run_the_cpu_demo(kame_cache_dir: Path) -> None:

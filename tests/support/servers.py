@@ -281,7 +281,29 @@ LIMITS = SharedServer(
     },
 )
 
-SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED, OPENAI, LIMITS)}
+#: The ``lifecycle`` server's slots and maximum session duration (warned 1 s before).
+LIFECYCLE_SLOTS = 2
+LIFECYCLE_MAX_S = 3
+#: The stock CPU demo without ASR, two slots, a 1 s idle timeout, a 3 s maximum duration warned 1 s
+#: before, a 30-tick warm-up (the ``starting`` phase is observable) and collections every 0.5 s: the
+#: session lifecycle on the Moshi protocol (tests/test_server_lifecycle.py), on /v1/realtime
+#: (test_realtime_lifecycle.py) and on the Live API (test_live_server.py). Their SIGTERM drains each
+#: start a server of their own (a signal ends the process).
+LIFECYCLE = SharedServer(
+    "lifecycle",
+    "cpu-demo",
+    env={
+        "KAME_ASR__KIND": "none",
+        "KAME_FRONTEND__BATCH_SIZE": str(LIFECYCLE_SLOTS),
+        "KAME_SERVER__IDLE_TIMEOUT_S": "1.0",
+        "KAME_SERVER__MAX_DURATION_S": f"{LIFECYCLE_MAX_S}.0",
+        "KAME_SERVER__DURATION_WARNING_S": "1.0",
+        "KAME_SERVER__WARMUP_STEPS": "30",
+        "KAME_SERVER__GC_INTERVAL_S": "0.5",
+    },
+)
+
+SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED, OPENAI, LIMITS, LIFECYCLE)}
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
