@@ -227,34 +227,21 @@ def _shared(spec: SharedServer, cache_dir: Path, tmp_path_factory: pytest.TempPa
     srv.stop()
 
 
-@pytest.fixture(scope="session")
-def browser_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
-    """tests/support/servers.py ``BROWSER``: the page, no token, one slot, sessions recorded."""
-    yield from _shared(BROWSER, kame_cache_dir, tmp_path_factory)
+def _shared_fixture(spec: SharedServer, doc: str) -> Any:
+    """The session fixture ``<name>_server`` of one shared configuration (the ``openai`` one needs more)."""
+
+    def fixture(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
+        yield from _shared(spec, kame_cache_dir, tmp_path_factory)
+
+    fixture.__doc__ = f"tests/support/servers.py ``{spec.name.upper()}``: {doc}"
+    return pytest.fixture(scope="session", name=f"{spec.name}_server")(fixture)
 
 
-@pytest.fixture(scope="session")
-def tools_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
-    """tests/support/servers.py ``TOOLS``: the scripted back-end with a stdio MCP server's tools."""
-    yield from _shared(TOOLS, kame_cache_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def limits_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
-    """tests/support/servers.py ``LIMITS``: the CPU demo without ASR, low client limits, eight slots."""
-    yield from _shared(LIMITS, kame_cache_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def lifecycle_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
-    """tests/support/servers.py ``LIFECYCLE``: no ASR, two slots, 1 s idle, 3 s maximum duration."""
-    yield from _shared(LIFECYCLE, kame_cache_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def secured_server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[moshi_client.ServerProcess]:
-    """tests/support/servers.py ``SECURED``: a token, an origin allow-list, two slots, a 4 s idle timeout."""
-    yield from _shared(SECURED, kame_cache_dir, tmp_path_factory)
+browser_server = _shared_fixture(BROWSER, "the page, no token, one slot, sessions recorded.")
+tools_server = _shared_fixture(TOOLS, "the scripted back-end with a stdio MCP server's tools.")
+limits_server = _shared_fixture(LIMITS, "the CPU demo without ASR, low client limits, eight slots.")
+lifecycle_server = _shared_fixture(LIFECYCLE, "no ASR, two slots, 1 s idle, 3 s maximum duration.")
+secured_server = _shared_fixture(SECURED, "a token, an origin allow-list, two slots, a 4 s idle timeout.")
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import pytest
 from kame.client.live_client import LiveClient
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
-from tests.support.servers import OPENAI_TOKEN, LlmStandins
+from tests.support.servers import OPENAI_TOKEN, LlmStandins, responding
 from tests.support.speech import silence, synthesize
 
 TOKEN = OPENAI_TOKEN
@@ -55,11 +55,8 @@ def respond(rec: RecordedRequest) -> Reply:
 @pytest.fixture(scope="module")
 def llm(llm_standins: LlmStandins) -> Iterator[LlmServer]:
     """The shared ``openai`` server's ``llm`` back-end, answering with ``respond``."""
-    srv = llm_standins.llm
-    srv.reset()
-    srv.responder = respond
-    yield srv
-    srv.reset()
+    with responding(llm_standins.llm, responder=respond):
+        yield llm_standins.llm
 
 
 @pytest.fixture(scope="module")

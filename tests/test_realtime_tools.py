@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
-from tests.support.servers import OPENAI_TOKEN, LlmStandins
+from tests.support.servers import OPENAI_TOKEN, LlmStandins, responding
 from tests.support.speech import silence, synthesize
 
 WEATHER = {
@@ -60,11 +60,8 @@ def llm(rec: RecordedRequest) -> Reply:
 @pytest.fixture(scope="module")
 def llm_backend(llm_standins: LlmStandins) -> Iterator[LlmServer]:
     """The shared ``openai`` server's ``llm`` and ``notools`` back-ends (tools-model, plain-model)."""
-    srv = llm_standins.llm
-    srv.reset()
-    srv.responder = llm
-    yield srv
-    srv.reset()
+    with responding(llm_standins.llm, responder=llm):
+        yield llm_standins.llm
 
 
 @pytest.fixture(scope="module")

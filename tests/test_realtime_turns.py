@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply
 from tests.support.moshi_client import ServerProcess
-from tests.support.servers import OPENAI_TOKEN, LlmStandins
+from tests.support.servers import OPENAI_TOKEN, LlmStandins, responding
 from tests.support.speech import silence, synthesize
 
 
@@ -27,10 +27,8 @@ def answer(rec: RecordedRequest) -> Reply:
 @pytest.fixture(scope="module")
 def llm_backend(llm_standins: LlmStandins) -> Iterator[LlmServer]:
     """The shared ``openai`` server's default back-end (``llm``)."""
-    srv = llm_standins.llm
-    srv.reset()
-    yield srv
-    srv.reset()
+    with responding(llm_standins.llm):
+        yield llm_standins.llm
 
 
 @pytest.fixture(scope="module")

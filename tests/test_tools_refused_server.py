@@ -23,7 +23,7 @@ import pytest
 from kame.client.live_client import LiveClient
 from tests.support.llm_server import RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
-from tests.support.servers import OPENAI_TOKEN, LlmStandins
+from tests.support.servers import OPENAI_TOKEN, LlmStandins, responding
 from tests.support.speech import silence, synthesize
 from tests.support.vllm_like_server import VllmLikeServer
 
@@ -50,12 +50,8 @@ def respond(rec: RecordedRequest) -> Reply:
 def llms(llm_standins: LlmStandins) -> Iterator[dict[str, VllmLikeServer]]:
     """The shared ``openai`` server's vLLM-like back-ends: ``rt`` and ``live`` refuse tools, ``ok`` takes them."""
     servers = {"rt": llm_standins.rt, "live": llm_standins.live, "ok": llm_standins.ok}
-    for srv in servers.values():
-        srv.reset()
-        srv.responder = respond
-    yield servers
-    for srv in servers.values():
-        srv.reset()
+    with responding(*servers.values(), responder=respond):
+        yield servers
 
 
 @pytest.fixture(scope="module")

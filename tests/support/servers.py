@@ -13,14 +13,15 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.llm_server import LlmServer
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply
 from tests.support.moshi_client import ServerProcess, free_port
 from tests.support.vllm_like_server import VllmLikeServer
 
@@ -63,32 +64,20 @@ WEATHER_MCP = textwrap.dedent('''
 ''')
 
 
-@dataclass(frozen=True)
-class SharedServer:
-    """One shared configuration: its YAML (``{python}``, ``{mcp}`` and ``{record}`` filled in at start) or
-    ``cpu-demo`` (the stock demo config), extra environment (``KAME_*`` settings), and whether its sessions
-    are recorded (``ServerProcess.record_dir``)."""
-
-    name: str
-    config: str
-    env: dict[str, str] = field(default_factory=dict)
-    records: bool = False
-
-
-#: Two scripted back-ends and one that is down, one session slot, sessions recorded: the browser page
-#: (tests/test_browser.py), the page over WebRTC (test_webrtc_page.py) and OpenAI's browser flow from
-#: an app's own page (test_webrtc_browser.py). No token (the page has none), any origin.
-BROWSER = SharedServer(
-    "browser",
-    """
+#: How each Whisper configuration here starts: the tiny model and Whisper on the CPU, ``frontend`` last
+#: (a configuration may go on with more ``frontend`` keys).
+WHISPER_CPU = """
 device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 1
 asr:
   kind: whisper
   device: cpu
-backends:
+frontend:
+  checkpoint: "tiny:0"
+"""
+
+#: Two scripted back-ends that say which of them answered (the ``browser`` and ``secured`` servers'):
+#: a session's choice of back-end shows in the words of its reply.
+ALPHA_BETA = """backends:
   alpha:
     kind: scripted
     description: Scripted replies (alpha).
@@ -103,7 +92,27 @@ backends:
       rules: {}
       default_reply: "Beta answers {user} now."
       first_token_delay_s: 0.1
-  offline:
+"""
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """One shared configuration: its YAML (``{python}``, ``{mcp}`` and ``{record}`` filled in at start) or
+    ``cpu-demo`` (the stock demo config), extra environment (``KAME_*`` settings), and whether its sessions
+    are recorded (``ServerProcess.record_dir``)."""
+
+    name: str
+    config: str
+    env: dict[str, str] = field(default_factory=dict)
+    records: bool = False
+
+
+#: Two scripted back-ends and one that is down, one session slot, sessions recorded: the browser page
+#: (tests/test_browser.py), the page over WebRTC (test_webrtc_page.py) and a refused session retried by
+#: ``kame eval duplex`` (test_eval_duplex_e2e.py). No token (the page has none), any origin.
+BROWSER = SharedServer(
+    "browser",
+    WHISPER_CPU + "  batch_size: 1\n" + ALPHA_BETA + """  offline:
     kind: openai
     description: An OpenAI-compatible server that is not running.
     base_url: http://127.0.0.1:9/v1
@@ -122,14 +131,7 @@ server:
 #: (test_browser_tools.py).
 TOOLS = SharedServer(
     "tools",
-    """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
+    WHISPER_CPU + """backends:
   scripted:
     kind: scripted
     scripted:
@@ -166,28 +168,7 @@ server:
 #: from an app's page in Chromium (test_webrtc_browser.py).
 SECURED = SharedServer(
     "secured",
-    """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-  batch_size: 2
-asr:
-  kind: whisper
-  device: cpu
-backends:
-  alpha:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Alpha thinks about {user}."
-      first_token_delay_s: 0.1
-  beta:
-    kind: scripted
-    scripted:
-      rules: {}
-      default_reply: "Beta answers {user} now."
-      first_token_delay_s: 0.1
-default_backend: alpha
+    WHISPER_CPU + "  batch_size: 2\n" + ALPHA_BETA + """default_backend: alpha
 server:
   idle_timeout_s: {idle}
   webrtc_connect_timeout_s: 3
@@ -205,14 +186,7 @@ server:
 #: and a call relayed through coturn (test_webrtc_turn.py).
 OPENAI = SharedServer(
     "openai",
-    """
-device: cpu
-frontend:
-  checkpoint: "tiny:0"
-asr:
-  kind: whisper
-  device: cpu
-backends:
+    WHISPER_CPU + """backends:
   llm:
     base_url: "{llm}"
     model: tools-model
@@ -304,6 +278,20 @@ LIFECYCLE = SharedServer(
 )
 
 SHARED = {s.name: s for s in (BROWSER, TOOLS, SECURED, OPENAI, LIMITS, LIFECYCLE)}
+
+
+@contextlib.contextmanager
+def responding(*servers: LlmServer, responder: Callable[[RecordedRequest], Reply | None] | None = None) -> Iterator[None]:
+    """Shared LLM stand-ins (``LlmStandins``) for one test file: reset first (nothing an earlier file
+    recorded or scripted is its), answering with ``responder`` (None: set later, per test), reset after."""
+    for srv in servers:
+        srv.reset()
+        srv.responder = responder
+    try:
+        yield
+    finally:
+        for srv in servers:
+            srv.reset()
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
