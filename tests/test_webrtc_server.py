@@ -6,12 +6,14 @@ gets (without audio deltas), the transcript of its question and the back-end's a
 ``output_audio_buffer.started``/``.stopped`` around each response; the assistant's audio comes back as RTP.
 Ephemeral keys, both signaling flows (raw SDP and the ``openai`` SDK's multipart ``calls.create``), the
 ``client_secrets`` endpoint through the SDK, hangup, CORS, the sideband websocket and the faults (bad
-offers, bad keys, ICE that never connects, lost packets, a muted microphone) run against the same server.
+offers, bad keys, ICE that never connects, lost packets, a muted microphone, a peer that vanishes without a
+word) run against the same server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ import pytest
 import websockets
 
 from tests.support.moshi_client import ServerProcess
-from tests.support.servers import GOOD_ORIGIN, SECURED_TOKEN
+from tests.support.servers import GOOD_ORIGIN, SECURED_IDLE_S, SECURED_TOKEN
 from tests.support.speech import synthesize
 from tests.support.webrtc_peer import SpeechTrack, start_call
 
@@ -274,6 +276,39 @@ def test_lost_packets_and_a_muted_microphone_never_stall_the_clock(server: Serve
     _wait_sessions(server, 0)
     concealed = server.metric("kame_webrtc_input_concealed_seconds_total", "", _auth()) - concealed0
     assert concealed >= 3.0, concealed  # the muted stretch (and the lost packets) were filled on the server's clock
+    assert server.metric("kame_sessions_ended_total", 'reason="idle"', _auth()) == idle0
+
+
+def test_a_vanished_peer_is_not_idle_and_its_session_ends_when_ice_consent_fails(server: ServerProcess) -> None:
+    """A peer that disappears without a word keeps its session past the idle timeout (its input is concealed
+    on the server's clock, as a muted one's), until the server's ICE consent checks go unanswered
+    (aioice: every ~5 s, given up after 6 misses); then the session ends as ``client_closed`` and the slot
+    is free."""
+    _wait_sessions(server, 0)
+    closed0 = server.metric("kame_sessions_ended_total", 'reason="client_closed"', _auth())
+    idle0 = server.metric("kame_sessions_ended_total", 'reason="idle"', _auth())
+
+    async def main() -> tuple[int, float]:
+        call = await start_call(server.http_url, token=TOKEN, track=SpeechTrack(np.zeros(48000 * 2, np.float32)))
+        try:
+            await asyncio.wait_for(call.opened.wait(), 15)
+            await call.wait_for(lambda e: e["type"] == "session.created", 15)
+            await asyncio.sleep(1.0)
+            call.vanish()
+            t0 = time.monotonic()
+            await asyncio.sleep(SECURED_IDLE_S + 2.0)
+            active_after_idle = (await asyncio.to_thread(server.get_json, "/health"))[1]["sessions"]["active"]
+            await asyncio.to_thread(_wait_sessions, server, 0, 60.0)
+            return active_after_idle, time.monotonic() - t0
+        finally:
+            with contextlib.suppress(Exception):
+                await call.close()
+
+    active_after_idle, gone_after = asyncio.run(main())
+    print(f"webrtc: a vanished peer's session ended {gone_after:.1f} s after it went (ICE consent)")
+    assert active_after_idle == 1  # past the idle timeout: a silent peer is not idle
+    assert gone_after < 50, gone_after  # consent: 6 unanswered checks ~5 s apart, then the close
+    assert server.metric("kame_sessions_ended_total", 'reason="client_closed"', _auth()) - closed0 == 1
     assert server.metric("kame_sessions_ended_total", 'reason="idle"', _auth()) == idle0
 
 

@@ -115,6 +115,16 @@ class CallClient:
     def pcm(self) -> np.ndarray:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
+    def vanish(self) -> None:
+        """The peer disappears (a closed lid, a lost network): its UDP sockets close and nothing is sent, no
+        DTLS close_notify, no SCTP abort, no RTCP BYE, so only ICE consent checks (RFC 7675) can tell the
+        server. aiortc has no public call for this: its ICE connection's sockets are closed directly."""
+        for transceiver in self.pc.getTransceivers():
+            ice = transceiver.sender.transport.transport
+            for protocol in list(ice._connection._protocols):
+                if protocol.transport is not None:
+                    protocol.transport.abort()
+
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
