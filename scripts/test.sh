@@ -42,9 +42,9 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # The tests: in one process by default (TEST_WORKERS=0: two workers still flake once a run under each
-# other's load), or in TEST_WORKERS pytest-xdist workers, a group of files per worker at a time (a file,
-# or the files sharing a server: tests/conftest.py xdist_groups; each server starts once), then the tests marked `alone` (timing under a load they make themselves) with
-# nothing else running. The last part's summary counts the server processes of both.
+# other's load), or in TEST_WORKERS pytest-xdist workers, a file per worker at a time (a shared server
+# starts once per worker that needs it), then the tests marked `alone` (timing under a load they make
+# themselves) with nothing else running. The last part's summary counts the server processes of both.
 run_tests() {
     local workers=${TEST_WORKERS:-0} starts status alone_status
     if [ "$workers" = "0" ]; then
@@ -52,7 +52,7 @@ run_tests() {
         return
     fi
     starts=$(mktemp /tmp/kame-test-starts.XXXXXX)
-    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" --dist loadgroup \
+    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" --dist loadfile \
         -m "not alone" "$@"
     status=$?
     echo "test.sh: the tests marked alone, with nothing else running:"

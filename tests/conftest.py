@@ -45,12 +45,10 @@ from tests.support.servers import (
     LIMITS,
     OPENAI,
     SECURED,
-    SHARED,
     TOOLS,
     LlmStandins,
     SharedServer,
     start_shared,
-    xdist_groups,
 )
 from tests.support.turn import TURN_PASSWORD, TURN_USER, Turn, running_coturn
 from tests.support.vllm_like_server import running_vllm_like_server
@@ -69,7 +67,7 @@ _STARTS_KEY = "kame_server_starts"
 #: summary covers the whole run (scripts/test.sh sets it).
 STARTS_FILE = os.environ.get("PYTEST_KAME_STARTS_FILE")
 #: The files that take longest (a run's ``--durations``), collected first, so that pytest-xdist
-#: (``--dist loadgroup``) starts them early and a run does not end waiting on one of them. Order only.
+#: (``--dist loadfile``) starts them early and a run does not end waiting on one of them. Order only.
 SLOW_FIRST = (
     "test_eval_duplex_e2e.py", "test_eval_e2e.py", "test_live_server.py", "test_haproxy.py", "test_webrtc_page.py",
     "test_browser.py", "test_run_cli.py", "test_live_responses_server.py", "test_chat_mcp.py",
@@ -90,16 +88,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-#: The session fixtures of shared servers: the files using one of them share a pytest-xdist group.
-SHARED_FIXTURES = ("demo_server", *(f"{name}_server" for name in SHARED))
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests stay in order
-    groups = xdist_groups([(item.path.name, getattr(item, "fixturenames", ())) for item in items], SHARED_FIXTURES)
-    for item, group in zip(items, groups):
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.support.servers import xdist_groups
-
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
@@ -65,12 +63,3 @@ def test_support_modules_are_imported_from_the_package() -> None:
         if (bad := [m for m in imported_modules(path) if m.split(".")[0] in support])
     }
     assert offenders == {}, f"import them as tests.support.X: {offenders}"
-
-
-def test_files_sharing_a_server_share_an_xdist_group() -> None:
-    items = [("test_a.py", ["tmp_path", "tools_server"]), ("test_a.py", ["tmp_path"]), ("test_b.py", ["tools_server"]),
-             ("test_c.py", ["secured_server"]), ("test_d.py", []), ("test_e.py", ["secured_server", "tools_server"]),
-             ("test_f.py", ["browser_server"])]
-    groups = xdist_groups(items, ["tools_server", "secured_server", "browser_server"])
-    assert groups[0] == groups[1] == groups[2] == groups[3] == groups[5]  # e joins the tools and secured groups
-    assert len({groups[0], groups[4], groups[6]}) == 3

@@ -6,9 +6,11 @@ torch import, the tiny model and Whisper (5-8 s and as many core-seconds on the 
 A test that changes a server's state (signals, drains, breakers, tight limits) starts its own.
 
 On a shared server a test reads metric deltas, never absolute counters, and picks out its own
-sessions (recordings, health) rather than "the first" or "all". Under pytest-xdist every file that
-uses one shared server lands on the same worker (``conftest.py`` groups them), so each still starts
-once.
+sessions (recordings, health) rather than "the first" or "all". In the default one-process run each
+starts once; under pytest-xdist (``TEST_WORKERS=2``, a file per worker at a time) once per worker that
+needs it. (pytest-xdist 3.8's ``loadgroup`` cannot keep a server's files on one worker under pytest 9,
+whose node ids ignore its group suffix; and the files using two shared servers would chain nearly all
+of them into one group.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextlib
 import json
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -326,24 +328,3 @@ def recorded_sessions(record_dir: Path) -> set[Path]:
 def new_sessions(record_dir: Path, before: set[Path]) -> list[Path]:
     """The session folders recorded since ``before``, oldest first."""
     return sorted(recorded_sessions(record_dir) - before)
-
-
-def xdist_groups(items: Sequence[tuple[str, Iterable[str]]], shared: Iterable[str]) -> list[str]:
-    """A pytest-xdist group (``--dist loadgroup``) for each test, given as (file name, fixture names):
-    its file, except that files using the same shared server fixture are joined into one group. So a
-    worker runs whole files (their module servers start once) and a shared server starts on one worker."""
-    shared = tuple(shared)
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    for file, fixtures in items:
-        for name in shared:
-            if name in fixtures:
-                a, b = find(file), find(name)
-                if a != b:
-                    parent[a] = b
-    return [find(file) for file, _ in items]
