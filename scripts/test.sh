@@ -42,8 +42,8 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # The tests: in one process by default (TEST_WORKERS=0: two workers still flake once a run under each
-# other's load), or in TEST_WORKERS pytest-xdist workers, a file per worker at a time (a shared server
-# starts once per worker that needs it), then the tests marked `alone` (timing under a load they make
+# other's load), or in TEST_WORKERS pytest-xdist workers (the files sharing a server on one worker, so
+# that it starts once; the others a file at a time: tests/conftest.py's scheduler), then the tests marked `alone` (timing under a load they make
 # themselves) with nothing else running. The last part's summary counts the server processes of both.
 run_tests() {
     local workers=${TEST_WORKERS:-0} starts status alone_status
@@ -52,7 +52,7 @@ run_tests() {
         return
     fi
     starts=$(mktemp /tmp/kame-test-starts.XXXXXX)
-    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" --dist loadfile \
+    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" \
         -m "not alone" "$@"
     status=$?
     echo "test.sh: the tests marked alone, with nothing else running:"

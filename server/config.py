@@ -158,6 +158,12 @@ class ServerConfig(BaseModel):
         description="/v1/realtime/calls: a call whose ICE and DTLS have not connected this long after the answer is "
         "ended (reason ice_timeout) and its session slot freed.",
     )
+    webrtc_consent_timeout_s: float = Field(
+        30.0, ge=3, le=300,
+        description="A connected WebRTC call whose peer stops answering ICE consent checks (RFC 7675: 30 s) is "
+        "ended this long after its last answer (reason client_closed): a vanished phone or closed laptop frees "
+        "its slot. Checks go every sixth of it.",
+    )
     webrtc_ice_servers: list[str | WebRtcIceServer] = Field(
         default_factory=list,
         description="STUN/TURN servers the server's WebRTC peer gathers candidates with: URLs (stun:...) or "

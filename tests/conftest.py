@@ -39,12 +39,14 @@ import pytest
 
 from tests.support import moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
+from tests.support.scheduling import group_of_files
 from tests.support.servers import (
     BROWSER,
     LIFECYCLE,
     LIMITS,
     OPENAI,
     SECURED,
+    SHARED,
     TOOLS,
     LlmStandins,
     SharedServer,
@@ -67,7 +69,7 @@ _STARTS_KEY = "kame_server_starts"
 #: summary covers the whole run (scripts/test.sh sets it).
 STARTS_FILE = os.environ.get("PYTEST_KAME_STARTS_FILE")
 #: The files that take longest (a run's ``--durations``), collected first, so that pytest-xdist
-#: (``--dist loadfile``) starts them early and a run does not end waiting on one of them. Order only.
+#: (tests/support/scheduling.py) starts them early and a run does not end waiting on one of them. Order only.
 SLOW_FIRST = (
     "test_eval_duplex_e2e.py", "test_eval_e2e.py", "test_live_server.py", "test_haproxy.py", "test_webrtc_page.py",
     "test_browser.py", "test_run_cli.py", "test_live_responses_server.py", "test_chat_mcp.py",
@@ -86,6 +88,23 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
         "the servers it starts are not counted against the limit of shared and own servers"
     )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist, the files that share a server run on one worker (tests/support/scheduling.py),
+    so that each shared server starts once per run; the other files go one at a time to a free worker."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = group_of_files(Path(__file__).parent, [*SHARED, "demo"])
+    config.option.loadscopereorder = False  # keep the collection's order: the slowest files first (SLOW_FIRST)
+
+    class ServerGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            group = groups.get(path.rsplit("/", 1)[-1])
+            return f"servers:{group}" if group else path
+
+    return ServerGroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

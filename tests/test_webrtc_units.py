@@ -211,3 +211,21 @@ def test_appends_on_the_data_channel_get_an_error() -> None:
     commands = wire.decode({"type": "websocket.receive", "text": json.dumps(
         {"type": "input_audio_buffer.append", "audio": "AAAA"})}, 0.0)
     assert len(commands) == 1 and "RTP" in commands[0].message  # type: ignore[union-attr]
+
+
+def test_the_consent_timeout_sets_aioices_check_interval() -> None:
+    """aioice closes after 6 unanswered consent checks: the configured timeout spreads them (RFC 7675's
+    30 s by default: a check every 5 s, aioice's own value)."""
+    import aioice.ice
+
+    from kame.server.config import ServerConfig
+    from kame.server.webrtc.ice import rtc_configuration
+
+    before = aioice.ice.CONSENT_INTERVAL
+    try:
+        rtc_configuration(ServerConfig(webrtc_consent_timeout_s=12))
+        assert aioice.ice.CONSENT_INTERVAL * aioice.ice.CONSENT_FAILURES == pytest.approx(12)
+        rtc_configuration(ServerConfig())
+        assert aioice.ice.CONSENT_INTERVAL == pytest.approx(5)
+    finally:
+        aioice.ice.CONSENT_INTERVAL = before

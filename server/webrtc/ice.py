@@ -1,5 +1,6 @@
 """The server peer's ICE set-up from the config: STUN/TURN servers, the relay-only policy, and a public
-address for 1:1 NAT. Pure: aiortc's configuration objects in, SDP text out, no I/O.
+address for 1:1 NAT, and how long a silent peer keeps its consent. aiortc's configuration objects in,
+SDP text out, no I/O.
 
 aioice (0.13) binds each host candidate to an ephemeral UDP port and has no option for a port range or
 for announcing a NAT's public address. The public address is added here to the answer (each host
@@ -7,6 +8,11 @@ candidate's port at that address, typed ``srflx`` as a STUN server would report 
 is not offered: behind a firewall that opens only a few ports, relay through TURN
 (``webrtc_ice_transport_policy: relay``) so that only the TURN server's ports need to be open
 (docs/server.md, "WebRTC in real networks").
+
+Consent (RFC 7675): aioice checks a connected peer every ``CONSENT_INTERVAL`` seconds (5) and closes the
+connection after ``CONSENT_FAILURES`` (6) unanswered checks. Neither is a connection option: they are
+aioice module constants, which :func:`rtc_configuration` sets from ``webrtc_consent_timeout_s`` (one
+server, one configuration, so a process-wide value is the configured one).
 """
 
 from __future__ import annotations
@@ -16,11 +22,20 @@ from typing import Any
 from kame.server.config import ServerConfig
 
 
+def set_consent_timeout(seconds: float) -> None:
+    """Connected peers lose consent ``seconds`` after their last answered check (checks every sixth of it)."""
+    import aioice.ice
+
+    aioice.ice.CONSENT_INTERVAL = seconds / aioice.ice.CONSENT_FAILURES  # type: ignore[assignment]  # an int there, a float is fine (asyncio.sleep)
+
+
 def rtc_configuration(cfg: ServerConfig) -> Any:
-    """aiortc's ``RTCConfiguration`` for ``cfg``'s ICE servers and transport policy."""
+    """aiortc's ``RTCConfiguration`` for ``cfg``'s ICE servers and transport policy (and the consent timeout
+    set, see the module docstring)."""
     from aiortc import RTCConfiguration, RTCIceServer
     from aiortc.rtcconfiguration import RTCIceTransportPolicy
 
+    set_consent_timeout(cfg.webrtc_consent_timeout_s)
     servers = []
     for entry in cfg.webrtc_ice_servers:
         if isinstance(entry, str):

@@ -6,11 +6,9 @@ torch import, the tiny model and Whisper (5-8 s and as many core-seconds on the 
 A test that changes a server's state (signals, drains, breakers, tight limits) starts its own.
 
 On a shared server a test reads metric deltas, never absolute counters, and picks out its own
-sessions (recordings, health) rather than "the first" or "all". In the default one-process run each
-starts once; under pytest-xdist (``TEST_WORKERS=2``, a file per worker at a time) once per worker that
-needs it. (pytest-xdist 3.8's ``loadgroup`` cannot keep a server's files on one worker under pytest 9,
-whose node ids ignore its group suffix; and the files using two shared servers would chain nearly all
-of them into one group.)
+sessions (recordings, health) rather than "the first" or "all". Each starts once per run: in one
+process, and under pytest-xdist (``TEST_WORKERS=2``) too, where the files sharing a server (transitively)
+all run on one worker (tests/support/scheduling.py).
 """
 
 from __future__ import annotations
@@ -35,6 +33,8 @@ APP_PORT = free_port()
 APP_ORIGIN = f"http://127.0.0.1:{APP_PORT}"
 #: The ``secured`` server's idle timeout: a session without audio for this long is ended.
 SECURED_IDLE_S = 4
+#: The ``secured`` server's WebRTC consent timeout: a vanished peer's call ends this long after it went.
+SECURED_CONSENT_S = 12
 #: The bearer token of the ``openai`` server.
 OPENAI_TOKEN = "shared-openai-token-3f9a51"
 #: The value the ``tools`` server hands its MCP server (``env_from``): it must reach the tool only.
@@ -174,7 +174,8 @@ SECURED = SharedServer(
 server:
   idle_timeout_s: {idle}
   webrtc_connect_timeout_s: 3
-""".replace("{idle}", str(SECURED_IDLE_S)),
+  webrtc_consent_timeout_s: {consent}
+""".replace("{idle}", str(SECURED_IDLE_S)).replace("{consent}", str(SECURED_CONSENT_S)),
     env={"KAME_AUTH_TOKEN": SECURED_TOKEN, "KAME_SERVER__ALLOWED_ORIGINS": json.dumps([GOOD_ORIGIN, APP_ORIGIN])},
 )
 
