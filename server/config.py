@@ -51,6 +51,12 @@ class ServerConfig(BaseModel):
         description="Optional bearer token (env KAME_AUTH_TOKEN): Authorization header, `token` query "
         "parameter or websocket subprotocol `openai-insecure-api-key.<token>`.",
     )
+    ephemeral_key_secret: SecretStr | None = Field(
+        None,
+        description="Signs the ek_ keys of /v1/realtime/client_secrets: give every replica the same one so that "
+        "a key minted by one opens sessions on all (default: derived from auth_token, so replicas sharing "
+        "a token share it; with no token, random per process). Changing it revokes every key.",
+    )
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="Browser origins allowed to open sessions, e.g. https://app.example.com (empty: any).",

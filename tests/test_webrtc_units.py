@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from kame.server.access.ephemeral import EphemeralKeyError, EphemeralKeys, ttl_seconds
+from kame.backend.tools import ToolSpec
+from kame.server.access.ephemeral import EphemeralKeyError, EphemeralKeys, signing_secret, ttl_seconds
 from kame.server.runtime.wire import Outgoing, Reply
 from kame.server.webrtc.clock import InputClock, OutputBuffer
 from kame.server.webrtc.sdp import OfferError, check_offer
@@ -132,7 +133,34 @@ def test_ephemeral_keys_expire_and_are_many_use() -> None:
     assert keys.lookup(key) is not None and keys.lookup(key) is not None  # any number of sessions
     assert keys.lookup("ek_unknown") is None and keys.lookup("sk-real") is None
     now[0] = 1060.0
-    assert keys.lookup(key) is None and len(keys) == 0
+    assert keys.lookup(key) is None
+
+
+def test_a_key_opens_sessions_on_every_replica_sharing_the_secret_and_nowhere_else() -> None:
+    """Keys are signed grants: a replica behind the same load balancer (the same auth_token, or the same
+    ephemeral_key_secret) honours a key another one minted; a tampered key or another secret does not."""
+    token = "sk-fleet-token"
+    one, two = EphemeralKeys(signing_secret(None, token)), EphemeralKeys(signing_secret(None, token))
+    other = EphemeralKeys(signing_secret("another-secret", token))
+    settings = SessionSettings(backend="beta", instructions="Be brief.", mcp_servers=("clock",),
+                               functions=(ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {}}),))
+    key, _ = one.mint(settings, {"type": "realtime", "instructions": "Be brief."}, 60)
+    grant = two.lookup(key)
+    assert grant is not None and grant.settings == settings and grant.session["instructions"] == "Be brief."
+    assert other.lookup(key) is None
+    body, mac = key.split(".")
+    assert two.lookup(body[:-2] + ("A" if body[-2] != "A" else "B") + body[-1] + "." + mac) is None
+    assert two.lookup(key + "x") is None and two.lookup("ek_" + "A" * 40) is None and two.lookup("ek_.") is None
+    assert token not in key and "sk-" not in key  # the secret never travels
+    assert signing_secret(None, None) != signing_secret(None, None)  # no token: random per process
+
+
+def test_a_session_config_too_large_for_a_key_is_refused_in_one_sentence() -> None:
+    import secrets
+
+    huge = secrets.token_hex(60_000)  # incompressible
+    with pytest.raises(EphemeralKeyError, match="too large"):
+        EphemeralKeys().mint(SessionSettings(instructions=huge), {"instructions": huge}, 60)
 
 
 def test_ttl_follows_openai() -> None:
@@ -229,3 +257,17 @@ def test_the_consent_timeout_sets_aioices_check_interval() -> None:
         assert aioice.ice.CONSENT_INTERVAL == pytest.approx(5)
     finally:
         aioice.ice.CONSENT_INTERVAL = before
+
+
+def test_replicas_configured_alike_sign_alike() -> None:
+    """The app's signing secret comes from the config: the same token (or ephemeral_key_secret) on two
+    replicas signs alike, another one does not."""
+    from kame.config import AppConfig
+    from kame.server.app.factory import _secret_of
+
+    def cfg(**server: str) -> AppConfig:
+        return AppConfig.model_validate({"server": server})
+
+    assert _secret_of(cfg(auth_token="t1")) == _secret_of(cfg(auth_token="t1")) != _secret_of(cfg(auth_token="t2"))
+    assert _secret_of(cfg(auth_token="t1", ephemeral_key_secret="s")) == _secret_of(cfg(auth_token="t2", ephemeral_key_secret="s"))
+    assert _secret_of(cfg()) != _secret_of(cfg())

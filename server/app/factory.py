@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from kame.server.access.ephemeral import EphemeralKeys
+from kame.server.access.ephemeral import EphemeralKeys, signing_secret
 from kame.server.app.gc_schedule import GarbageCollector
 from kame.server.host import ModelHost
 from kame.server.runtime.manager import SessionManager
@@ -66,6 +66,14 @@ class AppState:
         await self.sessions.drain_sessions(s.drain_grace_s, s.drain_timeout_s, cut)
 
 
+def _secret_of(cfg: AppConfig) -> bytes:
+    """The signing secret of this server's ``ek_`` keys (server/access/ephemeral.py)."""
+    s = cfg.server
+    configured = s.ephemeral_key_secret.get_secret_value() if s.ephemeral_key_secret is not None else None
+    token = s.auth_token.get_secret_value() if s.auth_token is not None else None
+    return signing_secret(configured, token)
+
+
 def create_app(
     cfg: AppConfig,
     *,
@@ -91,6 +99,7 @@ def create_app(
         versions=runtime_versions(),
         health_cache=BackendHealthCache(),
         protocols=ProtocolMetrics(metrics.registry),
+        ephemeral_keys=EphemeralKeys(_secret_of(cfg)),
     )
 
     def observe_gc(seconds: float, found: int) -> None:

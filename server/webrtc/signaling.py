@@ -160,8 +160,8 @@ async def create_client_secret(request: Request) -> Response:
 
     try:
         key, grant = state.ephemeral_keys.mint(settings, session if isinstance(session, dict) else {}, ttl)
-    except EphemeralKeyError as exc:
-        return _error(503, str(exc), "server_busy", cors)
+    except EphemeralKeyError as exc:  # a session config too large to carry
+        return _error(400, str(exc), "invalid_value", cors)
     obj = session_object(settings, grant.narrow(info))
     return JSONResponse({"value": key, "expires_at": int(grant.expires_at), "session": obj}, headers=cors)
 
