@@ -262,8 +262,8 @@ def test_the_consent_timeout_sets_aioices_check_interval() -> None:
 def test_replicas_configured_alike_sign_alike() -> None:
     """The app's signing secret comes from the config: the same token (or ephemeral_key_secret) on two
     replicas signs alike, another one does not."""
-    from kame.config import AppConfig
     from kame.server.app.factory import _secret_of
+    from kame.server.config import AppConfig
 
     def cfg(**server: str) -> AppConfig:
         return AppConfig.model_validate({"server": server})
