@@ -318,3 +318,32 @@ def test_sessions_take_the_same_slots_as_websockets(server: ServerProcess) -> No
     assert full.status_code == 503 and "full" in full.message
     assert refused.code == 1013 and "full" in refused.reason  # the websocket is refused too: the calls hold the slots
     _wait_sessions(server, 0)
+
+
+# --------------------------------------------------------------------------- the permissions, without a server
+
+
+def test_permissions_select_events_and_nested_responses_events() -> None:
+    from kame.server.wires.live.channel import parse_permissions
+    from kame.server.wires.live.events import LiveError
+
+    assert parse_permissions(None).unrestricted
+    assert parse_permissions({"data_channel": {"allowed_client_events": "all"}}).unrestricted
+    p = parse_permissions({"data_channel": {
+        "allowed_client_events": [],
+        "allowed_server_events": [{"type": "error"}, {"type": "response.event", "response_event": "response.completed"}],
+    }})
+    assert not p.client_allows("session.update") and not p.client_allows("session.close")  # [] allows none
+    assert p.allows_message('{"type":"error","error":{}}')
+    assert p.allows_message('{"type":"response.event","event":{"type":"response.completed"}}')
+    assert not p.allows_message('{"type":"response.event","event":{"type":"response.output_text.delta"}}')
+    assert not p.allows_message('{"type":"session.updated"}')
+    assert p.as_config()["data_channel"]["allowed_client_events"] == []
+    for bad in ({"data_channel": {"allowed_server_events": [{"type": "response.event"}]}},
+                {"data_channel": {"allowed_server_events": [{"type": "error", "response_event": "x"}]}},
+                {"data_channel": {"allowed_client_events": ["session.sneak"]}},
+                {"data_channel": {"allowed_client_events": "some"}},
+                {"data_channel": {}, "extra": 1},
+                {}):
+        with pytest.raises(LiveError):
+            parse_permissions(bad)
