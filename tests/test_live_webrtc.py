@@ -101,6 +101,8 @@ def test_client_delegation_over_rtp_with_the_sideband_and_hangup(server: ServerP
                 call.send({"type": "session.commentary.append", "event_id": "answer-1",
                            "delegation_id": delegation["delegation"]["id"], "content": "Paris is the capital."})
                 await call.wait_for(lambda e: e["type"] == "kame.oracle.reset", 10)
+                call.send({"type": "session.input_audio.mute", "event_id": "mute-1"})  # silences the RTP input
+                await call.wait_for(lambda e: e["type"] == "session.input_audio.muted", 10)
                 await side.session.update(session={"kame": {"backchannel_words": 5}}, event_id="side-1")
                 updated = await call.wait_for(lambda e: e["type"] == "session.updated", 10)
                 await asyncio.sleep(1.5)  # the oracle's words reach the RTP track
@@ -127,6 +129,7 @@ def test_client_delegation_over_rtp_with_the_sideband_and_hangup(server: ServerP
     words = "".join(e["delta"] for e in call.events if e["type"] == "session.input_transcript.delta")
     assert "france" in words.lower(), words
     assert not [t for t in types if t == "session.output_audio.delta"], "audio travels as RTP, not as deltas"
+    assert next(e for e in call.events if e["type"] == "session.input_audio.muted")["client_event_id"] == "mute-1"
     fed = next(e for e in call.events if e["type"] == "kame.oracle.reset")
     assert "paris" in fed["text"].lower()
     # the sideband saw the same session: its own update, and the page's events
