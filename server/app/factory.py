@@ -127,8 +127,10 @@ def create_app(
     app.include_router(http_router)
     for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
         add_wire(app, route)
+    from kame.server.webrtc.live import router as live_webrtc_router
     from kame.server.webrtc.signaling import router as webrtc_router
 
     app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)
+    app.include_router(live_webrtc_router)  # POST /v1/live/sessions, its hangup and /attach (Live over WebRTC)
     install_static(app, cfg.server.client_dir)  # the browser page (or a client build) at /, docs/browser.md
     return app

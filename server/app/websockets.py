@@ -90,15 +90,25 @@ REALTIME = WireRoute(
 
 
 def open_live(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
+    settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
+    return live.LiveEndpointWire(live_info(state, admitted.session_id), settings, **live_wire_args(state)), settings
+
+
+def live_info(state: AppState, session_id: str, **extra: Any) -> live.LiveServerInfo:
+    """What a Live session of this server offers (websocket or WebRTC: ``extra`` sets ``webrtc``, ``client``)."""
+    import time
+    from dataclasses import replace
+
+    info = live.server_info(session_id, f"kame:{state.cfg.frontend.checkpoint}"[:128], state.cfg, time.time())
+    return replace(info, **extra)
+
+
+def live_wire_args(state: AppState) -> dict[str, Any]:
+    """The keyword arguments of a Live wire on this server (the tokenizer, the oracle, Responses delegation)."""
     host = state.host
     assert host.root is not None, "host not ready"
-    import time
-
-    info = live.server_info(admitted.session_id, f"kame:{state.cfg.frontend.checkpoint}"[:128], state.cfg, time.time())
-    settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
-    wire = live.LiveEndpointWire(info, settings, encode=host.root.encode, oracle_config=state.cfg.oracle,
-                                 frame_size=host.frame_size, responses=_responses_backends(state))
-    return wire, settings
+    return {"encode": host.root.encode, "oracle_config": state.cfg.oracle, "frame_size": host.frame_size,
+            "responses": _responses_backends(state)}
 
 
 def _responses_backends(state: AppState) -> live.ResponsesBackends | None:

@@ -306,7 +306,7 @@ class SessionRuntime:
         while True:
             message = await self.transport.receive()
             if isinstance(message, (AudioIn, EndIn)):  # from the transport itself (RTP audio, a peer gone)
-                await self._apply(message)
+                await self._apply(self.wire.transport_audio(message) if isinstance(message, AudioIn) else message)
                 if self.ended is not None:
                     return
                 continue

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from starlette.types import Message
 
 
+#: A transport's mark on a client message that came over a channel the client's page holds (a WebRTC
+#: call's data channel, untrusted), as opposed to a trusted server's sideband: ``message[FROM_CHANNEL]``.
+FROM_CHANNEL = "kame_from_channel"
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """One message to the client: ``bytes`` go as a binary frame, ``str`` as a text frame (on WebRTC: a data
@@ -151,6 +156,11 @@ class Wire:
     def decode(self, message: Message, now: float) -> list[Command]:
         """One websocket message (``websocket.receive``) -> commands."""
         return []
+
+    def transport_audio(self, audio: AudioIn) -> AudioIn:
+        """User audio the transport carried itself (WebRTC's RTP), before the runtime takes it: a wire whose
+        protocol can mute the microphone (Live's ``input_audio.mute``) silences it here."""
+        return audio
 
     def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationIn]:
         """An output frame (``index`` counts every frame of the session); with ``send_audio`` False its

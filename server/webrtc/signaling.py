@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -39,8 +39,10 @@ from kame.server.webrtc.sdp import OfferError, check_offer
 if TYPE_CHECKING:
     from kame.server.app.factory import AppState
     from kame.server.runtime.session import SessionRuntime
+    from kame.server.runtime.wire import Wire
     from kame.server.webrtc.metrics import WebRtcMetrics
     from kame.server.webrtc.transport import WebRtcTransport
+    from kame.session.settings import SessionSettings
 
 log = logging.getLogger("kame.server.webrtc")
 router = APIRouter()
@@ -48,6 +50,10 @@ router = APIRouter()
 CALLS_PATH = "/v1/realtime/calls"
 SECRETS_PATH = "/v1/realtime/client_secrets"
 ALLOW_HEADERS = "authorization, content-type, openai-beta, openai-organization, openai-project, x-stainless-lang"
+
+
+#: The API a call belongs to: ``/v1/realtime/calls`` or ``/v1/live/sessions`` (each hangs up only its own).
+CallKind = Literal["realtime", "live"]
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Call:
     transport: WebRtcTransport
     key: str | None
     task: asyncio.Task[Any] | None = None
+    kind: CallKind = "realtime"
 
 
 class Calls:
@@ -81,7 +88,7 @@ def calls_of(state: AppState) -> Calls:
 # --------------------------------------------------------------------------- answers
 
 
-def _cors(request: Request, state: AppState) -> dict[str, str] | None:
+def cors_headers(request: Request, state: AppState) -> dict[str, str] | None:
     """CORS headers for this request's origin; None when a browser page of a foreign origin asks."""
     origin = request.headers.get("origin")
     if origin is None:
@@ -91,24 +98,24 @@ def _cors(request: Request, state: AppState) -> dict[str, str] | None:
     return {"Access-Control-Allow-Origin": origin, "Vary": "Origin", "Access-Control-Expose-Headers": "Location"}
 
 
-def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None,
+def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None,
            etype: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": etype, "code": code, "param": None}},
                         status_code=status, headers=headers or {})
 
 
-def _refuse(state: AppState, reason: str, status: int, message: str, code: str,
+def refuse_call(state: AppState, reason: str, status: int, message: str, code: str,
             headers: dict[str, str] | None = None) -> JSONResponse:
     calls_of(state).metrics.calls.labels(result=reason).inc()
     state.metrics.sessions_rejected.labels(reason=reason).inc()
-    return _error(status, message, code, headers)
+    return error_response(status, message, code, headers)
 
 
-def _preflight(request: Request) -> Response:
+def preflight(request: Request) -> Response:
     state: AppState = request.app.state.kame
-    cors = _cors(request, state)
+    cors = cors_headers(request, state)
     if cors is None:
-        return _error(403, "This origin is not allowed to use this server.", "origin_not_allowed")
+        return error_response(403, "This origin is not allowed to use this server.", "origin_not_allowed")
     asked = request.headers.get("access-control-request-headers")
     headers = {**cors, "Access-Control-Allow-Methods": "POST, OPTIONS",
                "Access-Control-Allow-Headers": asked or ALLOW_HEADERS, "Access-Control-Max-Age": "600"}
@@ -117,17 +124,17 @@ def _preflight(request: Request) -> Response:
 
 @router.options(CALLS_PATH)
 async def calls_preflight(request: Request) -> Response:
-    return _preflight(request)
+    return preflight(request)
 
 
 @router.options(CALLS_PATH + "/{call_id}/hangup")
 async def hangup_preflight(request: Request, call_id: str) -> Response:
-    return _preflight(request)
+    return preflight(request)
 
 
 @router.options(SECRETS_PATH)
 async def secrets_preflight(request: Request) -> Response:
-    return _preflight(request)
+    return preflight(request)
 
 
 # --------------------------------------------------------------------------- client secrets
@@ -136,32 +143,32 @@ async def secrets_preflight(request: Request) -> Response:
 @router.post(SECRETS_PATH)
 async def create_client_secret(request: Request) -> Response:
     state: AppState = request.app.state.kame
-    cors = _cors(request, state)
+    cors = cors_headers(request, state)
     if cors is None:
-        return _error(403, "This origin is not allowed to use this server.", "origin_not_allowed")
+        return error_response(403, "This origin is not allowed to use this server.", "origin_not_allowed")
     token = bearer_token(request.headers.get("authorization"))
     if is_ephemeral(token) or not token_ok(state.cfg.server.auth_token, token):
-        return _error(401, "Minting a client secret needs the server's API key.", "invalid_api_key", cors)
+        return error_response(401, "Minting a client secret needs the server's API key.", "invalid_api_key", cors)
     try:
         body = json.loads(await request.body() or b"{}")
     except ValueError:
-        return _error(400, "The body is not valid JSON.", "invalid_json", cors)
+        return error_response(400, "The body is not valid JSON.", "invalid_json", cors)
     if not isinstance(body, dict):
-        return _error(400, "The body must be a JSON object.", "invalid_json", cors)
+        return error_response(400, "The body must be a JSON object.", "invalid_json", cors)
     try:
         ttl = ttl_seconds(body.get("expires_after"))
     except EphemeralKeyError as exc:
-        return _error(400, str(exc), "invalid_value", cors)
+        return error_response(400, str(exc), "invalid_value", cors)
     session = body.get("session") or {"type": "realtime"}
     settings, info, problem = _session_settings(state, session, None, uuid.uuid4().hex[:12])
     if problem is not None:
-        return _error(400, problem, "invalid_value", cors)
+        return error_response(400, problem, "invalid_value", cors)
     from kame.server.wires.realtime.settings import session_object
 
     try:
         key, grant = state.ephemeral_keys.mint(settings, session if isinstance(session, dict) else {}, ttl)
     except EphemeralKeyError as exc:  # a session config too large to carry
-        return _error(400, str(exc), "invalid_value", cors)
+        return error_response(400, str(exc), "invalid_value", cors)
     obj = session_object(settings, grant.narrow(info))
     return JSONResponse({"value": key, "expires_at": int(grant.expires_at), "session": obj}, headers=cors)
 
@@ -240,52 +247,63 @@ async def _part_text(part: Any) -> str | None:
 async def create_call(request: Request) -> Response:
     state: AppState = request.app.state.kame
     cfg = state.cfg.server
-    host = state.host
-    cors = _cors(request, state)
+    cors = cors_headers(request, state)
     if cors is None:
-        return _refuse(state, "origin", 403, "This origin is not allowed to use this server.", "origin_not_allowed")
+        return refuse_call(state, "origin", 403, "This origin is not allowed to use this server.", "origin_not_allowed")
     token = bearer_token(request.headers.get("authorization"))
     grant = None
     if is_ephemeral(token):
         grant = state.ephemeral_keys.lookup(token)
         if grant is None:
-            return _refuse(state, "unauthorized", 401, "The ephemeral key is unknown or has expired.", "invalid_api_key", cors)
+            return refuse_call(state, "unauthorized", 401, "The ephemeral key is unknown or has expired.", "invalid_api_key", cors)
     elif not token_ok(cfg.auth_token, token):
-        return _refuse(state, "unauthorized", 401, "Missing or wrong API key.", "invalid_api_key", cors)
+        return refuse_call(state, "unauthorized", 401, "Missing or wrong API key.", "invalid_api_key", cors)
     try:
         sdp, session = await _read_offer(request)
         check_offer(sdp)
     except OfferError as exc:
-        return _refuse(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
-    if state.sessions.draining:
-        return _refuse(state, "draining", 503, "The server is shutting down; retry on another.", "server_draining", cors)
-    if host.failed:
-        return _refuse(state, "failed", 503, "The server failed; retry later.", "server_failed", cors)
-    if not host.ready:
-        return _refuse(state, "starting", 503, "The server is starting; retry in a few seconds.", "server_starting", cors)
-    if host.free_slots <= 0:
-        return _refuse(state, "full", 503, "The server is full; retry later.", "server_full", {**cors, "Retry-After": "1"})
+        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
+    refused = admission_refusal(state, cors)
+    if refused is not None:
+        return refused
     session_id = uuid.uuid4().hex[:12]
     settings, info, problem = _session_settings(state, session, grant, session_id)
     if problem is not None:
-        return _refuse(state, "bad_params", 400, problem, "invalid_value", cors)
+        return refuse_call(state, "bad_params", 400, problem, "invalid_value", cors)
     settings = replace(settings, record=settings.record and cfg.record_dir is not None)
     try:
-        transport, answer = await _answer(state, sdp, session_id)
+        transport, answer = await answer_offer(state, sdp, f"rtc_{session_id}")
     except OfferError as exc:
-        return _refuse(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
-    call_id = transport.call_id
-    calls = calls_of(state)
-    calls.metrics.calls.labels(result="answered").inc()
-    call = Call(call_id, None, transport, token if grant is not None else None)
-    calls.live[call_id] = call
-    call.task = asyncio.create_task(_run_call(state, call, info, settings, session_id), name=f"kame-call-{call_id}")
-    headers = {**cors, "Location": f"{CALLS_PATH}/{call_id}"}
+        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
+    from kame.server.wires.realtime.rtp import RealtimeRtpWire
+    from kame.vocab import MOSHI_VOCAB
+
+    host = state.host
+    vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
+    wire = RealtimeRtpWire(info, settings, host.frame_size, vocab)
+    call = launch_call(state, transport, wire, settings, session_id, key=token if grant is not None else None)
+    headers = {**cors, "Location": f"{CALLS_PATH}/{call.id}"}
     return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
 
 
-async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTransport, str]:
-    """A peer connection answering ``sdp`` (:class:`OfferError` when aiortc cannot)."""
+def admission_refusal(state: AppState, cors: dict[str, str]) -> JSONResponse | None:
+    """The refusal of a call the server cannot take now (draining, failed, starting, full), or None: the
+    same rules, in the same order, as a websocket's admission."""
+    host = state.host
+    if state.sessions.draining:
+        return refuse_call(state, "draining", 503, "The server is shutting down; retry on another.", "server_draining", cors)
+    if host.failed:
+        return refuse_call(state, "failed", 503, "The server failed; retry later.", "server_failed", cors)
+    if not host.ready:
+        return refuse_call(state, "starting", 503, "The server is starting; retry in a few seconds.", "server_starting", cors)
+    if host.free_slots <= 0:
+        return refuse_call(state, "full", 503, "The server is full; retry later.", "server_full", {**cors, "Retry-After": "1"})
+    return None
+
+
+async def answer_offer(state: AppState, sdp: str, call_id: str) -> tuple[WebRtcTransport, str]:
+    """A peer connection answering ``sdp``, its transport named ``call_id`` (:class:`OfferError` when aiortc
+    cannot answer)."""
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
     from kame.server.webrtc.ice import rtc_configuration, with_public_address
@@ -294,7 +312,7 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
     install_decoders()
     cfg = state.cfg.server
     pc = RTCPeerConnection(rtc_configuration(cfg))
-    transport = WebRtcTransport(pc, call_id=f"rtc_{session_id}", connect_timeout_s=cfg.webrtc_connect_timeout_s,
+    transport = WebRtcTransport(pc, call_id=call_id, connect_timeout_s=cfg.webrtc_connect_timeout_s,
                                 metrics=calls_of(state).metrics, input_delay_s=cfg.webrtc_input_delay_s)
     try:
         try:
@@ -326,14 +344,21 @@ async def _answer(state: AppState, sdp: str, session_id: str) -> tuple[WebRtcTra
     return transport, local
 
 
-async def _run_call(state: AppState, call: Call, info: Any, settings: Any, session_id: str) -> None:
-    from kame.server.runtime.route import run_session
-    from kame.server.wires.realtime.rtp import RealtimeRtpWire
-    from kame.vocab import MOSHI_VOCAB
+def launch_call(state: AppState, transport: WebRtcTransport, wire: Wire, settings: SessionSettings, session_id: str,
+                *, key: str | None = None, kind: CallKind = "realtime") -> Call:
+    """Register the answered call and run its session (``wire`` on ``transport``) in a task of its own:
+    the HTTP answer goes back at once, the session lives until the call ends."""
+    calls = calls_of(state)
+    calls.metrics.calls.labels(result="answered").inc()
+    call = Call(transport.call_id, None, transport, key, kind=kind)
+    calls.live[call.id] = call
+    call.task = asyncio.create_task(_run_call(state, call, wire, settings, session_id), name=f"kame-call-{call.id}")
+    return call
 
-    host = state.host
-    vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
-    wire = RealtimeRtpWire(info, settings, host.frame_size, vocab)
+
+async def _run_call(state: AppState, call: Call, wire: Wire, settings: SessionSettings, session_id: str) -> None:
+    from kame.server.runtime.route import run_session
+
     slog = session_logger(session_id)
     slog.info("session accepted", extra={"peer": "webrtc", "protocol": wire.protocol, "call": call.id})
 
@@ -352,17 +377,25 @@ async def _run_call(state: AppState, call: Call, info: Any, settings: Any, sessi
 
 @router.post(CALLS_PATH + "/{call_id}/hangup")
 async def hangup(request: Request, call_id: str) -> Response:
+    return await hang_up(request, call_id, "realtime")
+
+
+async def hang_up(request: Request, call_id: str, kind: CallKind) -> Response:
+    """End the call ``call_id`` of this ``kind`` (the server's key, or the ``ek_`` key that opened it)."""
     state: AppState = request.app.state.kame
-    cors = _cors(request, state)
+    cors = cors_headers(request, state)
     if cors is None:
-        return _error(403, "This origin is not allowed to use this server.", "origin_not_allowed")
+        return error_response(403, "This origin is not allowed to use this server.", "origin_not_allowed")
     call = calls_of(state).live.get(call_id[:64])
+    if call is not None and call.kind != kind:
+        call = None
     token = bearer_token(request.headers.get("authorization"))
     own_key = call is not None and call.key is not None and token == call.key
     if not own_key and (is_ephemeral(token) or not token_ok(state.cfg.server.auth_token, token)):
-        return _error(401, "Missing or wrong API key.", "invalid_api_key", cors)
+        return error_response(401, "Missing or wrong API key.", "invalid_api_key", cors)
+    what = "call" if kind == "realtime" else "session"
     if call is None:
-        return _error(404, "No such call (it ended, or never existed).", "call_not_found", cors)
+        return error_response(404, f"No such {what} (it ended, or never existed).", f"{what}_not_found", cors)
     if call.runtime is not None:
         call.runtime.end("hangup", None, "hung up")
     else:
@@ -375,5 +408,5 @@ async def hangup(request: Request, call_id: str) -> Response:
 
 @router.post(CALLS_PATH + "/{call_id}/{action}")
 async def sip_only(request: Request, call_id: str, action: str) -> Response:
-    return _error(404, f"/{action[:16]} is for SIP calls; a WebRTC call is answered by its offer and ended by /hangup.",
+    return error_response(404, f"/{action[:16]} is for SIP calls; a WebRTC call is answered by its offer and ended by /hangup.",
                   "not_found")

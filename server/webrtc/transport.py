@@ -31,7 +31,7 @@ import fractions
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +39,7 @@ import numpy as np
 from kame.media import FRAME_S, SAMPLE_RATE
 from kame.pcm import float_to_pcm16
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, EndIn, Outgoing
+from kame.server.runtime.wire import FROM_CHANNEL, AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer
 
 if TYPE_CHECKING:
@@ -245,6 +245,8 @@ class WebRtcTransport:
         input_delay_s: float = 0.06,
         output_prefill_s: float = 0.04,
     ) -> None:
+        """``channel_allows`` (set before the call runs; None: everything) decides which server messages the
+        page's data channel gets; a sideband gets them all."""
         self.pc = pc
         self.call_id = call_id
         self.connect_timeout_s = connect_timeout_s
@@ -264,6 +266,7 @@ class WebRtcTransport:
         self._closed = False
         self._reported = {"concealed": 0, "late": 0, "resyncs": 0, "underruns": 0, "cleared": 0, "lost_in": 0}
         self.ended_reason: str | None = None
+        self.channel_allows: Callable[[str | bytes], bool] | None = None
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
@@ -277,10 +280,8 @@ class WebRtcTransport:
 
         @channel.on("message")
         def on_message(message: str | bytes) -> None:
-            if isinstance(message, str):
-                self._incoming.put_nowait({"type": "websocket.receive", "text": message})
-            else:
-                self._incoming.put_nowait({"type": "websocket.receive", "bytes": message})
+            key = "text" if isinstance(message, str) else "bytes"
+            self._incoming.put_nowait({"type": "websocket.receive", key: message, FROM_CHANNEL: True})
 
         @channel.on("open")
         def on_open() -> None:
@@ -325,6 +326,8 @@ class WebRtcTransport:
             return
         for ws in list(self._sidebands):
             await self._to_sideband(ws, out.data)
+        if self.channel_allows is not None and not self.channel_allows(out.data):
+            return  # withheld from the page (a Live session's allowed_server_events)
         channel = self.channel
         if channel is None or channel.readyState != "open":
             if channel is not None and channel.readyState == "closed":
@@ -358,7 +361,12 @@ class WebRtcTransport:
         return (("rtc-connect", self._connect_watch), ("rtc-clock", self._clock_loop),
                 ("rtc-input", self._input_loop), ("rtc-stats", self._stats_loop))
 
-    # ------------------------------------------------------------------ sideband (?call_id=)
+    def inject(self, message: Message) -> None:
+        """A message the server itself sends the wire, as if a trusted client had (a Live call's
+        ``session.start`` from the create request), ahead of everything the peers send."""
+        self._incoming.put_nowait(message)
+
+    # ------------------------------------------------------------------ sideband (?call_id=, /attach)
     def attach(self, ws: WebSocket) -> None:
         self._sidebands.add(ws)
 

@@ -167,7 +167,7 @@ server:
 #: A bearer token and an origin allow-list, two scripted back-ends, two session slots, a 4 s idle
 #: timeout and a 3 s ICE connect timeout: the token and origin rules (tests/test_server_auth.py), the
 #: Realtime API over the websocket (test_realtime_server.py), over WebRTC (test_webrtc_server.py) and
-#: from an app's page in Chromium (test_webrtc_browser.py).
+#: from an app's page in Chromium (test_webrtc_browser.py); the Live API over WebRTC (test_live_webrtc.py).
 SECURED = SharedServer(
     "secured",
     WHISPER_CPU + "  batch_size: 2\n" + ALPHA_BETA + """default_backend: alpha

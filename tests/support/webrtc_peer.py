@@ -1,4 +1,5 @@
-"""An aiortc client peer for kame's ``/v1/realtime/calls``: a speaking track, the ``oai-events`` channel, a recorder.
+"""An aiortc client peer for kame's WebRTC calls (``/v1/realtime/calls``, ``/v1/live/sessions``): a speaking
+track, the ``oai-events`` channel, a recorder.
 
 What a browser does, in Python: create the ``oai-events`` data channel, add
 a microphone track (here: PCM played at real time, 20 ms frames, then
@@ -131,11 +132,9 @@ class CallClient:
         await self.pc.close()
 
 
-async def start_call(base_url: str, *, token: str | None = None, track: SpeechTrack | None = None,
-                     session: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                     raise_for_status: bool = True, mono: bool = False) -> CallClient:
-    """Offer, POST (raw SDP, or multipart when ``session`` is given), answer; the call's events and audio
-    are recorded from then on."""
+async def new_peer(track: SpeechTrack | None = None, *, mono: bool = False) -> tuple[CallClient, str]:
+    """A browser-like peer (the ``oai-events`` channel, a microphone track, a recorder of events and audio)
+    and its SDP offer, not yet sent."""
     pc = RTCPeerConnection()
     channel = pc.createDataChannel("oai-events")
     track = track or SpeechTrack()
@@ -172,16 +171,26 @@ async def start_call(base_url: str, *, token: str | None = None, track: SpeechTr
         from kame.server.webrtc.transport import MonoOpusEncoder
 
         sender._RTCRtpSender__encoder = MonoOpusEncoder(rate=RATE, frame=FRAME)  # type: ignore[attr-defined]
+    return client, pc.localDescription.sdp
+
+
+async def start_call(base_url: str, *, token: str | None = None, track: SpeechTrack | None = None,
+                     session: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+                     raise_for_status: bool = True, mono: bool = False) -> CallClient:
+    """Offer, POST (raw SDP, or multipart when ``session`` is given), answer; the call's events and audio
+    are recorded from then on."""
+    client, sdp = await new_peer(track, mono=mono)
+    pc = client.pc
     h = {"Accept": "application/sdp", **(headers or {})}
     if token:
         h["Authorization"] = f"Bearer {token}"
     async with httpx.AsyncClient(timeout=30) as http:
         if session is None:
-            r = await http.post(f"{base_url}/v1/realtime/calls", content=pc.localDescription.sdp,
+            r = await http.post(f"{base_url}/v1/realtime/calls", content=sdp,
                                 headers={**h, "Content-Type": "application/sdp"})
         else:
             r = await http.post(f"{base_url}/v1/realtime/calls", headers=h,
-                                files={"sdp": (None, pc.localDescription.sdp, "application/sdp"),
+                                files={"sdp": (None, sdp, "application/sdp"),
                                        "session": (None, json.dumps(session), "application/json")})
     client.answer_status = r.status_code
     if r.status_code != 201:
@@ -192,4 +201,25 @@ async def start_call(base_url: str, *, token: str | None = None, track: SpeechTr
         return client
     client.location = r.headers.get("location")
     await pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
+    return client
+
+
+async def start_live(base_url: str, token: str, session: dict[str, Any], *,
+                     track: SpeechTrack | None = None) -> CallClient:
+    """A Live WebRTC session through the official SDK (``client.live.create`` with the ``webrtc`` transport);
+    ``location`` is the session's id. An SDK error (a refusal) is raised as the SDK raises it."""
+    from openai import AsyncOpenAI
+
+    client, sdp = await new_peer(track)
+    sdk = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=token, max_retries=0)
+    try:
+        created = await sdk.live.create(session=session, transport={"type": "webrtc", "sdp": sdp})  # type: ignore[typeddict-item]
+    except Exception:
+        await client.pc.close()
+        raise
+    finally:
+        await sdk.close()
+    client.answer_status = 200
+    client.location = created.session.id
+    await client.pc.setRemoteDescription(RTCSessionDescription(sdp=created.transport.sdp, type="answer"))
     return client

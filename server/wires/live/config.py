@@ -64,6 +64,10 @@ class LiveServerInfo:
     responses: BackendCatalog | None = None
     #: Unix time the session was admitted: ``expires_at`` is this plus ``max_duration_s``.
     admitted_at: float = 0.0
+    #: A WebRTC session (``POST /v1/live/sessions``): its audio is RTP, negotiated in the SDP, not a format.
+    webrtc: bool = False
+    #: A WebRTC session's ``client`` as resolved (:mod:`.channel`), echoed in the session resource.
+    client: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +313,8 @@ def _history(session: Mapping[str, Any], event_id: str | None) -> tuple[HistoryI
 
 # --------------------------------------------------------------------------- commands
 
+#: ``MediaSessionConfig`` fields (a WebRTC session's) beyond ``SessionConfig``'s.
+_WEBRTC_ONLY = ("idle_timeout_s", "wake_policy")
 _START_KNOWN = {"model", "audio", "client", "delegation", "input", "instructions", "safety_identifier", "store",
                 "triggers", "kame"}
 
@@ -324,6 +330,10 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
     audio = session.get("audio")
     if audio is not None:
         audio = _object(audio, "session.audio", event_id)
+        if audio.get("format") is not None and info.webrtc:
+            raise LiveError("unsupported_parameter",
+                            "session.audio.format is for WebSockets: a WebRTC session negotiates its audio in the SDP",
+                            param="session.audio.format", client_event_id=event_id)
         if audio.get("format") is not None:
             fmt = _audio_format(audio["format"], event_id)
         output = audio.get("output")
@@ -352,15 +362,20 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
         infos.append(Info("context_only",
                           "session.input is kept as context for delegations: the Moshi front-end takes no text history",
                           client_event_id=event_id))
-    for key, why in (
+    ignored = [
         ("store", "kame does not store sessions (server.record_dir records on the server's side)"),
         ("safety_identifier", "kame runs no safety monitoring service"),
-        ("client", "it configures WebRTC data channels; this is a websocket session"),
-    ):
+    ]
+    if info.webrtc:
+        ignored += [(key, "Moshi listens full-duplex for the whole session; inference never pauses")
+                    for key in _WEBRTC_ONLY]
+    else:
+        ignored.append(("client", "it configures WebRTC data channels; this is a websocket session"))
+    for key, why in ignored:
         if session.get(key) is not None:
             infos.append(_ignored(f"session.{key}", why, event_id))
     for key in session:
-        if key not in _START_KNOWN:
+        if key not in _START_KNOWN and not (info.webrtc and key in _WEBRTC_ONLY):
             infos.append(_ignored(f"session.{str(key)[:32]}", "not a Live session field", event_id))
     if info.asr == "none":
         infos.append(Info("no_transcription",
@@ -431,7 +446,8 @@ def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]
         "expires_at": config.expires_at,
         "model": config.model,
         "status": "active",
-        "audio": {"format": config.audio.to_json(), "output": {"voice": VOICE}},
+        "audio": {"output": {"voice": VOICE}} if info.webrtc else {"format": config.audio.to_json(),
+                                                                    "output": {"voice": VOICE}},
         "delegation": delegation,
         "instructions": config.instructions,
         "store": False,
@@ -453,6 +469,8 @@ def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]
             },
         },
     }
+    if info.client is not None:
+        out["client"] = dict(info.client)
     if config.history:
         out["input"] = [
             {"type": "message", "role": h.role,

@@ -12,12 +12,12 @@ dropped) and answers ``output_audio_buffer.cleared``. Everything else is
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kame.server.runtime.wire import Command, ConversationIn, Outgoing, Reply
+from kame.server.wires.peek import peek
 from kame.server.wires.realtime.events import ClientError, Event
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session import events as pe
@@ -42,14 +42,14 @@ class RealtimeRtpWire(RealtimeWire):
     def decode(self, message: Message, now: float) -> list[Command]:
         text = message.get("text")
         if isinstance(text, str) and (_CLEAR in text or _APPEND in text):
-            etype = _type_of(text)
+            etype, event_id = peek(text)
             if etype == _CLEAR:
-                return self._clear(_event_id_of(text))
+                return self._clear(event_id)
             if etype == _APPEND:
                 exc = ClientError(
                     "unsupported_event",
                     "input_audio_buffer.append is not used on a WebRTC call: the microphone's audio travels as RTP",
-                    param="type", event_id=_event_id_of(text),
+                    param="type", event_id=event_id,
                 )
                 return [self._client_error(exc)]
         return super().decode(message, now)
@@ -103,19 +103,3 @@ class RealtimeRtpWire(RealtimeWire):
                     out.append({"type": "output_audio_buffer.stopped", "response_id": rid})
         return out
 
-
-def _type_of(text: str) -> str | None:
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return obj.get("type") if isinstance(obj, dict) and isinstance(obj.get("type"), str) else None
-
-
-def _event_id_of(text: str) -> str | None:
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    value = obj.get("event_id") if isinstance(obj, dict) else None
-    return value[:128] if isinstance(value, str) else None
