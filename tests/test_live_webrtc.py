@@ -29,7 +29,7 @@ import websockets
 from tests.support.moshi_client import ServerProcess
 from tests.support.servers import SECURED_TOKEN
 from tests.support.speech import synthesize
-from tests.support.webrtc_peer import CallClient, SpeechTrack, new_peer, start_live
+from tests.support.webrtc_peer import CallClient, SpeechTrack, new_peer, start_live, wait_sessions
 
 TOKEN = SECURED_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -41,16 +41,6 @@ def server(secured_server: ServerProcess) -> Iterator[ServerProcess]:
     """The shared ``secured`` server (tests/support/servers.py): a token, the scripted back-ends alpha and
     beta, two slots, a 4 s idle timeout, a 3 s ICE connect timeout."""
     yield secured_server
-
-
-def _wait_sessions(server: ServerProcess, active: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _, health = server.get_json("/health")
-        if health["sessions"]["active"] == active:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"sessions never became {active}: {health['sessions']}")
 
 
 def _question_track() -> SpeechTrack:
@@ -141,7 +131,7 @@ def test_client_delegation_over_rtp_with_the_sideband_and_hangup(server: ServerP
     pcm = call.pcm()
     assert len(pcm) > 48000 * 3, "the assistant's RTP audio flows continuously"
     assert float(np.sqrt(np.mean(pcm**2))) > 1e-3, "the assistant's audio is not silence"
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
     assert server.metric("kame_sessions_ended_total", 'reason="hangup"', AUTH) == hangups0 + 1
 
 
@@ -171,7 +161,7 @@ def test_responses_delegation_over_rtp(server: ServerProcess) -> None:
                    if e["type"] == "response.event" and e["event"].get("type") == "response.output_text.delta")
     assert "Beta answers" in text, text  # the server's back-end (beta) answered the delegation
     assert "session.output_audio.delta" not in call.types()
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
 
 
 def test_data_channel_permissions_bound_the_page_not_the_sideband(server: ServerProcess) -> None:
@@ -219,7 +209,7 @@ def test_data_channel_permissions_bound_the_page_not_the_sideband(server: Server
     kame = updated.model_dump()["session"]["kame"]
     assert kame["text_temperature"] == 0.5  # the sideband is not filtered
     assert kame["backchannel_words"] != 9  # the page's refused update changed nothing
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
 
 
 def test_bad_requests_get_one_sentence_4xx(server: ServerProcess) -> None:
@@ -291,10 +281,10 @@ def test_ice_that_never_connects_frees_the_slot_with_its_own_reason(server: Serv
                        json={"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": sdp}})
         assert r.status_code == 200, r.text
         await client.close()  # the answer is never applied: ICE never completes
-        _wait_sessions(server, 1, 2)
+        wait_sessions(server, 1, 2)
 
     asyncio.run(main())
-    _wait_sessions(server, 0, 3 + 5)  # webrtc_connect_timeout_s is 3 here
+    wait_sessions(server, 0, 3 + 5)  # webrtc_connect_timeout_s is 3 here
     assert server.metric("kame_sessions_ended_total", 'reason="ice_timeout"', AUTH) == before + 1
 
 
@@ -322,7 +312,7 @@ def test_sessions_take_the_same_slots_as_websockets(server: ServerProcess) -> No
     full, refused = asyncio.run(main())
     assert full.status_code == 503 and "full" in full.message
     assert refused.code == 1013 and "full" in refused.reason  # the websocket is refused too: the calls hold the slots
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
 
 
 # --------------------------------------------------------------------------- the permissions, without a server

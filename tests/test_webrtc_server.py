@@ -27,7 +27,7 @@ import websockets
 from tests.support.moshi_client import ServerProcess
 from tests.support.servers import GOOD_ORIGIN, SECURED_CONSENT_S, SECURED_IDLE_S, SECURED_TOKEN
 from tests.support.speech import synthesize
-from tests.support.webrtc_peer import SpeechTrack, start_call
+from tests.support.webrtc_peer import SpeechTrack, start_call, wait_sessions
 
 TOKEN = SECURED_TOKEN
 
@@ -48,16 +48,6 @@ def _mint(server: ServerProcess, **body: Any) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
     return out
-
-
-def _wait_sessions(server: ServerProcess, active: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _, health = server.get_json("/health")
-        if health["sessions"]["active"] == active:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"sessions never became {active}: {health['sessions']}")
 
 
 def test_a_call_with_an_ephemeral_key_speaks_and_hears_over_rtp(server: ServerProcess) -> None:
@@ -98,7 +88,7 @@ def test_a_call_with_an_ephemeral_key_speaks_and_hears_over_rtp(server: ServerPr
     pcm = call.pcm()
     assert len(pcm) > 48000 * 3, "the assistant's RTP audio flows continuously"
     assert float(np.sqrt(np.mean(pcm**2))) > 1e-3, "the assistant's audio is not silence"
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
 
 
 def _to48k(pcm24: np.ndarray) -> np.ndarray:
@@ -164,7 +154,7 @@ def test_the_official_sdk_mints_a_key_and_creates_a_call_with_a_session(server: 
     assert location.startswith("/v1/realtime/calls/rtc_")
     assert created["session"]["kame"]["backend"] == "beta"  # the multipart session part
     assert "session.updated" in types  # the sideband's update reached the call's session
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
     assert server.metric("kame_sessions_ended_total", 'reason="hangup"', _auth()) >= hangups0 + 1
 
 
@@ -182,7 +172,7 @@ def test_an_ek_session_cannot_widen_the_back_end_and_works_on_the_websocket(serv
     created, refused = asyncio.run(main())
     assert created["type"] == "session.created" and created["session"]["kame"]["backend"] == "beta"
     assert refused["type"] == "error" and refused["error"]["code"] == "unknown_backend"
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
 
 
 def test_bad_offers_and_keys_get_one_sentence_4xx(server: ServerProcess) -> None:
@@ -247,10 +237,10 @@ def test_ice_that_never_connects_frees_the_slot_with_its_own_reason(server: Serv
                        headers={**_auth(), "Content-Type": "application/sdp"})
         assert r.status_code == 201
         await pc.close()  # the answer is never applied: ICE never completes
-        _wait_sessions(server, 1, 2)
+        wait_sessions(server, 1, 2)
 
     asyncio.run(main())
-    _wait_sessions(server, 0, 3 + 5)  # webrtc_connect_timeout_s is 3 here
+    wait_sessions(server, 0, 3 + 5)  # webrtc_connect_timeout_s is 3 here
     assert server.metric("kame_sessions_ended_total", 'reason="ice_timeout"', _auth()) == before + 1
 
 
@@ -273,7 +263,7 @@ def test_lost_packets_and_a_muted_microphone_never_stall_the_clock(server: Serve
     idle0 = server.metric("kame_sessions_ended_total", 'reason="idle"', _auth())
     received, seconds = asyncio.run(main())
     assert received >= 0.8 * seconds * 48000, "output RTP flows continuously"
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
     concealed = server.metric("kame_webrtc_input_concealed_seconds_total", "", _auth()) - concealed0
     assert concealed >= 3.0, concealed  # the muted stretch (and the lost packets) were filled on the server's clock
     assert server.metric("kame_sessions_ended_total", 'reason="idle"', _auth()) == idle0
@@ -284,7 +274,7 @@ def test_a_vanished_peer_is_not_idle_and_its_session_ends_when_ice_consent_fails
     on the server's clock, as a muted one's), until the server's ICE consent checks go unanswered
     (aioice gives up after 6 misses, one every sixth of ``webrtc_consent_timeout_s``: 12 s on this server,
     30 s by default); then the session ends as ``client_closed`` and the slot is free."""
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
     closed0 = server.metric("kame_sessions_ended_total", 'reason="client_closed"', _auth())
     idle0 = server.metric("kame_sessions_ended_total", 'reason="idle"', _auth())
 
@@ -298,7 +288,7 @@ def test_a_vanished_peer_is_not_idle_and_its_session_ends_when_ice_consent_fails
             t0 = time.monotonic()
             await asyncio.sleep(SECURED_IDLE_S + 2.0)
             active_after_idle = (await asyncio.to_thread(server.get_json, "/health"))[1]["sessions"]["active"]
-            await asyncio.to_thread(_wait_sessions, server, 0, 60.0)
+            await asyncio.to_thread(wait_sessions, server, 0, 60.0)
             return active_after_idle, time.monotonic() - t0
         finally:
             with contextlib.suppress(Exception):
@@ -355,4 +345,4 @@ def test_calls_take_the_same_slots_as_websockets(server: ServerProcess) -> None:
     status, body, refused = asyncio.run(main())
     assert status == 503 and "full" in str(body)
     assert refused.code == 1013 and "full" in refused.reason  # the websocket is refused too: the calls hold the slots
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)

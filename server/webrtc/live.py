@@ -34,7 +34,7 @@ from kame.server.webrtc.sdp import OfferError, check_offer
 from kame.server.webrtc.signaling import (
     admission_refusal,
     answer_offer,
-    cors_headers,
+    call_cors,
     error_response,
     hang_up,
     launch_call,
@@ -98,9 +98,9 @@ async def create_session(request: Request) -> Response:
 
     state: AppState = request.app.state.kame
     cfg = state.cfg.server
-    cors = cors_headers(request, state)
-    if cors is None:
-        return refuse_call(state, "origin", 403, "This origin is not allowed to use this server.", "origin_not_allowed")
+    cors = call_cors(request, state)
+    if isinstance(cors, JSONResponse):
+        return cors
     token = bearer_token(request.headers.get("authorization"))
     if is_ephemeral(token) or not token_ok(cfg.auth_token, token):
         return refuse_call(state, "unauthorized", 401, "Missing or wrong API key (a Live session needs the server's key).",

@@ -111,6 +111,14 @@ def refuse_call(state: AppState, reason: str, status: int, message: str, code: s
     return error_response(status, message, code, headers)
 
 
+def call_cors(request: Request, state: AppState) -> dict[str, str] | JSONResponse:
+    """A call's CORS headers, or its refusal (counted) when a page of a foreign origin creates it."""
+    cors = cors_headers(request, state)
+    if cors is None:
+        return refuse_call(state, "origin", 403, "This origin is not allowed to use this server.", "origin_not_allowed")
+    return cors
+
+
 def preflight(request: Request) -> Response:
     state: AppState = request.app.state.kame
     cors = cors_headers(request, state)
@@ -247,9 +255,9 @@ async def _part_text(part: Any) -> str | None:
 async def create_call(request: Request) -> Response:
     state: AppState = request.app.state.kame
     cfg = state.cfg.server
-    cors = cors_headers(request, state)
-    if cors is None:
-        return refuse_call(state, "origin", 403, "This origin is not allowed to use this server.", "origin_not_allowed")
+    cors = call_cors(request, state)
+    if isinstance(cors, JSONResponse):
+        return cors
     token = bearer_token(request.headers.get("authorization"))
     grant = None
     if is_ephemeral(token):

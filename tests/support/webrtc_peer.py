@@ -223,3 +223,16 @@ async def start_live(base_url: str, token: str, session: dict[str, Any], *,
     client.location = created.session.id
     await client.pc.setRemoteDescription(RTCSessionDescription(sdp=created.transport.sdp, type="answer"))
     return client
+
+
+def wait_sessions(server: Any, active: int, timeout: float = 15.0) -> None:
+    """Wait until ``server`` (a ``ServerProcess``) has ``active`` sessions (its ``/health``): a call's session
+    outlives the HTTP answer, so a test waits for it rather than reading the count at once."""
+    deadline = time.monotonic() + timeout
+    health: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        _, health = server.get_json("/health")
+        if health["sessions"]["active"] == active:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"sessions never became {active}: {health.get('sessions')}")
