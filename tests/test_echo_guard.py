@@ -67,6 +67,22 @@ def test_the_user_repeating_the_assistant_with_words_of_their_own_is_the_user() 
     assert not _echo("What about Spain?")
 
 
+def test_a_mis_heard_word_between_matched_ones_is_mis_heard_not_the_users() -> None:
+    match = match_echo(normalise("the capital and france"), _said())
+    assert (match.matched, match.misheard, match.extra) == (3, 1, 0) and match.is_echo(EchoOptions())
+
+
+def test_a_long_echos_garbled_first_and_last_words_are_mis_heard_but_a_later_yes_is_the_users() -> None:
+    said = _said("It is a beautiful old city, and the capital of France is Paris.", start_s=0.4, per_word_s=0.3)
+    garbled = normalise("the immughedly old city and the capital and friends in Paris")  # Whisper on a quiet echo
+    match = match_echo(garbled, said, start_s=0.4)  # the utterance began as the assistant did
+    assert match.is_echo(EchoOptions()) and match.extra == 0, match
+    assert not match_echo(garbled, said, start_s=3.0).is_echo(EchoOptions())  # began too late to echo "It is a"
+    assert not match_echo(normalise("yes, Paris"), said, start_s=4.4).is_echo(EchoOptions())
+    tail = normalise("old city and the capital of France is Paris bla blah")
+    assert not match_echo(tail, said, start_s=1.0).is_echo(EchoOptions())  # nothing said after Paris: the user's
+
+
 def test_a_partials_cut_last_word_does_not_make_it_the_users() -> None:
     assert _echo("the capital of fra", final=False)
     assert _echo("the capi", final=False)
@@ -82,9 +98,12 @@ def test_nothing_to_compare_is_no_echo() -> None:
 
 
 def test_too_much_mis_heard_is_the_user() -> None:
-    said = _said("one two three four five six")
-    assert _echo("one two tree four five six", said)  # similar: the same word
-    assert not _echo("one blue sky four five six", said)  # two of six beyond recognition
+    said = _said("one two three four five six seven")
+    assert _echo("one two tree four five six seven", said)  # similar: the same word
+    assert _echo("one blue sky four five six seven", said)  # two of seven beyond recognition: still an echo
+    assert not _echo("one blue sky grey dull six seven", said)  # four of seven: not one stretch any more
+    options = EchoOptions(max_misheard_fraction=0.2)
+    assert not match_echo(normalise("one blue sky four five six seven"), said, options).is_echo(options)
 
 
 def test_extra_words_allowed_by_the_options() -> None:
@@ -95,8 +114,11 @@ def test_extra_words_allowed_by_the_options() -> None:
 # --------------------------------------------------------------------------- the filter over ASR events
 
 
-def _ev(kind: EventType, text: str = "", audio_s: float = 0.0, utterance: int = 0) -> AsrEvent:
-    return AsrEvent(kind, text, audio_s, 0.0, utterance)
+def _ev(kind: EventType, text: str = "", audio_s: float = 0.0, utterance: int = 0, stable: str | None = None) -> AsrEvent:
+    """An ASR event; a partial's stable words are all its words unless ``stable`` says otherwise."""
+    if stable is None:
+        stable = text if kind is EventType.PARTIAL else ""
+    return AsrEvent(kind, text, audio_s, 0.0, utterance, stable)
 
 
 def _speak(guard: EchoGuard, text: str, first_step: int, steps_per_word: int = 5) -> int:
@@ -133,7 +155,12 @@ def test_an_echo_starts_no_turn_and_is_reported_at_its_final() -> None:
     # the next utterance is judged afresh
     out = guard.push(_ev(EventType.SPEECH_STARTED, audio_s=t + 1.0, utterance=1))
     out += guard.push(_ev(EventType.PARTIAL, "what about", audio_s=t + 1.6, utterance=1))
+    assert out == []  # two words: too short to release on a partial (an echo's first partials are often garbled)
+    out += guard.push(_ev(EventType.PARTIAL, "what about Spain", audio_s=t + 2.0, utterance=1))
+    assert out == []  # nor four: Whisper garbles a quiet echo's first words into anything
+    out += guard.push(_ev(EventType.PARTIAL, "what about Spain and Italy", audio_s=t + 2.4, utterance=1))
     assert _kinds(out) == ["user", "speech_started", "partial"]
+    assert out[2].text == "what about Spain and Italy"  # type: ignore[union-attr]  # the latest partial
 
 
 def test_the_user_repeating_with_words_of_their_own_gets_the_turn_in_order() -> None:
@@ -143,13 +170,23 @@ def test_the_user_repeating_with_words_of_their_own_gets_the_turn_in_order() -> 
     out = guard.push(_ev(EventType.SPEECH_STARTED, audio_s=t + 0.2))
     assert out == []  # held: the assistant has just spoken
     out = guard.push(_ev(EventType.PARTIAL, "yes", audio_s=t + 0.6))
-    assert _kinds(out) == ["user", "speech_started", "partial"]
-    assert out[1].audio_s == t + 0.2  # type: ignore[union-attr]  # when the user began, not when released
-    out = guard.push(_ev(EventType.PARTIAL, "yes Paris", audio_s=t + 1.0))
+    out += guard.push(_ev(EventType.PARTIAL, "yes Paris", audio_s=t + 1.0))
     out += guard.push(_ev(EventType.SPEECH_STOPPED, audio_s=t + 1.6))
-    out += guard.push(_ev(EventType.FINAL, "Yes, Paris.", audio_s=t + 1.7))
-    assert _kinds(out) == ["partial", "speech_stopped", "final"]
+    assert out == []  # one word of their own: a partial does not release on that (the final does)
+    out = guard.push(_ev(EventType.FINAL, "Yes, Paris.", audio_s=t + 1.7))
+    assert _kinds(out) == ["user", "speech_started", "partial", "speech_stopped", "final"]
+    assert out[1].audio_s == t + 0.2  # type: ignore[union-attr]  # when the user began, not when released
     assert guard.counts["user"] == 1 and guard.counts["echo"] == 0
+
+
+def test_the_user_speaking_over_the_assistant_is_released_on_a_partial() -> None:
+    guard = EchoGuard()
+    _speak(guard, "The capital of France is Paris, a city of two million people.", first_step=0)
+    out = guard.push(_ev(EventType.SPEECH_STARTED, audio_s=1.0))
+    out += guard.push(_ev(EventType.PARTIAL, "the capital and france", audio_s=1.6))  # the echo, one word mis-heard
+    assert out == []
+    out += guard.push(_ev(EventType.PARTIAL, "the capital and france hold on what about", audio_s=2.4))
+    assert _kinds(out) == ["user", "speech_started", "partial"]  # the user's own words, over the echo
 
 
 def test_a_user_released_only_at_the_final_gets_every_event_of_the_turn() -> None:
@@ -162,6 +199,38 @@ def test_a_user_released_only_at_the_final_gets_every_event_of_the_turn() -> Non
     assert out == []
     out = guard.push(_ev(EventType.FINAL, "Paris, right?", audio_s=t + 1.5))
     assert _kinds(out) == ["user", "speech_started", "partial", "speech_stopped", "final"]
+
+
+def test_a_partial_is_judged_on_its_stable_words_not_its_flickering_tail() -> None:
+    guard = EchoGuard()
+    _speak(guard, "The capital of France is Paris, a city of two million people.", first_step=0)
+    out = guard.push(_ev(EventType.SPEECH_STARTED, audio_s=1.0))
+    out += guard.push(_ev(EventType.PARTIAL, "The capital of France in Paris, the Dymham-U", audio_s=3.0,
+                          stable="The capital of France in Paris,"))
+    assert out == []
+    out += guard.push(_ev(EventType.FINAL, "The capital of France is Paris, a city.", audio_s=4.0))
+    assert _kinds(out) == ["echo"]
+    out = guard.push(_ev(EventType.SPEECH_STARTED, audio_s=4.5, utterance=1))
+    out += guard.push(_ev(EventType.PARTIAL, "hold on what about Spain", audio_s=5.5, utterance=1, stable=""))
+    assert out == []  # nothing stable yet
+    out += guard.push(_ev(EventType.PARTIAL, "hold on what about Spain", audio_s=5.8, utterance=1,
+                          stable="hold on what about Spain"))
+    assert _kinds(out) == ["user", "speech_started", "partial"]
+
+
+def test_the_next_utterance_may_start_before_the_held_ones_final() -> None:
+    guard = EchoGuard()
+    end = _speak(guard, "The capital is Paris.", first_step=0)
+    t = end * STEP_S
+    out = guard.push(_ev(EventType.SPEECH_STARTED, audio_s=0.6))
+    out += guard.push(_ev(EventType.SPEECH_STOPPED, audio_s=t + 0.3))
+    out += guard.push(_ev(EventType.SPEECH_STARTED, audio_s=t + 0.8, utterance=1))  # before 0's final
+    out += guard.push(_ev(EventType.PARTIAL, "and what about Spain then", audio_s=t + 1.5, utterance=1))
+    assert _kinds(out) == ["user", "speech_started", "partial"]
+    out = guard.push(_ev(EventType.FINAL, "The capital is Paris.", audio_s=t + 1.6))  # 0's final, late
+    out += guard.push(_ev(EventType.FINAL, "And what about Spain?", audio_s=t + 2.5, utterance=1))
+    assert _kinds(out) == ["echo", "final"]
+    assert [o.utterance for o in out] == [0, 1]  # type: ignore[union-attr]
 
 
 def test_stale_assistant_words_do_not_suppress_the_user() -> None:

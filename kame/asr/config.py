@@ -121,7 +121,7 @@ class EchoGuardConfig(BaseModel):
         "user's own, as in 'yes, Paris', makes it the user's turn).",
     )
     max_misheard_fraction: float = Field(
-        0.34,
+        0.5,
         ge=0.0,
         le=1.0,
         description="Words of an echo the ASR may mis-hear beyond recognition (a fraction of its words).",

@@ -66,9 +66,13 @@ class EchoOptions:
     #: stretch) that an echo may still have (0: any word of the user's own makes it the user's turn).
     max_extra_words: int = 0
     #: Matched words the ASR may have mis-heard beyond recognition, as a fraction of the hypothesis.
-    max_misheard_fraction: float = 0.34
+    max_misheard_fraction: float = 0.5
     #: Two words of at least 4 letters are the same word when their letters are this similar.
     similar: float = 0.75
+    #: Garbled words at either end of a long echo taken as mis-heard (see :func:`match_echo`).
+    edge_words: int = 3
+    edge_min_matched: int = 3
+    edge_delay_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,14 @@ class EchoMatch:
             and self.extra <= options.max_extra_words
             and self.misheard <= options.max_misheard_fraction * self.words
         )
+
+    def clearly_user(self, options: EchoOptions) -> bool:
+        """Whether a *partial* is surely the user's: five words or more and none the assistant's, or three
+        extra words more than an echo may have. A partial is released on this stricter test because
+        a release is final, and an echo's first partials are short and often mis-heard."""
+        if self.matched == 0:
+            return self.words >= 5  # Whisper makes up to four garbled words of a quiet echo's start
+        return self.extra >= options.max_extra_words + 3
 
 
 def normalise(text: str) -> list[str]:
@@ -113,10 +125,12 @@ def similarity(a: str, b: str) -> float:
     return SequenceMatcher(None, a, b).ratio()
 
 
-# Scores of the local alignment: a matched word gains, a word that does not match loses more than a
-# matched word gains (so the stretch ends where the assistant's words end), an ASR word with no
-# assistant word (an insertion) loses, and an assistant word the ASR dropped costs little.
-_MATCH, _MISMATCH, _INSERT, _DROP = 1.0, -1.0, -0.8, -0.3
+# Scores of the local alignment: a matched word gains; a mis-heard one (aligned with an assistant word it
+# does not resemble) loses a quarter as much, so an echo garbled in places (three mis-heard words in a
+# row) stays one stretch, but a stretch never begins or ends with one; an ASR word with no assistant
+# word (an insertion: the user's) loses more, yet less than a mis-heard word plus a dropped one, so a
+# word the user adds is counted as theirs; an assistant word the ASR dropped costs little.
+_MATCH, _MISMATCH, _INSERT, _DROP = 1.0, -0.25, -0.5, -0.3
 
 
 def match_echo(
@@ -125,10 +139,18 @@ def match_echo(
     options: EchoOptions = EchoOptions(),
     *,
     final: bool = True,
+    start_s: float | None = None,
 ) -> EchoMatch:
     """Align ``hypothesis`` (normalised words) with ``said`` (the assistant's normalised words and their
     times, in order). A partial's last word may be cut (``final`` False): when it is the only word left
-    over at the end, it is not counted."""
+    over at the end, it is not counted.
+
+    ``start_s``, when the utterance began: the ASR garbles an echo's first and last words most (it hears
+    them cut, over the room). When at least ``edge_min_matched`` words matched, up to ``edge_words``
+    words before the matched stretch count as mis-heard (not the user's) if the assistant said words
+    between ``edge_delay_s`` before the utterance began and the stretch (what they would echo); likewise
+    after it, if the assistant said words after the stretch. A user who says "yes" after the assistant
+    said "... is Paris" starts later than that, so "yes" stays the user's."""
     n, m = len(hypothesis), len(said)
     if n == 0 or m == 0:
         return EchoMatch(words=n, matched=0, misheard=0, extra=n)
@@ -147,7 +169,8 @@ def match_echo(
             drop = row[j - 1] + _DROP
             score, how = max((0.0, 0), (diag, 1), (ins, 2), (drop, 3))
             row[j], move[i][j] = score, how
-            if score > best:
+            matches = how == 1 and sim[i - 1][j - 1] >= options.similar
+            if score >= best and matches:  # a stretch ends on a matched word; ties: the longer stretch
                 best, best_at = score, (i, j)
     if best <= 0.0:
         return EchoMatch(words=n, matched=0, misheard=0, extra=n)
@@ -169,10 +192,17 @@ def match_echo(
             i -= 1
         else:
             j -= 1
-    outside = first + (n - 1 - last)
-    if not final and last == n - 2:
-        outside -= 1  # a partial's last word is tentative (it may be cut): the final decides on it
-    return EchoMatch(words=n, matched=matched, misheard=misheard, extra=outside + inserted,
+    leading, trailing = first, n - 1 - last
+    if not final and trailing == 1:
+        trailing = 0  # a partial's last word is tentative (it may be cut): the final decides on it
+    if matched >= (options.edge_min_matched if final else 1):  # a partial only holds: be lenient
+        first_t = said[first_said][1]
+        if start_s is not None and 0 < leading <= options.edge_words and any(
+                start_s - options.edge_delay_s <= t < first_t for _, t in said[:first_said]):
+            misheard, leading = misheard + leading, 0
+        if 0 < trailing <= options.edge_words and best_at[1] < m:
+            misheard, trailing = misheard + trailing, 0
+    return EchoMatch(words=n, matched=matched, misheard=misheard, extra=leading + trailing + inserted,
                      start_s=said[first_said][1])
 
 
@@ -272,8 +302,11 @@ class EchoGuard:
         #: Slack for the assistant's step times running ahead of the ASR's audio clock (text before audio).
         self.lead_s = lead_s
         self.assistant = AssistantWords(keep_s=max(40.0, self.options.window_s + 30.0))
-        self._held: _Held | None = None
+        #: Utterances held now. More than one at a time: a recogniser reports the next utterance's start
+        #: before the previous one's final (the final decode runs after the turn ended).
+        self._held: dict[int, _Held] = {}
         self._passed: set[int] = set()  #: utterances released (or never held) whose later events pass
+        self._dropped: set[int] = set()  #: utterances judged an echo before their final: later events dropped
         self.counts = {"held": 0, "echo": 0, "user": 0}
 
     def assistant_step(self, piece: str | None, step: int) -> None:
@@ -282,37 +315,46 @@ class EchoGuard:
     def reset(self) -> None:
         """A fresh session (the slot's steps and the ASR's clock restart at 0)."""
         self.assistant.clear()
-        self._held = None
+        self._held.clear()
         self._passed.clear()
+        self._dropped.clear()
 
     def push(self, ev: AsrEvent) -> list[AsrEvent | EchoVerdict]:
-        held = self._held
         if ev.type in (EventType.CUT, EventType.ERROR):
-            if held is not None and ev.type is EventType.ERROR:
-                self._held = None
+            if ev.type is EventType.ERROR:
+                self._held.clear()
             return [ev]
-        if held is not None and ev.utterance == held.utterance:
+        utt = ev.utterance
+        held = self._held.get(utt)
+        if held is not None:
             return self._judge_held(held, ev)
-        if ev.utterance in self._passed or not self.enabled:
+        if utt in self._dropped:
             if ev.type is EventType.FINAL:
-                self._passed.discard(ev.utterance)
+                self._dropped.discard(utt)
+            return []
+        if utt in self._passed or not self.enabled:
+            if ev.type is EventType.FINAL:
+                self._passed.discard(utt)
             return [ev]
         out: list[AsrEvent | EchoVerdict] = []
-        if held is not None:  # a new utterance while one is held (its final never came): judge it as it is
-            out += self._decide(held, final=True)
+        while len(self._held) >= 4:  # finals that never came: judge the oldest as it is
+            oldest = self._held[min(self._held)]
+            out += self._decide(oldest, final=True)
         start = max(0.0, ev.audio_s - 0.5)  # the VAD fires a little after speech began
         if not self.assistant.spoke_since(start - self.options.window_s):
             self._pass(ev)
             return [*out, ev]
         self.counts["held"] += 1
-        self._held = _Held(ev.utterance, start)
-        return out + self._judge_held(self._held, ev)
+        held = self._held[utt] = _Held(utt, start)
+        return out + self._judge_held(held, ev)
 
     def _pass(self, ev: AsrEvent) -> None:
         if ev.type is not EventType.FINAL:
             self._passed.add(ev.utterance)
             while len(self._passed) > 64:
                 self._passed.discard(min(self._passed))
+        while len(self._dropped) > 64:
+            self._dropped.discard(min(self._dropped))
 
     def _judge_held(self, held: _Held, ev: AsrEvent) -> list[AsrEvent | EchoVerdict]:
         if ev.type is EventType.SPEECH_STARTED:
@@ -323,24 +365,27 @@ class EchoGuard:
             return []
         if ev.type is EventType.PARTIAL:
             held.partial = ev
-            if not normalise(ev.text):
+            if not normalise(ev.stable):  # a partial is judged on its stable words: the tail still flickers
                 return []
             verdict = self._verdict(held, ev, final=False)
-            if verdict.echo:
-                return []
+            if verdict.echo or not verdict.match.clearly_user(self.options):
+                return []  # the final (or a longer partial) decides
             return self._release(held, verdict)
         return self._decide(held, final=True, final_event=ev)
 
     def _decide(self, held: _Held, *, final: bool, final_event: AsrEvent | None = None) -> list[AsrEvent | EchoVerdict]:
         """The held utterance's end: an echo is dropped (with its verdict), the user's speech released."""
-        self._held = None
+        self._held.pop(held.utterance, None)
         last = final_event or held.partial
+        if final_event is None:
+            self._dropped.add(held.utterance)  # its final, if it comes, is not judged again
         if last is None or not normalise(last.text):  # nothing said (a noise): no turn, nothing to report
             return []
         verdict = self._verdict(held, last, final=final)
         if verdict.echo:
             self.counts["echo"] += 1
             return [verdict]
+        self._dropped.discard(held.utterance)
         out = self._release(held, verdict)
         if final_event is not None:
             self._passed.discard(held.utterance)
@@ -349,14 +394,15 @@ class EchoGuard:
 
     def _release(self, held: _Held, verdict: EchoVerdict) -> list[AsrEvent | EchoVerdict]:
         self.counts["user"] += 1
-        self._held = None
+        self._held.pop(held.utterance, None)
         self._passed.add(held.utterance)
         return [verdict, *held.events()]
 
     def _verdict(self, held: _Held, ev: AsrEvent, *, final: bool) -> EchoVerdict:
         said = self.assistant.said(held.start_s - self.options.window_s, ev.audio_s + self.lead_s)
-        match = match_echo(normalise(ev.text), said, self.options, final=final)
+        text = ev.text if final else ev.stable
+        match = match_echo(normalise(text), said, self.options, final=final, start_s=held.start_s)
         echo = match.is_echo(self.options)
         delay = None if match.start_s is None else round(held.start_s - match.start_s, 3)
-        return EchoVerdict(utterance=held.utterance, audio_s=ev.audio_s, echo=echo, text=ev.text, match=match,
+        return EchoVerdict(utterance=held.utterance, audio_s=ev.audio_s, echo=echo, text=text, match=match,
                            delay_s=delay)
