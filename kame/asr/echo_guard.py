@@ -48,6 +48,8 @@ from kame.asr.events import AsrEvent, EventType
 from kame.oracle.numbers import spell_integer
 from kame.oracle.pieces import PieceWords
 
+#: The most assistant words one hypothesis is aligned with (the latest; ~40 s of fluent speech).
+MAX_SAID_WORDS = 100
 #: Output frames per second of the front-end (80 ms steps): step ``n`` starts at ``n * STEP_S``.
 STEP_S = 0.08
 _SPLIT = re.compile(r"[\s\-\u2010-\u2015/]+")
@@ -122,7 +124,10 @@ def similarity(a: str, b: str) -> float:
         return 1.0
     if min(len(a), len(b)) < 4 or abs(len(a) - len(b)) > 3:
         return 0.0
-    return SequenceMatcher(None, a, b).ratio()
+    matcher = SequenceMatcher(None, a, b, autojunk=False)
+    if matcher.real_quick_ratio() < 0.5 or matcher.quick_ratio() < 0.5:  # cheap upper bounds first
+        return 0.0
+    return matcher.ratio()
 
 
 # Scores of the local alignment: a matched word gains; a mis-heard one (aligned with an assistant word it
@@ -151,6 +156,8 @@ def match_echo(
     between ``edge_delay_s`` before the utterance began and the stretch (what they would echo); likewise
     after it, if the assistant said words after the stretch. A user who says "yes" after the assistant
     said "... is Paris" starts later than that, so "yes" stays the user's."""
+    if len(said) > MAX_SAID_WORDS:  # the event loop runs this on every partial: bound the work
+        said = said[-MAX_SAID_WORDS:]
     n, m = len(hypothesis), len(said)
     if n == 0 or m == 0:
         return EchoMatch(words=n, matched=0, misheard=0, extra=n)
@@ -283,6 +290,7 @@ class _Held:
     started: AsrEvent | None = None
     partial: AsrEvent | None = None  #: the latest
     stopped: AsrEvent | None = None
+    judged: str = ""  #: the stable words last judged (a partial repeating them is not judged again)
 
     def events(self) -> list[AsrEvent]:
         return [e for e in (self.started, self.partial, self.stopped) if e is not None]
@@ -365,8 +373,9 @@ class EchoGuard:
             return []
         if ev.type is EventType.PARTIAL:
             held.partial = ev
-            if not normalise(ev.stable):  # a partial is judged on its stable words: the tail still flickers
+            if not normalise(ev.stable) or ev.stable == held.judged:  # judged on its stable words, once each
                 return []
+            held.judged = ev.stable
             verdict = self._verdict(held, ev, final=False)
             if verdict.echo or not verdict.match.clearly_user(self.options):
                 return []  # the final (or a longer partial) decides
