@@ -110,6 +110,27 @@ class UserFinal(PipelineEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EchoJudged(PipelineEvent):
+    """The echo guard judged an utterance it held back (the assistant had just spoken): ``echo`` True,
+    it only repeated the assistant's words and started no turn; False, it is the user's and went on.
+
+    ``words`` of the hypothesis, ``matched`` the assistant said, ``extra`` it did not; ``delay_s``: how long
+    after the assistant said the matched words the utterance began (None: nothing matched).
+    """
+
+    name: ClassVar[str] = "asr.echo_judged"
+    has_text: ClassVar[bool] = True
+    utterance: int
+    audio_s: float
+    echo: bool
+    text: str
+    words: int
+    matched: int
+    extra: int
+    delay_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class AsrFailed(PipelineEvent):
     """The recogniser stopped; the session goes on without transcripts."""
 
@@ -324,7 +345,7 @@ class UserTurnCommitted(PipelineEvent):
     text: str
 
 
-AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed
+AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed | EchoJudged
 LlmEvent = (
     LlmRequestStarted | LlmFirstToken | LlmDone | LlmCancelled | LlmDropped | LlmDeferred | LlmError | BackendDown | BackendUp
     | ToolsRefused

@@ -367,6 +367,7 @@ class ModelHost:
             recognizer=self.recognizer,
             command_timeout_s=self.cfg.server.engine_command_timeout_s,
             tools=self.tools,
+            echo_guard=self.cfg.asr.echo_guard,
         )
 
     def new_pipeline(self, settings: SessionSettings) -> Pipeline:

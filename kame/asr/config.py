@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kame.asr.echo_guard import EchoOptions
+
 
 class TurnConfig(BaseModel):
     """Voice activity detection and end of turn (WebRTC VAD on 30 ms frames at 16 kHz)."""
@@ -93,6 +95,44 @@ class WhisperConfig(BaseModel):
     )
 
 
+class EchoGuardConfig(BaseModel):
+    """The echo guard (kame.asr.echo_guard): no user turn for speech that only repeats the assistant's words."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        False,
+        description="Sessions start with the guard on (a session may choose: ?echo_guard=0|1, "
+        "session.kame.echo_guard). Off by default: browsers and kame mic cancel echo themselves, and the guard "
+        "holds speech_started and barge-in while the assistant speaks. Turn it on for a deployment whose clients "
+        "send raw audio from speakers (telephony, G.711); such a client may also opt in per session.",
+    )
+    window_s: float = Field(
+        3.0,
+        ge=0.2,
+        le=10.0,
+        description="Longest delay from the assistant saying a word to its echo reaching the server "
+        "(network, jitter buffer, playback); older words are never taken for an echo.",
+    )
+    max_extra_words: int = Field(
+        0,
+        ge=0,
+        le=5,
+        description="Words the assistant did not say that an echo may still contain (0: one word of the "
+        "user's own, as in 'yes, Paris', makes it the user's turn).",
+    )
+    max_misheard_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Words of an echo the ASR may mis-hear beyond recognition (a fraction of its words).",
+    )
+
+    def options(self) -> EchoOptions:
+        return EchoOptions(window_s=self.window_s, max_extra_words=self.max_extra_words,
+                           max_misheard_fraction=self.max_misheard_fraction)
+
+
 class AsrConfig(BaseModel):
     """Which recogniser transcribes the user, and its thresholds."""
 
@@ -138,3 +178,7 @@ class AsrConfig(BaseModel):
     )
     turn: TurnConfig = Field(default_factory=TurnConfig, description="Voice activity detection and end of turn.")
     whisper: WhisperConfig = Field(default_factory=WhisperConfig, description="Whisper-only decoding settings.")
+    echo_guard: EchoGuardConfig = Field(
+        default_factory=EchoGuardConfig,
+        description="No user turn (nor barge-in) for speech that only repeats what the assistant just said.",
+    )

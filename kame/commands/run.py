@@ -120,7 +120,7 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     engine = EngineThread(core)
     tools = ToolCatalog(cfg.tools, os.environ)  # the configured MCP servers (server-wide and the back-ends')
     root = SessionRoot.for_models(engine, core.models, oracle_config=cfg.oracle, registry=registry,
-                                  recognizer=recognizer, tools=tools)
+                                  recognizer=recognizer, tools=tools, echo_guard=cfg.asr.echo_guard)
     engine.start()
     settings = SessionSettings(backend=args.backend or None)
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from kame.asr.config import EchoGuardConfig
+from kame.asr.echo_guard import EchoGuard, EchoVerdict
 from kame.asr.events import AsrEvent, EventType
 from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
@@ -57,6 +59,7 @@ from kame.session.events import (
     AnswerCancelled,
     AsrFailed,
     AssistantFrame,
+    EchoJudged,
     EngineDown,
     FunctionCallRequested,
     PipelineEvent,
@@ -172,6 +175,7 @@ class Pipeline:
         timeout_s: float = COMMAND_TIMEOUT_S,
         max_queued_frames: int = MAX_QUEUED_FRAMES,
         tools: ToolCatalog | None = None,
+        echo_guard: EchoGuardConfig | None = None,
     ) -> None:
         self.engine = engine
         self.tool_catalog = tools
@@ -202,6 +206,12 @@ class Pipeline:
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
         self._turn = _ClientTurn()
+        #: The server's echo guard settings (``asr.echo_guard``); a session turns it on or off (``echo_guard``).
+        self.echo_config = echo_guard or EchoGuardConfig()
+        self.echo = EchoGuard(self.echo_config.options(), enabled=self._echo_enabled(self.settings))
+
+    def _echo_enabled(self, settings: SessionSettings) -> bool:
+        return self.echo_config.enabled if settings.echo_guard is None else settings.echo_guard
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Pipeline:
@@ -317,6 +327,7 @@ class Pipeline:
         assert self.slot is not None and not self._closed
         await self._close_parts(flush_asr=False)
         self._drain()
+        self.echo.reset()  # the slot's steps and the new ASR stream's clock start at 0 again
         try:
             await self.slot.reset()
         except EngineFull:
@@ -369,6 +380,7 @@ class Pipeline:
             self.oracle.auto_requests = settings.backend_on_transcripts
         if settings.client_turns != old.client_turns:
             self._switch_turns(settings.client_turns)
+        self.echo.enabled = self._echo_enabled(settings)
         self.settings = settings
 
     def _switch_llm(self, settings: SessionSettings) -> None:
@@ -593,22 +605,34 @@ class Pipeline:
             return
         if self.oracle is not None:
             self.oracle.on_assistant_token(item.text_id, item.step)
-        if self._frames_queued >= self.max_queued_frames:  # a consumer that does not read loses frames
-            self.dropped_frames += 1
-            return
         text_id = item.text_id
         piece = None
         if text_id is not None and self.vocab.is_text(text_id) and self.piece_of is not None:
             piece = self.piece_of(text_id)
+        self.echo.assistant_step(piece, item.step)  # what the assistant said, for the echo guard
+        if self._frames_queued >= self.max_queued_frames:  # a consumer that does not read loses frames
+            self.dropped_frames += 1
+            return
         self._frames_queued += 1
         self._put(AssistantFrame(step=item.step, pcm=item.pcm, text_id=text_id, piece=piece, oracle_id=item.oracle_id))
 
     async def _asr_events(self, asr: AsrStream) -> None:
         async for ev in asr.events():
             try:
-                self._on_asr(ev)
+                self._hear(ev)
             except Exception:  # noqa: BLE001 - a bug here must not stop the session
                 log.exception("handling ASR event %s failed", ev.type)
+
+    def _hear(self, ev: AsrEvent) -> None:
+        """An ASR event through the echo guard: an utterance that only echoes the assistant never reaches
+        :meth:`_on_asr` (no turn, no barge-in, nothing for the LLM); held ones come once judged the user's."""
+        for item in self.echo.push(ev):
+            if isinstance(item, EchoVerdict):
+                m = item.match
+                self._put(EchoJudged(utterance=item.utterance, audio_s=item.audio_s, echo=item.echo, text=item.text,
+                                     words=m.words, matched=m.matched, extra=m.extra, delay_s=item.delay_s))
+            else:
+                self._on_asr(item)
 
     def _on_asr(self, ev: AsrEvent) -> None:
         utt, audio_s = ev.utterance, ev.audio_s

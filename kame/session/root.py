@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kame.asr.config import EchoGuardConfig
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S
 from kame.session.pipeline import MAX_QUEUED_FRAMES, Pipeline, Recognizer
 from kame.session.settings import SessionSettings
@@ -42,6 +43,8 @@ class SessionRoot:
     command_timeout_s: float = COMMAND_TIMEOUT_S
     #: Function tools: the MCP servers and the tool loop's bounds (None: no tools).
     tools: ToolCatalog | None = None
+    #: The echo guard's settings (``asr.echo_guard``; None: the defaults).
+    echo_guard: EchoGuardConfig | None = None
 
     @classmethod
     def for_models(
@@ -54,6 +57,7 @@ class SessionRoot:
         recognizer: Recognizer | None,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
         tools: ToolCatalog | None = None,
+        echo_guard: EchoGuardConfig | None = None,
     ) -> SessionRoot:
         """The root for loaded front-end models (their tokenizer and vocabulary): what the server and
         ``kame run`` both build, so that the two compose sessions the same way."""
@@ -69,6 +73,7 @@ class SessionRoot:
             vocab=models.vocab,
             command_timeout_s=command_timeout_s,
             tools=tools,
+            echo_guard=echo_guard,
         )
 
     def pipeline(self, settings: SessionSettings | None = None, *, max_queued_frames: int = MAX_QUEUED_FRAMES) -> Pipeline:
@@ -85,4 +90,5 @@ class SessionRoot:
             timeout_s=self.command_timeout_s,
             max_queued_frames=max_queued_frames,
             tools=self.tools,
+            echo_guard=self.echo_guard,
         )

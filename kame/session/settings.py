@@ -57,6 +57,10 @@ class SessionSettings:
     #: False: the back-end is asked only when the client requests an answer (``create_response: false``); KAME's
     #: requests on partial and final transcripts are off. (Moshi itself still hears everything and may speak.)
     create_response: bool = True
+    #: The echo guard (:mod:`kame.asr.echo_guard`): speech that only repeats what the assistant just said starts
+    #: no turn (None: the server's ``asr.echo_guard.enabled``). For clients that send audio without echo
+    #: cancellation (raw PCM or G.711 on speakers, telephone gateways).
+    echo_guard: bool | None = None
 
     @property
     def client_turns(self) -> bool:

@@ -99,7 +99,10 @@ def parse_session_params(
     raw_llm = (query.get("llm") or "").strip().lower()
     if raw_llm not in ("", "0", "1", "true", "false"):
         raise ParamError("query parameter llm: expected 0 or 1")
-    known = {"text_temperature", "text_topk", "backend", "oracle_policy", "mcp_servers", "llm"}
+    raw_echo = (query.get("echo_guard") or "").strip().lower()
+    if raw_echo not in ("", "0", "1", "true", "false"):
+        raise ParamError("query parameter echo_guard: expected 0 or 1")
+    known = {"text_temperature", "text_topk", "backend", "oracle_policy", "mcp_servers", "llm", "echo_guard"}
     ignored = tuple(sorted(k for k in query if k not in known))
     settings = SessionSettings(
         text_temperature=None if temp in (None, "") else _float("text_temperature", temp, 0.0, 10.0),
@@ -108,5 +111,6 @@ def parse_session_params(
         oracle_policy=policy,  # type: ignore[arg-type]  # checked against oracle_policies above
         mcp_servers=servers,
         llm=raw_llm not in ("0", "false"),
+        echo_guard=None if raw_echo == "" else raw_echo in ("1", "true"),
     )
     return QueryParams(settings=settings, ignored=ignored)

@@ -112,6 +112,13 @@ class ServerMetrics:
             buckets=_ASR_BUCKETS,
             registry=r,
         )
+        self.echo_guard = Counter(
+            "kame_echo_guard_utterances",
+            "Utterances the echo guard held back because the assistant had just spoken, by verdict: echo (they "
+            "only repeated the assistant's words: no user turn, no barge-in) or user (released as the user's turn).",
+            ["verdict"],
+            registry=r,
+        )
 
         self.tool_calls = Counter(
             "kame_tool_calls",
@@ -159,6 +166,8 @@ class ServerMetrics:
         elif isinstance(event, pe.UserPartial):
             if event.latency_s is not None and event.latency_s >= 0:
                 self.asr_partial_latency.observe(float(event.latency_s))
+        elif isinstance(event, pe.EchoJudged):
+            self.echo_guard.labels(verdict="echo" if event.echo else "user").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

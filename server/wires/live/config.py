@@ -44,7 +44,7 @@ DelegationMode = Literal["turn", "speculative"]
 DELEGATION_MODES: tuple[DelegationMode, ...] = ("turn", "speculative")
 VOICE = "moshi"
 MAX_INSTRUCTIONS_CHARS = 65_536  # 16,384 tokens in the contract; characters are checked before any tokenizer runs
-KAME_KEYS = ("delegation", "backchannel_words", "text_temperature", "text_topk", "record")
+KAME_KEYS = ("delegation", "backchannel_words", "text_temperature", "text_topk", "record", "echo_guard")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,8 @@ class LiveServerInfo:
     webrtc: bool = False
     #: A WebRTC session's ``client`` as resolved (:mod:`.channel`), echoed in the session resource.
     client: Mapping[str, Any] | None = None
+    #: Whether sessions start with the echo guard on (``asr.echo_guard.enabled``).
+    default_echo_guard: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class KameLiveSettings:
     text_temperature: float | None = None
     text_topk: int | None = None
     record: bool = False
+    #: The echo guard (None: the server's ``asr.echo_guard.enabled``, or the ``echo_guard`` query parameter).
+    echo_guard: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -288,6 +292,11 @@ def _kame(value: Any, current: KameLiveSettings, info: LiveServerInfo, event_id:
             changes[key] = None if v is None else _number(v, param, 0.0, 10.0, event_id)
         elif key == "text_topk":
             changes[key] = None if v is None else _integer(v, param, 1, 100_000, event_id)
+        elif key == "echo_guard":
+            if v is not None and not isinstance(v, bool):
+                raise LiveError("invalid_value", f"{param} must be true, false or null", param=param,
+                                client_event_id=event_id)
+            changes[key] = v
         elif key == "record":
             if not isinstance(v, bool):
                 raise LiveError("invalid_value", f"{param} must be true or false", param=param, client_event_id=event_id)
@@ -458,6 +467,7 @@ def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]
             "text_temperature": config.kame.text_temperature,
             "text_topk": config.kame.text_topk,
             "record": config.kame.record,
+            "echo_guard": info.default_echo_guard if config.kame.echo_guard is None else config.kame.echo_guard,
             "server": {
                 "session_id": info.session_id,
                 "model": info.model,

@@ -94,7 +94,7 @@ MAX_MESSAGES_PER_S = 1000
 def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSettings:
     """The session settings a Live session runs with: no LLM, the extension's sampling and recording."""
     return replace(base, llm=False, text_temperature=kame.text_temperature, text_topk=kame.text_topk,
-                   record=kame.record)
+                   record=kame.record, echo_guard=base.echo_guard if kame.echo_guard is None else kame.echo_guard)
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,10 @@ class LiveEndpointWire(Wire):
             return [KameEvent("kame.asr.error", {"message": _client_safe(event.message or "speech recognition failed")})]
         if isinstance(event, pe.OracleCleared):
             return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
+        if isinstance(event, pe.EchoJudged):
+            return [KameEvent("kame.echo_guard.verdict", {
+                "echo": event.echo, "text": event.text, "words": event.words, "matched": event.matched,
+                "extra": event.extra, "delay_s": event.delay_s, "audio_s": round(event.audio_s, 3)})]
         return []
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
@@ -318,4 +322,5 @@ def server_info(session_id: str, model: str, cfg: Any, admitted_at: float) -> Li
         default_backchannel_words=getattr(cfg.oracle, "tool_backchannel_words", 3),
         usage_interval_s=cfg.server.live_usage_interval_s,
         admitted_at=admitted_at,
+        default_echo_guard=cfg.asr.echo_guard.enabled,
     )

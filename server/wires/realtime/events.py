@@ -273,6 +273,7 @@ KAME_EVENTS: dict[type[PipelineEvent], tuple[str, tuple[str, ...]]] = {
     pe.OracleReset: ("kame.oracle.reset", ("request_id", "text", "tokens")),
     pe.OracleText: ("kame.oracle.text", ("request_id", "text", "tokens")),
     pe.OracleCleared: ("kame.oracle.cleared", ("reason",)),
+    pe.EchoJudged: ("kame.echo_guard.verdict", ("echo", "text", "words", "matched", "extra", "delay_s", "audio_s")),
 }
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)

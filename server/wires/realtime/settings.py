@@ -38,6 +38,7 @@ KAME_KEYS = (
     "mcp_servers",
     "llm",
     "events",
+    "echo_guard",
 )
 BETA_AUDIO_FORMATS = ("pcm16",)
 
@@ -67,6 +68,8 @@ class ServerInfo:
     mcp_servers: Sequence[str] = ()
     #: Longest ``function_call_output`` accepted (characters).
     max_function_output_chars: int = MAX_OUTPUT_CHARS
+    #: Whether sessions start with the echo guard on (``asr.echo_guard.enabled``).
+    default_echo_guard: bool = False
 
 
 # --------------------------------------------------------------------------- validation
@@ -274,6 +277,10 @@ def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
             out[key] = None if value is None else _number(value, param, 0.0, 10.0)
         elif key == "text_topk":
             out[key] = None if value is None else _integer(value, param, 1, 100_000)
+        elif key == "echo_guard":
+            if value is not None and not isinstance(value, bool):
+                raise ClientError("invalid_value", f"{param} must be true, false or null", param=param)
+            out[key] = value
         elif key in ("record", "silence_audio", "llm"):
             if not isinstance(value, bool):
                 raise ClientError("invalid_value", f"{param} must be true or false", param=param)
@@ -338,6 +345,7 @@ def session_object(settings: SessionSettings, info: ServerInfo, *, kame_events: 
             "text_topk": settings.text_topk,
             "silence_audio": settings.silence_audio,
             "llm": settings.llm,
+            "echo_guard": info.default_echo_guard if settings.echo_guard is None else settings.echo_guard,
             "mcp_servers": None if settings.mcp_servers is None else list(settings.mcp_servers),
             "events": kame_events,
             "server": {

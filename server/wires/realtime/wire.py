@@ -433,4 +433,5 @@ def server_info(
         tools_backends=tuple(tools_backends or ()),
         mcp_servers=tuple(mcp_servers or ()),
         max_function_output_chars=cfg.tools.max_client_output_chars,
+        default_echo_guard=cfg.asr.echo_guard.enabled,
     )
