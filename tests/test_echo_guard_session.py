@@ -54,7 +54,7 @@ async def _session(interrupt: bool) -> tuple[list[PipelineEvent], EchoPath]:
     echo = EchoPath(delay_s=0.3, gain_db=-12.0)
     mic = _mic(LENGTH_S)
     events: list[PipelineEvent] = []
-    pipeline = ScriptedPipeline(script, recognizer=recognizer, settings=SessionSettings(interrupt_response=interrupt))
+    pipeline = ScriptedPipeline(script, recognizer=recognizer, settings=SessionSettings(interrupt_response=interrupt, echo_guard=True))
 
     async def client() -> None:  # plays what it receives: the echo path hears it
         async for ev in pipeline.events():
