@@ -279,6 +279,9 @@ def test_realtime(server: GoldenServer, script: None, llm: LlmServer) -> None:
             await s.send({"type": "conversation.item.create", "event_id": "out-1",
                           "item": {"type": "function_call_output", "call_id": call["call_id"],
                                    "output": json.dumps({"sky": "sunny", "temp_c": 21})}})
+            # the tool loop reports the call finished from its own task, so a response.create sent at once
+            # races it (CI saw both orders): the scenario waits for it, to be one log
+            await s.until(lambda m: m.get("type") == "kame.tool.call_finished")
             await s.send({"type": "response.create", "event_id": "create-2", "response": {"metadata": {"step": "answer"}}})
             await s.until(lambda m: m.get("type") == "kame.backend.done" and "sunny" in m.get("text", ""))
             return s
