@@ -202,6 +202,54 @@ def mic(server_url: str, wav: Path, *extra: str) -> subprocess.Popen[str]:
     )
 
 
+class MicOutput:
+    """A running ``kame mic``'s stdout, read as it comes (a thread), so a test can wait for a line
+    (a refusal, a connection) instead of sleeping a guessed time: on a loaded machine the mic's own
+    start can take longer than any fixed sleep."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        import threading
+
+        self.process = process
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        # stderr drained too, so a chatty mic never blocks on a full pipe
+        self._err_reader = threading.Thread(target=lambda: self.err.extend(process.stderr or []), daemon=True)
+        self._err_reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def text(self) -> str:
+        with self._changed:
+            return "".join(self.lines)
+
+    def wait_for(self, needle: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while needle not in "".join(self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0 or (not self._reader.is_alive() and needle not in "".join(self.lines)):
+                    raise AssertionError(f"kame mic did not print {needle!r} in {timeout} s: {''.join(self.lines)[-2000:]}")
+                self._changed.wait(min(left, 0.5))
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        """Wait for the mic to exit: its return code, all its stdout and its stderr."""
+        self.process.wait(timeout)
+        self._reader.join(timeout)
+        self._err_reader.join(timeout)
+        return self.process.returncode, self.text(), "".join(self.err)
+
+
 def test_kame_mic_retries_a_full_fleet_and_a_full_replica(
     fleet: tuple[HAProxy, list[ServerProcess]], question_wav: Path
 ) -> None:
@@ -214,14 +262,18 @@ def test_kame_mic_retries_a_full_fleet_and_a_full_replica(
         holders = [await open_session(r.ws_url) for r in replicas for _ in range(SLOTS)]
         assert all(h is not None for h in holders)
         await asyncio.to_thread(lambda: [lb.wait_status(f"kame{i + 1}", "DOWN", 5.0) for i in range(REPLICAS)])
-        via_lb = mic(lb.http_url, question_wav)
-        direct = mic(replicas[2].http_url, question_wav)
-        await asyncio.sleep(2.5)  # both are refused and retry meanwhile
-        await close_all(holders[:1] + holders[-1:])  # one slot on kame1, one on kame3
-        outs = []
-        for p in (via_lb, direct):
-            out, err = await asyncio.to_thread(p.communicate, timeout=60)
-            outs.append((p.returncode, out, err))
+        via_lb = MicOutput(mic(lb.http_url, question_wav))
+        direct = MicOutput(mic(replicas[2].http_url, question_wav))
+        # both are refused and retry (waited for: a fixed sleep let a slow-starting mic make its first
+        # try after the slots were freed, and meet a replica the other mic had just filled)
+        await asyncio.to_thread(via_lb.wait_for, "reconnecting in", 30)
+        await asyncio.to_thread(direct.wait_for, "reconnecting in", 30)
+        # one slot on kame1 first: HAProxy can only send the mic there (its maxconn does not count the
+        # sessions made around it), then one on kame3 for the direct mic
+        await close_all(holders[:1])
+        await asyncio.to_thread(via_lb.wait_for, "connected (moshi)", 30)
+        await close_all(holders[-1:])
+        outs = [await asyncio.to_thread(m.finish, 60) for m in (via_lb, direct)]
         await close_all(holders[1:-1])
         return outs[0], outs[1]
 
