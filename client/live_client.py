@@ -24,17 +24,17 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import soxr
 
-from kame.client.stats import FRAME, RATE, AudioSessionBase, StreamStats
+from kame.client.event_session import Event, EventSession
+from kame.client.stats import FRAME, RATE, StreamStats
 from kame.pcm import float_to_g711, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
 
-Event = dict[str, Any]
 AUDIO_EVENT = "session.output_audio.delta"
 
 
@@ -100,7 +100,7 @@ def _as_dict(event: Any) -> Event:
     return dict(getattr(event, "__dict__", {}))
 
 
-class LiveClient(AudioSessionBase):
+class LiveClient(EventSession):
     """One ``/v1/live/sessions`` session seen from an application using the official SDK."""
 
     stats: LiveStats
@@ -112,16 +112,11 @@ class LiveClient(AudioSessionBase):
         self.ws = conn
         self.keep_audio = keep_audio
         self.stats = LiveStats(connected_t=time.monotonic())
-        self.events: list[tuple[float, Event]] = []  # every event but audio, in order
-        self.pcm_chunks: list[np.ndarray] = []
+        self._init_events()
         self.session: dict[str, Any] | None = None
-        self.closed = asyncio.Event()
-        self.close_code: int | None = None
-        self.close_reason = ""
         self.codec = _Codec({"type": "audio/pcm", "rate": RATE})
         self.audio_bytes = 0
         self._received_24k = 0.0
-        self._changed = asyncio.Event()
         self._recv_task = asyncio.create_task(self._receive())
 
     @classmethod
@@ -177,39 +172,9 @@ class LiveClient(AudioSessionBase):
             self.stats.frame_arrivals.append(now)
 
     # ------------------------------------------------------------------ queries
-    def of_type(self, *types: str) -> list[Event]:
-        return [e for _, e in self.events if e.get("type") in types]
-
-    @property
-    def errors(self) -> list[Event]:
-        return self.of_type("error")
-
     def transcript(self, role: str = "user") -> str:
         kind = "session.input_transcript.delta" if role == "user" else "session.output_transcript.delta"
         return "".join(str(e.get("delta", "")) for e in self.of_type(kind))
-
-    def received_pcm(self) -> np.ndarray:
-        """The assistant's audio, back at 24 kHz."""
-        return np.concatenate(self.pcm_chunks) if self.pcm_chunks else np.zeros(0, np.float32)
-
-    async def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 10.0, *, start: int = 0) -> Event | None:
-        deadline = time.monotonic() + timeout
-        i = start
-        while True:
-            while i < len(self.events):
-                event = self.events[i][1]
-                i += 1
-                if predicate(event):
-                    return event
-            left = deadline - time.monotonic()
-            if left <= 0 or self.closed.is_set():
-                return None
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-
-    async def wait_for_type(self, etype: str, timeout: float = 10.0, *, start: int = 0) -> Event | None:
-        return await self.wait_for(lambda e: e.get("type") == etype, timeout, start=start)
 
     # ------------------------------------------------------------------ sending
     async def start(self, session: Mapping[str, Any], *, timeout: float = 30.0, event_id: str | None = None) -> Event | None:

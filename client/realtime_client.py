@@ -22,23 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
 
-from kame.client.stats import FRAME, FRAME_S, RATE, AudioSessionBase, StreamStats, percentile  # noqa: F401  (re-exported)
+from kame.client.event_session import Event, EventSession
+from kame.client.stats import FRAME, FRAME_S, RATE, StreamStats, percentile  # noqa: F401  (re-exported)
 from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
-Event = dict[str, Any]
 
 
 def pcm16_b64(pcm: np.ndarray) -> str:
@@ -64,7 +63,7 @@ class RealtimeStats(StreamStats):
         return self.created_t
 
 
-class RealtimeClient(AudioSessionBase):
+class RealtimeClient(EventSession):
     """One ``/v1/realtime`` session seen from the client side."""
 
     DEFAULT_CHUNK = 480  # 20 ms appends, like a browser
@@ -74,13 +73,8 @@ class RealtimeClient(AudioSessionBase):
         self.ws = ws
         self.keep_audio = keep_audio
         self.stats = RealtimeStats(connected_t=time.monotonic())
-        self.events: list[tuple[float, Event]] = []  # every non-audio event, in order
-        self.pcm_chunks: list[np.ndarray] = []
+        self._init_events()
         self.session: dict[str, Any] | None = None
-        self.closed = asyncio.Event()
-        self.close_code: int | None = None
-        self.close_reason = ""
-        self._changed = asyncio.Event()
         self._pending = 0
         self._recv_task = asyncio.create_task(self._receive())
 
@@ -180,48 +174,12 @@ class RealtimeClient(AudioSessionBase):
             self.stats.frame_arrivals.append(now)
 
     # ------------------------------------------------------------------ queries
-    def of_type(self, *types: str) -> list[Event]:
-        return [e for _, e in self.events if e.get("type") in types]
-
-    @property
-    def errors(self) -> list[Event]:
-        return self.of_type("error")
-
     def user_transcripts(self) -> list[str]:
         return [str(e.get("transcript", "")) for e in self.of_type("conversation.item.input_audio_transcription.completed")]
 
     def assistant_transcripts(self) -> list[str]:
         return [str(e.get("transcript", "")) for e in self.of_type("response.output_audio_transcript.done")]
 
-    def received_pcm(self) -> np.ndarray:
-        return np.concatenate(self.pcm_chunks) if self.pcm_chunks else np.zeros(0, np.float32)
-
-    async def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 10.0, *, start: int = 0) -> Event | None:
-        """The first event (from index ``start`` of :attr:`events`) matching ``predicate``; None on timeout/close."""
-        deadline = time.monotonic() + timeout
-        i = start
-        while True:
-            while i < len(self.events):
-                event = self.events[i][1]
-                i += 1
-                if predicate(event):
-                    return event
-            left = deadline - time.monotonic()
-            if left <= 0 or self.closed.is_set():
-                return None
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-
-    async def wait_for_type(self, etype: str, timeout: float = 10.0, *, start: int = 0) -> Event | None:
-        return await self.wait_for(lambda e: e.get("type") == etype, timeout, start=start)
-
-    async def wait_closed(self, timeout: float = 10.0) -> tuple[int | None, str]:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.closed.wait(), timeout)
-        return self.close_code, self.close_reason
-
-    # ------------------------------------------------------------------ sending
     async def send_raw(self, data: str | bytes) -> bool:
         from websockets.exceptions import ConnectionClosed
 
