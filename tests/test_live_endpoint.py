@@ -15,6 +15,7 @@ import pytest
 from starlette import status
 
 from kame.oracle.config import OracleConfig
+from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AnswerIn, AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn
 from kame.server.wires.live.config import LiveServerInfo
@@ -101,14 +102,22 @@ def test_errors_are_faults_and_too_many_end_the_session(encode: Callable[[str], 
     (fault,) = wire.decode(msg({"type": "decision.create", "event_id": "d"}), 11.0)
     assert isinstance(fault, Fault) and fault.code == "unsupported_event" and fault.end is None
     assert sent(list(fault.reply))[0]["error"]["client_event_id"] == "d"
+    # the budget and the rate are the runtime's (ClientLimits, with the numbers the wire declares)
+    limits = ClientLimits(wire.protocol, wire.max_messages_per_s, wire.max_client_errors)
+    assert limits.refused(fault) is fault
     last = None
-    for i in range(MAX_CLIENT_ERRORS):
-        (last,) = wire.decode(msg({"type": "nope"}), 12.0 + i * 0.01)
+    for i in range(MAX_CLIENT_ERRORS - 1):
+        (refused,) = wire.decode(msg({"type": "nope"}), 12.0 + i * 0.01)
+        assert isinstance(refused, Fault)
+        last = limits.refused(refused)
     assert isinstance(last, Fault) and last.end is not None and last.end.error_code == "too_many_errors"
-    storm = LiveEndpointWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
-    results = [storm.decode(msg({"type": "session.close"}), 5.0) for _ in range(1001)]
-    assert isinstance(results[-1][0], Fault) and results[-1][0].end is not None
-    assert results[-1][0].end.error_code == "rate_limited"
+    assert last.kind == "live" and not last.reply
+    storm = ClientLimits(wire.protocol, wire.max_messages_per_s, wire.max_client_errors)
+    results = [storm.message(5.0) for _ in range(1001)]
+    assert results[:1000] == [None] * 1000 and storm.message(6.0) is None  # a new window
+    over = results[-1]
+    assert isinstance(over, Fault) and over.end is not None and over.kind == "live_rate"
+    assert over.end.error_code == "rate_limited"
 
 
 def test_frames_and_transcripts(encode: Callable[[str], list[int]]) -> None:

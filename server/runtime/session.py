@@ -36,6 +36,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from kame.frontend.engine_thread import EngineFailed, EngineFull
 from kame.media import FRAME_S
+from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd, close_reason, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer
 from kame.server.runtime.send import SendQueue
@@ -122,6 +123,7 @@ class SessionRuntime:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.started = self.last_audio = now
         self.faults = 0
+        self.limits = ClientLimits(wire.protocol, wire.max_messages_per_s, wire.max_client_errors)
         self.frames_in = 0
         self.frames_out = 0
         self.frames_dropped = 0
@@ -313,7 +315,9 @@ class SessionRuntime:
             if message["type"] == "websocket.disconnect":
                 self.end("client_closed", None)
                 return
-            for command in self.wire.decode(message, time.monotonic()):
+            now = time.monotonic()
+            over = self.limits.message(now)
+            for command in [over] if over is not None else self.wire.decode(message, now):
                 await self._apply(command)
                 if self.ended is not None:
                     return
@@ -366,6 +370,7 @@ class SessionRuntime:
         self.metrics.oracle_tokens.inc(len(command.ids) + 1)
 
     def _fault(self, fault: Fault) -> None:
+        fault = self.limits.refused(fault)
         self.faults += 1
         self.metrics.protocol_errors.labels(kind=fault.kind).inc()
         if fault.code is not None and self.pmetrics is not None:
@@ -401,11 +406,12 @@ class SessionRuntime:
         elif pushed.overflow_started:
             self.log.warning("client sends audio faster than real time: dropping what is ahead by more than %.1f s",
                              self.input_buffer_s + self.cfg.input_burst_s)
-            for follow in self.wire.audio_overflow(self.input_buffer_s, command.event_id):
-                if isinstance(follow, Fault):
-                    self._fault(follow)
-                elif isinstance(follow, Reply):
-                    self._queue(list(follow.messages))
+            refusal = self.wire.client_error(
+                "input_audio_buffer_overflow",
+                f"audio arrived more than {self.input_buffer_s:g} s ahead of real time; the excess was dropped "
+                "(send audio at real time)", command.event_id)
+            if refusal is not None:
+                self._fault(refusal)
 
     def _feed(self, frame: np.ndarray) -> None:
         if self.pipeline is None:

@@ -148,6 +148,11 @@ class Wire:
 
     #: Metrics label and log field (``chat``, ``realtime``, ...).
     protocol: str
+    #: Client messages in one second beyond which the runtime closes the session (1008); None: no limit.
+    max_messages_per_s: int | None = None
+    #: Refused client events (:class:`Fault` with a ``code``) after which the runtime closes instead of
+    #: answering (1008); None: no budget. Both counted by :mod:`kame.server.runtime.client_limits`.
+    max_client_errors: int | None = None
 
     def opening(self, settings: SessionSettings) -> list[Outgoing]:
         """What the client gets once its pipeline is ready (handshake, ``session.created``)."""
@@ -189,9 +194,11 @@ class Wire:
         """No call waits for that output (unknown, answered, or timed out)."""
         return []
 
-    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
-        """Audio arrived so far ahead of real time that some was dropped (the first time in a row)."""
-        return []
+    def client_error(self, code: str, message: str, event_id: str | None) -> Fault | None:
+        """A refusal the runtime makes itself (audio sent too far ahead of real time), as this protocol's
+        error: a :class:`Fault` whose reply is the protocol's ``error`` event; None where the protocol has
+        no error event (Moshi's)."""
+        return None
 
     def reset_starting(self) -> list[Outgoing]:
         """Before a reset: close what is open."""

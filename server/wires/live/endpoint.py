@@ -85,9 +85,9 @@ decode.warm_up()  # the SDK validators are built when the server starts, not dur
 
 PROTOCOL = "live"
 PATH = "/v1/live/sessions"
-#: Errors caused by a client's events before it is closed (1008), as on /v1/realtime.
+#: Errors caused by a client's events before it is closed (1008), as on /v1/realtime (counted by the runtime).
 MAX_CLIENT_ERRORS = 50
-#: Messages per second (any kind) beyond which a client is closed (1008).
+#: Messages per second (any kind) beyond which a client is closed (1008; counted by the runtime).
 MAX_MESSAGES_PER_S = 1000
 
 
@@ -113,6 +113,8 @@ class LiveEndpointWire(Wire):
     """One ``/v1/live/sessions`` session's protocol state, as the runtime sees it."""
 
     protocol = PROTOCOL
+    max_messages_per_s = MAX_MESSAGES_PER_S
+    max_client_errors = MAX_CLIENT_ERRORS
 
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
                  oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
@@ -140,9 +142,6 @@ class LiveEndpointWire(Wire):
         self.live = LiveWire(info, encode=encode, oracle_config=oracle_config, ids=Ids(info.session_id[:8]),
                              frame_size=frame_size, responses=hooks)
         self.encoder = LiveEncoder(self.live.ids)
-        self._rate_window = -1e9
-        self._rate_count = 0
-        self.client_errors = 0
         self._now = 0.0
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
@@ -179,15 +178,6 @@ class LiveEndpointWire(Wire):
 
     def decode(self, message: Message, now: float) -> list[Command]:
         self._now = max(self._now, now)
-        if now - self._rate_window >= 1.0:
-            self._rate_window = now
-            self._rate_count = 0
-        self._rate_count += 1
-        if self._rate_count > MAX_MESSAGES_PER_S:
-            error = f"more than {MAX_MESSAGES_PER_S} messages in one second"
-            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many messages", error, "rate_limited",
-                             "invalid_request_error")
-            return [Fault(kind="live_rate", message=error, end=end)]
         text = message.get("text")
         payload: str | bytes | None = text if text is not None else message.get("bytes")
         out = self.live.message(payload, now)
@@ -214,12 +204,6 @@ class LiveEndpointWire(Wire):
         return commands
 
     def _client_error(self, exc: LiveError) -> Fault:
-        self.client_errors += 1
-        if self.client_errors >= MAX_CLIENT_ERRORS:
-            error = f"{self.client_errors} invalid client events; last: {exc.message}"
-            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many invalid events", error, "too_many_errors",
-                             "invalid_request_error")
-            return Fault(kind="live", message=error, code=exc.code, end=end)
         return Fault(kind="live", message=exc.message, code=exc.code, reply=self._out([exc.event()]))
 
     def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
@@ -239,13 +223,8 @@ class LiveEndpointWire(Wire):
         commands.append(self._client_error(error))
         return commands
 
-    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
-        error = LiveError(
-            "input_audio_buffer_overflow",
-            f"audio arrived more than {buffer_s:g} s ahead of real time; the excess was dropped (send audio at real time)",
-            client_event_id=event_id,
-        )
-        return [self._client_error(error)]
+    def client_error(self, code: str, message: str, event_id: str | None) -> Fault:
+        return self._client_error(LiveError(code, message, client_event_id=event_id))
 
     # ------------------------------------------------------------------ server -> client
     def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:

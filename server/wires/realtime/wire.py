@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from starlette import status
-
 from kame.media import FRAME_SIZE
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
@@ -64,9 +62,9 @@ if TYPE_CHECKING:
 
 PROTOCOL = "realtime"
 PATH = "/v1/realtime"
-#: Errors caused by a client's events before it is closed (1008).
+#: Errors caused by a client's events before it is closed (1008; counted by the runtime).
 MAX_CLIENT_ERRORS = 50
-#: Messages per second (any kind) beyond which a client is closed (1008).
+#: Messages per second (any kind) beyond which a client is closed (1008; counted by the runtime).
 MAX_MESSAGES_PER_S = 1000
 #: One output frame (what ``audio_end_ms`` of a truncate counts in).
 FRAME_MS = 80
@@ -77,6 +75,8 @@ class RealtimeWire(Wire):
     """One ``/v1/realtime`` session's protocol state: ids, the conversation, open turns, settings."""
 
     protocol = PROTOCOL
+    max_messages_per_s = MAX_MESSAGES_PER_S
+    max_client_errors = MAX_CLIENT_ERRORS
 
     def __init__(self, info: ServerInfo, settings: SessionSettings, frame_size: int = FRAME_SIZE,
                  vocab: TextVocab = MOSHI_VOCAB, kame_events: bool = False) -> None:
@@ -89,9 +89,6 @@ class RealtimeWire(Wire):
         self.ids = Ids(info.session_id[:8])
         self.encoder = EventEncoder(self.ids)
         self._pcm_in = Pcm16In(frame_size)
-        self._rate_window = -1e9
-        self._rate_count = 0
-        self.client_errors = 0
         #: function outputs accepted since the last response.create (which then has something to continue)
         self._outputs_pending_create = 0
         self._new_conversation()
@@ -126,15 +123,6 @@ class RealtimeWire(Wire):
         return self._out([{"type": "session.created", "session": session}])
 
     def decode(self, message: Message, now: float) -> list[Command]:
-        if now - self._rate_window >= 1.0:
-            self._rate_window = now
-            self._rate_count = 0
-        self._rate_count += 1
-        if self._rate_count > MAX_MESSAGES_PER_S:
-            error = f"more than {MAX_MESSAGES_PER_S} messages in one second"
-            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many messages", error, "rate_limited",
-                             "invalid_request_error")
-            return [Fault(kind="realtime_rate", message=error, end=end)]
         text = message.get("text")
         payload: str | bytes | None = text if text is not None else message.get("bytes")
         try:
@@ -272,12 +260,6 @@ class RealtimeWire(Wire):
         return [reply, ConversationIn(sc.ForgetSpeech(heard, spoken.end_step))]
 
     def _client_error(self, exc: ClientError) -> Fault:
-        self.client_errors += 1
-        if self.client_errors >= MAX_CLIENT_ERRORS:
-            error = f"{self.client_errors} invalid client events; last: {exc.message}"
-            end = SessionEnd("protocol", status.WS_1008_POLICY_VIOLATION, "too many invalid events", error, "too_many_errors",
-                             "invalid_request_error")
-            return Fault(kind="realtime", message=error, code=exc.code, end=end)
         return Fault(kind="realtime", message=exc.message, code=exc.code, reply=self._out([exc.to_event()]))
 
     def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
@@ -304,13 +286,8 @@ class RealtimeWire(Wire):
         error = ClientError("unknown_call_id", ev.client_safe(message), param="item.call_id", event_id=command.event_id)
         return [self._client_error(error)]
 
-    def audio_overflow(self, buffer_s: float, event_id: str | None) -> list[Command]:
-        error = ClientError(
-            "input_audio_buffer_overflow",
-            f"audio arrived more than {buffer_s:g} s ahead of real time; the excess was dropped (send audio at real time)",
-            event_id=event_id,
-        )
-        return [self._client_error(error)]
+    def client_error(self, code: str, message: str, event_id: str | None) -> Fault:
+        return self._client_error(ClientError(code, message, event_id=event_id))
 
     def reset_starting(self) -> list[Outgoing]:
         return self._out(self.assistant.close("incomplete"))
