@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kame.backend.speculation import ToolCallEvent
-from kame.backend.tools import ToolOutcome
+from kame.backend.tools import ToolCallAssembler, ToolOutcome
 from kame.server.wires.live.responses_config import FunctionSpec, ResponsesDelegationSettings, ResponsesError
 from kame.server.wires.live.responses_conversation import (
     BackendTurn,
@@ -66,22 +66,6 @@ log = logging.getLogger(__name__)
 DEFAULT_FUNCTION_TIMEOUT_S = 30.0
 DEFAULT_MAX_ROUNDS = 4
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
-
-
-class ToolCallPiece(Protocol):
-    """A streamed piece of a function call (chat-completions ``tool_calls`` delta)."""
-
-    @property
-    def index(self) -> int: ...
-
-    @property
-    def id(self) -> str | None: ...
-
-    @property
-    def name(self) -> str | None: ...
-
-    @property
-    def arguments(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -131,7 +115,7 @@ class RoundRequest:
     model: str | None
 
 
-#: Streams one round: text chunks (``str``), :class:`ToolCallPiece` items, optionally a final :class:`RoundEnd`.
+#: Streams one round: text chunks (``str``), :class:`~kame.backend.tools.ToolCallDelta` items, optionally a final :class:`RoundEnd`.
 RoundSource = Callable[[RoundRequest], AsyncIterator[Any]]
 
 
@@ -485,9 +469,7 @@ class ResponsesDelegator:
         )
         self._emit(delegation_id, stream.start())
         offered = {f.name for f in client}
-        names: dict[int, str] = {}
-        args: dict[int, list[str]] = {}
-        order: list[int] = []
+        assembler = ToolCallAssembler(single=not settings.parallel_tool_calls)
         end = RoundEnd()
         try:
             gen = self._source(request)
@@ -504,7 +486,7 @@ class ResponsesDelegator:
                         if item.tools_notice:
                             self._info("kame.tools_refused", item.tools_notice)
                     else:
-                        self._piece(item, names, args, order, settings.parallel_tool_calls)
+                        assembler.add(item)
             finally:
                 await _aclose(gen)
         except asyncio.CancelledError:
@@ -521,9 +503,8 @@ class ResponsesDelegator:
         # A round cut short leaves them open: they close ``incomplete`` and no client runs them.
         internal.clear()
         mine: list[tuple[ServerTool, CallRecord]] = []
-        for index in order:
-            name = names.get(index, "")
-            arguments = "".join(args.get(index, [])) or "{}"
+        for index, call in enumerate(assembler.calls()):
+            name, arguments = call.name, call.arguments
             if name in by_name:
                 if reason is None:
                     mine.append((by_name[name], CallRecord(self._ids("call"), name, arguments)))
@@ -536,7 +517,7 @@ class ResponsesDelegator:
                 log.info("responses delegation %s: refused a call of %r (not offered)", delegation_id, name)
                 continue
             self._emit(delegation_id, stream.call_begin(index, None, name))
-            self._emit(delegation_id, stream.call_arguments(index, "".join(args.get(index, [])) or "{}"))
+            self._emit(delegation_id, stream.call_arguments(index, arguments))
             if reason is None:
                 self._emit(delegation_id, stream.call_end(index))
                 self._tool_started(stream.call_id_of(index), name, "client_function")
@@ -595,25 +576,6 @@ class ResponsesDelegator:
                 delegation_id, stream.mcp_call_end(item_id, output=text if ok else None, error=None if ok else text)
             )
             internal.append((record, text if ok else f"Error: {text}"))
-
-    def _piece(
-        self,
-        piece: ToolCallPiece,
-        names: dict[int, str],
-        args: dict[int, list[str]],
-        order: list[int],
-        parallel: bool,
-    ) -> None:
-        index = piece.index
-        if index not in args:
-            if order and not parallel:
-                return  # parallel_tool_calls false: only the first call counts
-            order.append(index)
-            args[index] = []
-        if piece.name and names.get(index) != piece.name:
-            names[index] = names.get(index, "") + piece.name
-        if piece.arguments:
-            args[index].append(piece.arguments)
 
     async def _await_client(self, delegation_id: str, calls: dict[str, str], answered: set[str]) -> None:
         """Wait for every output and ``response.create``; past the timeout, go on without them."""
