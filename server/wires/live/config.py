@@ -30,15 +30,8 @@ from kame.server.wires.live.audio import (
 )
 from kame.server.wires.live.decode import sdk_validate
 from kame.server.wires.live.events import Info, LiveError
-from kame.server.wires.live.responses_config import (
-    IGNORED_FIELDS,
-    BackendCatalog,
-    DelegationConfigError,
-    ResponsesDelegationSettings,
-    model_notice,
-    parse_responses_config,
-    update_responses_config,
-)
+from kame.server.wires.live.responses_config import IGNORED_FIELDS, model_notice, parse_responses_config, update_responses_config
+from kame.session.responses.settings import BackendCatalog, DelegationConfigError, ResponsesDelegationSettings
 
 DelegationMode = Literal["turn", "speculative"]
 DELEGATION_MODES: tuple[DelegationMode, ...] = ("turn", "speculative")

@@ -62,16 +62,16 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
-from kame.server.wires.live.responses_backend import McpServerTools, mcp_catalog, registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.responses_run import (
+from kame.server.wires.live.wire import LiveWire
+from kame.server.wires.realtime.events import client_safe
+from kame.session import events as pe
+from kame.session.responses.backend import McpServerTools, mcp_catalog, registry_catalog, registry_source
+from kame.session.responses.delegations import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,
 )
-from kame.server.wires.live.wire import LiveWire
-from kame.server.wires.realtime.events import client_safe
-from kame.session import events as pe
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:

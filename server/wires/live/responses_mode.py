@@ -1,7 +1,7 @@
 """A Live session in Responses delegation: what :class:`~.wire.LiveWire` adds for it.
 
 With ``delegation.type: "responses"`` kame's own back-end answers each
-delegation (:mod:`.responses_run`), with the client's functions; the
+delegation (:mod:`kame.session.responses.delegations`), with the client's functions; the
 client only runs function calls. This module joins that driver to the
 wire:
 
@@ -39,9 +39,8 @@ from kame.oracle.word_tokenizer import WordStreamTokenizer
 from kame.server.wires.live.commentary import OracleAnswer, commentary_answer
 from kame.server.wires.live.delegation import DelegationBook
 from kame.server.wires.live.events import Info, KameEvent, LiveError, LiveEvent, ResponseEventOut
-from kame.server.wires.live.responses_config import ResponsesDelegationSettings, ResponsesError
-from kame.server.wires.live.responses_conversation import ClientMessage, ConversationLog, Note, UserSpeech
-from kame.server.wires.live.responses_run import (
+from kame.session.responses.conversation import ClientMessage, ConversationLog, Note, UserSpeech
+from kame.session.responses.delegations import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,
@@ -53,8 +52,9 @@ from kame.server.wires.live.responses_run import (
     ServerTools,
     TextOut,
 )
-from kame.server.wires.live.responses_speculation import Speculator
-from kame.server.wires.live.responses_stream import Event, new_id
+from kame.session.responses.settings import ResponsesDelegationSettings, ResponsesError
+from kame.session.responses.speculation import Speculator
+from kame.session.responses.stream import Event, new_id
 
 Encode = Callable[[str], Sequence[int]]
 _SPEAKERS: dict[str, Literal["user", "assistant"]] = {"user": "user", "assistant": "assistant"}
@@ -64,7 +64,7 @@ _SPEAKERS: dict[str, Literal["user", "assistant"]] = {"user": "user", "assistant
 class ResponsesHooks:
     """What the runtime gives a Live session that uses Responses delegation."""
 
-    source: RoundSource  #: the back-end rounds (:func:`.responses_backend.registry_source`)
+    source: RoundSource  #: the back-end rounds (:func:`kame.session.responses.backend.registry_source`)
     send: Callable[[LiveEvent], None]  #: queue an event for the client (see the module docstring)
     answer: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
     #: Run a delegation or a speculative request (the runtime's task factory; default: a loop task).
@@ -72,9 +72,9 @@ class ResponsesHooks:
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
     max_rounds: int = DEFAULT_MAX_ROUNDS
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: longest function_call_output accepted
-    #: Operator-configured MCP tools kame runs itself (:class:`.responses_backend.McpServerTools`).
+    #: Operator-configured MCP tools kame runs itself (:class:`kame.session.responses.backend.McpServerTools`).
     server_tools: ServerTools | None = None
-    #: Ask the back-end on the growing transcript too (:mod:`.responses_speculation`), as KAME does.
+    #: Ask the back-end on the growing transcript too (:mod:`kame.session.responses.speculation`), as KAME does.
     speculate: bool = True
     #: Append token ids to the oracle sequence started by ``answer``: with it, a round's text reaches
     #: Moshi word by word as it streams; without it, whole at the round's end.

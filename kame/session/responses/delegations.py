@@ -6,7 +6,7 @@ turn, or a client's ``response.create``); it runs as rounds:
 
 1. a round is one back-end request (chat completions with the client's
    functions), streamed to the client as one response
-   (:class:`~kame.server.wires.live.responses_stream.ResponseStream`) and
+   (:class:`~kame.session.responses.stream.ResponseStream`) and
    its text handed to the oracle as it arrives;
 2. a round that called functions ends ``completed`` with them; the client
    runs them and answers with ``response.item.create``
@@ -15,7 +15,7 @@ turn, or a client's ``response.create``); it runs as rounds:
 3. a round without calls ends the delegation.
 
 Delegations run one at a time, in order, on the session's one back-end
-conversation (:class:`~kame.server.wires.live.responses_conversation.ConversationLog`),
+conversation (:class:`~kame.session.responses.conversation.ConversationLog`),
 so a second question waits for the first answer and sees it, as Pipecat's
 client delegation does. Failures end the response and leave the session
 running: a back-end error ends it ``failed`` (the delegation ends); a
@@ -41,8 +41,7 @@ from typing import Any, Literal, Protocol
 
 from kame.backend.speculation import ToolCallEvent
 from kame.backend.tools import ToolCallAssembler, ToolOutcome
-from kame.server.wires.live.responses_config import FunctionSpec, ResponsesDelegationSettings, ResponsesError
-from kame.server.wires.live.responses_conversation import (
+from kame.session.responses.conversation import (
     BackendTurn,
     CallOutput,
     CallRecord,
@@ -50,7 +49,8 @@ from kame.server.wires.live.responses_conversation import (
     ConversationLog,
     build_backend_messages,
 )
-from kame.server.wires.live.responses_stream import (
+from kame.session.responses.settings import FunctionSpec, ResponsesDelegationSettings, ResponsesError
+from kame.session.responses.stream import (
     Event,
     IncompleteReason,
     ResponseStream,
@@ -84,7 +84,7 @@ class ServerTool:
 
 
 class ServerTools(Protocol):
-    """The session's server-side tools (bound to the MCP toolbox by :mod:`.responses_backend`)."""
+    """The session's server-side tools (bound to the MCP toolbox by :mod:`.backend`)."""
 
     async def offered(self, settings: ResponsesDelegationSettings) -> Sequence[ServerTool]: ...
 

@@ -1,6 +1,6 @@
 """Responses delegation on kame's back-ends: the round source and the catalog, from the registry.
 
-The driver (:mod:`.responses_run`) asks for rounds through a ``RoundSource``;
+The driver (:mod:`.delegations`) asks for rounds through a ``RoundSource``;
 here it is bound to :meth:`kame.backend.registry.BackendRegistry.stream_turn`,
 so a delegation gets everything other back-end requests get: caps, the
 circuit breaker, the fallback, metrics, ``allow_tools`` gating. The
@@ -21,10 +21,10 @@ from kame.backend.errors import BackendRequestError
 from kame.backend.mcp_tools import McpTool, McpToolbox
 from kame.backend.registry import BackendRegistry
 from kame.backend.tools import ToolCall, ToolSpec, TurnReport
-from kame.server.wires.live.responses_config import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
-from kame.server.wires.live.responses_run import RoundEnd, RoundRequest, RoundSource, ServerTool
-from kame.server.wires.live.responses_stream import Usage
-from kame.server.wires.realtime.events import client_safe
+from kame.redaction import client_safe
+from kame.session.responses.delegations import RoundEnd, RoundRequest, RoundSource, ServerTool
+from kame.session.responses.settings import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
+from kame.session.responses.stream import Usage
 
 log = logging.getLogger(__name__)
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
@@ -146,7 +146,7 @@ def mcp_catalog(toolbox: McpToolbox) -> dict[str, list[str]]:
 
 
 class McpServerTools:
-    """The MCP servers a Responses delegation enabled, as :class:`~.responses_run.ServerTools`.
+    """The MCP servers a Responses delegation enabled, as :class:`~.delegations.ServerTools`.
 
     kame runs these calls itself (the client sees them as ``mcp_call``
     items); timeouts, output caps and secret redaction are the toolbox's
