@@ -76,13 +76,15 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
-from kame.server.wires.live.responses_mode import ResponsesHooks, ResponsesMode
+from kame.server.wires.live.responses_mode import ResponsesHooks, answer_source
 from kame.server.wires.live.transcript import (
     FRAME_MS,
     AssistantTranscript,
     UserTranscript,
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
+from kame.session.responses.settings import ResponsesError
+from kame.session.responses.source import ResponsesAnswerSource
 
 Encode = Callable[[str], Sequence[int]]
 #: Characters of appended context kept for later delegations (oldest dropped first).
@@ -147,7 +149,7 @@ class LiveWire:
         self._context_chars = 0
         self.usage: UsageClock | None = None
         self.responses_hooks = responses
-        self.responses: ResponsesMode | None = None  #: set when the session uses Responses delegation
+        self.responses: ResponsesAnswerSource | None = None  #: set when the session uses Responses delegation
         self._last_utterance = -1  #: the latest user utterance the recogniser reported
         self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
         self.started_at: float | None = None
@@ -215,7 +217,7 @@ class LiveWire:
         if parsed.config.responses is not None:
             if self.responses_hooks is None:
                 raise RuntimeError("Responses delegation offered without the runtime's hooks")
-            self.responses = ResponsesMode(
+            self.responses = answer_source(
                 self._responses_settings,
                 self.responses_hooks,
                 book=self.book,
@@ -248,9 +250,14 @@ class LiveWire:
         if self.responses is None:
             raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
                             client_event_id=command.event_id)
-        if isinstance(command, ItemCreate):
-            self.responses.item_create(command.item, command.event_id)
-        elif self.responses.response_create(command.event_id) == "new":
+        try:
+            if isinstance(command, ItemCreate):
+                self.responses.item_create(command.item)
+                return
+            created = self.responses.response_create()
+        except ResponsesError as exc:
+            raise LiveError(exc.code, exc.message, param=exc.param, client_event_id=command.event_id) from None
+        if created == "new":
             # A response the client asked for: a delegation of its own, on the conversation so far.
             offset = self.timeline_ms
             d = self.book.add(self.ids.delegation(), self._last_utterance, offset, 0)
