@@ -68,6 +68,15 @@ DEFAULT_MAX_ROUNDS = 4
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
 
 
+def loop_task(work: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+    """The default task factory of the answer source: a task of the running loop.
+
+    A served session passes the runtime's instead (its tasks end with the
+    session); this one serves the unit tests that run a source without one.
+    """
+    return asyncio.get_running_loop().create_task(work, name=name)
+
+
 @dataclass(frozen=True)
 class ServerTool:
     """A tool kame runs itself (an operator-configured MCP server's), offered next to the client's functions."""
@@ -239,7 +248,7 @@ class ResponsesDelegator:
         if self._spawn is not None:
             task = self._spawn(coro)
         else:
-            task = asyncio.get_running_loop().create_task(coro, name=f"kame-responses-{delegation_id}")
+            task = loop_task(coro, f"kame-responses-{delegation_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

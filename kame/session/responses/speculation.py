@@ -31,7 +31,7 @@ from typing import Any
 
 from kame.oracle.debounce import Debouncer, Trigger
 from kame.session.responses.conversation import ConversationLog, build_backend_messages
-from kame.session.responses.delegations import PromptOptions, RoundEnd, RoundRequest, RoundSource
+from kame.session.responses.delegations import PromptOptions, RoundEnd, RoundRequest, RoundSource, loop_task
 from kame.session.responses.settings import ResponsesDelegationSettings
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class Speculator:
         if self._spawn is not None:
             req.task = self._spawn(coro)
         else:
-            req.task = asyncio.get_running_loop().create_task(coro, name=f"kame-speculation-{req.id}")
+            req.task = loop_task(coro, f"kame-speculation-{req.id}")
         self._current = req
 
     def _cancel(self, reason: str) -> None:
