@@ -13,15 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kame.session.commands import CommandRefused
 
-class ResponsesError(ValueError):
+
+class ResponsesError(CommandRefused):
     """A Responses-delegation command that cannot be honoured: one ``error`` event; the session goes on."""
-
-    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 class DelegationConfigError(ResponsesError):

@@ -10,8 +10,9 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.config`: ``session.start`` / ``session.update`` -> the resolved
   configuration (accepted, ignored with an ``info``, refused with an ``error``);
 - :mod:`.transcript`: append-only transcript deltas on the session timeline;
-- :mod:`.delegation`: when kame delegates (one per user turn, or speculative)
-  and what an append for a delegation does;
+- when kame delegates (one per user turn, or speculative) and what an append
+  for a delegation does is the client-delegation answer source,
+  :mod:`kame.session.delegation`;
 - :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
 - :mod:`.usage`: usage reports and close reasons;
 - :mod:`.wire`: one session's Live protocol state over all of the above;

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kame.oracle.config import OracleConfig
-from kame.server.wires.live.delegation import DelegationBook
 from kame.server.wires.live.events import Info, KameEvent, LiveEvent, ResponseEventOut
 from kame.session.answers import Encode
+from kame.session.delegation import DelegationBook
 from kame.session.responses.settings import ResponsesDelegationSettings
 from kame.session.responses.source import (
     Notice,

@@ -61,7 +61,6 @@ from kame.server.wires.live.decode import (
     Update,
     decode_client_event,
 )
-from kame.server.wires.live.delegation import Delegate, DelegationBook, DelegationPolicy
 from kame.server.wires.live.events import (
     Appended,
     AppendKind,
@@ -83,7 +82,8 @@ from kame.server.wires.live.transcript import (
     UserTranscript,
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
-from kame.session.responses.settings import ResponsesError
+from kame.session.commands import CommandRefused
+from kame.session.delegation import Delegate, DelegationBook, DelegationPolicy
 from kame.session.responses.source import ResponsesAnswerSource
 
 Encode = Callable[[str], Sequence[int]]
@@ -171,6 +171,7 @@ class LiveWire:
     # ------------------------------------------------------------------ client messages
     def message(self, payload: str | bytes | None, now: float) -> WireOut:
         out = WireOut()
+        command: object = None
         try:
             command = decode_client_event(payload)
             if isinstance(command, Start):
@@ -193,6 +194,11 @@ class LiveWire:
                 out.close = command
             elif isinstance(command, (ItemCreate, ResponseCreate)):
                 self._responses_command(command, out)
+        except CommandRefused as refused:  # the session's refusal, as this protocol's error
+            exc = LiveError(refused.code, refused.message, param=refused.param,
+                            client_event_id=getattr(command, "event_id", None))
+            out.errors.append(exc)
+            out.events.append(exc.event())
         except LiveError as exc:
             out.errors.append(exc)
             out.events.append(exc.event())
@@ -250,14 +256,9 @@ class LiveWire:
         if self.responses is None:
             raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
                             client_event_id=command.event_id)
-        try:
-            if isinstance(command, ItemCreate):
-                self.responses.item_create(command.item)
-                return
-            created = self.responses.response_create()
-        except ResponsesError as exc:
-            raise LiveError(exc.code, exc.message, param=exc.param, client_event_id=command.event_id) from None
-        if created == "new":
+        if isinstance(command, ItemCreate):
+            self.responses.item_create(command.item)
+        elif self.responses.response_create() == "new":
             # A response the client asked for: a delegation of its own, on the conversation so far.
             offset = self.timeline_ms
             d = self.book.add(self.ids.delegation(), self._last_utterance, offset, 0)
@@ -277,7 +278,7 @@ class LiveWire:
                             param="delegation_id", client_event_id=command.event_id)
         if self.responses is not None and command.kind in ("instructions", "thinking"):
             self.responses.note(command.kind, command.content)
-        verdict = self.book.judge(command.delegation_id, kind=command.kind, event_id=command.event_id)
+        verdict = self.book.judge(command.delegation_id, kind=command.kind)
         now_ms = self.timeline_ms
         end_ms = now_ms
         spoken = False
