@@ -109,10 +109,10 @@ def live_wire_args(state: AppState) -> dict[str, Any]:
     host = state.host
     assert host.root is not None, "host not ready"
     return {"encode": host.root.encode, "oracle_config": state.cfg.oracle, "frame_size": host.frame_size,
-            "responses": _responses_backends(state)}
+            "responses": _responses_offer(state)}
 
 
-def _responses_backends(state: AppState) -> ResponsesOffer | None:
+def _responses_offer(state: AppState) -> ResponsesOffer | None:
     """Responses delegation is offered when the server has an LLM back-end (docs/protocol.md section 5)."""
     host = state.host
     registry = host.backends

@@ -35,6 +35,7 @@ from starlette import status
 
 from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
+from kame.redaction import client_safe
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
     AnswerIn,
@@ -64,7 +65,6 @@ from kame.server.wires.live.events import (
 )
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
-from kame.server.wires.realtime.events import client_safe
 from kame.session import events as pe
 from kame.session.responses.backend import ResponsesOffer
 from kame.session.responses.delegations import loop_task
@@ -250,7 +250,7 @@ class LiveEndpointWire(Wire):
         if isinstance(event, pe.UserFinal):
             return self.live.final(event.utterance, event.audio_s, event.text, event.t)
         if isinstance(event, pe.AsrFailed):
-            return [KameEvent("kame.asr.error", {"message": _client_safe(event.message or "speech recognition failed")})]
+            return [KameEvent("kame.asr.error", {"message": client_safe(event.message or "speech recognition failed")})]
         if isinstance(event, pe.OracleCleared):
             return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
         if isinstance(event, pe.EchoJudged):
@@ -278,10 +278,6 @@ class LiveEndpointWire(Wire):
             return []
         message = end.error or end.reason or end.label
         return self._out(self.live.ending(end.label, message, self._now, self._close_event_id))
-
-
-def _client_safe(message: str, limit: int = 300) -> str:
-    return client_safe(message, limit)
 
 
 def refusal(error: str) -> Outgoing:
