@@ -24,9 +24,10 @@ client that does not answer a call within ``function_timeout_s`` gets an
 answers anyway; the round count is capped (``max_rounds``: the last
 request offers no tools, so the back-end must answer).
 
-Nothing here touches audio or the engine: the wire feeds client commands
-in and sends what ``send`` receives; the back-end is any ``RoundSource``
-(bound to the registry's tool-capable stream by the wire).
+Nothing here touches audio or the engine: the answer source
+(:mod:`.source`) feeds client commands in and turns what ``send`` receives
+into typed events; the back-end is any ``RoundSource`` (bound to the
+registry's tool-capable stream by :mod:`.backend`).
 """
 
 from __future__ import annotations
