@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 
 MASK = "***"
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 _PATTERNS = (
     re.compile(r"(?i)(token=)[^&\s\"']+"),
     re.compile(r"(?i)(openai-insecure-api-key\.)[^,\s\"']+"),
@@ -28,3 +29,9 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     for pattern in _PATTERNS:
         text = pattern.sub(rf"\g<1>{MASK}", text)
     return text
+
+
+def client_safe(message: str, limit: int = 300) -> str:
+    """An error message fit for a client: URLs and token-like values masked, length bounded."""
+    text = redact(_URL.sub("<url>", str(message)))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -108,6 +108,14 @@ def test_assembler_names_calls_without_id() -> None:
     assert asm.calls()[0].id == "call_r0_0" and asm.calls()[0].arguments == "{}"
 
 
+def test_assembler_single_keeps_only_the_first_call() -> None:
+    asm = ToolCallAssembler(single=True)
+    for delta in [ToolCallDelta(0, "a", "f", '{"x":'), ToolCallDelta(1, "b", "g", "{}"),
+                  ToolCallDelta(0, None, None, " 1}"), ToolCallDelta(1, None, None, "more")]:
+        asm.add(delta)
+    assert [(c.id, c.name, c.arguments) for c in asm.calls()] == [("a", "f", '{"x": 1}')]
+
+
 def test_tool_spec_validation() -> None:
     with pytest.raises(ToolDefinitionError):
         ToolSpec("has space")

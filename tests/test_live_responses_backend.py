@@ -15,11 +15,12 @@ from pydantic import TypeAdapter
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
-from kame.server.wires.live.responses_backend import registry_catalog, registry_source
-from kame.server.wires.live.responses_config import DelegationConfigError, parse_responses_config
-from kame.server.wires.live.responses_conversation import ConversationLog, UserSpeech
-from kame.server.wires.live.responses_run import DelegationDone, ResponsesDelegator
-from kame.server.wires.live.responses_stream import Usage
+from kame.server.wires.live.responses_config import parse_responses_config
+from kame.session.responses.backend import registry_catalog, registry_source
+from kame.session.responses.conversation import ConversationLog, UserSpeech
+from kame.session.responses.delegations import DelegationDone, ResponsesDelegator
+from kame.session.responses.settings import DelegationConfigError
+from kame.session.responses.stream import Usage
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 LIVE_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
@@ -199,7 +200,7 @@ def test_catalog_from_the_registry(llm_server: LlmServer) -> None:
 
 def test_usage_is_none_when_the_server_sends_none(llm_server: LlmServer) -> None:
     from kame.backend.tools import TurnReport
-    from kame.server.wires.live.responses_backend import usage_of
+    from kame.session.responses.backend import usage_of
 
     assert usage_of(TurnReport()) is None
     assert usage_of(TurnReport(prompt_tokens=3, completion_tokens=2, cached_tokens=1)) == Usage(3, 2, 1, 0)
@@ -233,7 +234,7 @@ def test_operator_mcp_server_runs_inside_kame(llm_server: LlmServer, tmp_path: A
 
     from kame.backend.config import McpServerConfig, ToolsConfig
     from kame.backend.mcp_tools import McpToolbox
-    from kame.server.wires.live.responses_backend import McpServerTools, mcp_catalog
+    from kame.session.responses.backend import McpServerTools, mcp_catalog
 
     script = tmp_path / "weather_mcp.py"
     script.write_text(MCP_SERVER)

@@ -21,9 +21,9 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from kame.backend.errors import BackendTimeout
-from kame.server.wires.live.responses_config import BackendCatalog, ResponsesError, parse_responses_config
-from kame.server.wires.live.responses_conversation import ConversationLog, UserSpeech
-from kame.server.wires.live.responses_run import (
+from kame.server.wires.live.responses_config import parse_responses_config
+from kame.session.responses.conversation import ConversationLog, UserSpeech
+from kame.session.responses.delegations import (
     DelegationDone,
     ResponsesDelegator,
     RoundEnd,
@@ -31,7 +31,8 @@ from kame.server.wires.live.responses_run import (
     RoundText,
     TextOut,
 )
-from kame.server.wires.live.responses_stream import Usage
+from kame.session.responses.settings import BackendCatalog, ResponsesError
+from kame.session.responses.stream import Usage
 
 LIVE_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -407,8 +408,8 @@ class SlowTools:
     """Server-side tools for the driver (the ServerTools protocol): one slow lookup and one broken tool."""
 
     def __init__(self, delay_s: float) -> None:
-        from kame.server.wires.live.responses_config import FunctionSpec
-        from kame.server.wires.live.responses_run import ServerTool
+        from kame.session.responses.delegations import ServerTool
+        from kame.session.responses.settings import FunctionSpec
 
         self.delay_s = delay_s
         self.tools = [

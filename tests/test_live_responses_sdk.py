@@ -30,9 +30,9 @@ from kame.oracle.config import OracleConfig
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
-from kame.server.wires.live.responses_backend import registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
+from kame.session.responses.backend import registry_catalog, registry_source
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 from tests.support.moshi_client import free_port
 

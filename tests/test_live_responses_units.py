@@ -15,15 +15,8 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from kame.oracle.prompt import PENDING_MARK, SILENCE_MARK
-from kame.server.wires.live.responses_config import (
-    BackendCatalog,
-    BackendTarget,
-    DelegationConfigError,
-    model_notice,
-    parse_responses_config,
-    update_responses_config,
-)
-from kame.server.wires.live.responses_conversation import (
+from kame.server.wires.live.responses_config import model_notice, parse_responses_config, update_responses_config
+from kame.session.responses.conversation import (
     NO_OUTPUT,
     BackendTurn,
     CallOutput,
@@ -34,7 +27,8 @@ from kame.server.wires.live.responses_conversation import (
     UserSpeech,
     build_backend_messages,
 )
-from kame.server.wires.live.responses_stream import (
+from kame.session.responses.settings import BackendCatalog, BackendTarget, DelegationConfigError
+from kame.session.responses.stream import (
     ResponseStream,
     Usage,
     failure_code,

@@ -31,7 +31,6 @@ from kame.server.wires.live.decode import (
     Start,
     decode_client_event,
 )
-from kame.server.wires.live.delegation import DelegationBook, DelegationPolicy
 from kame.server.wires.live.events import (
     Appended,
     DelegationCreated,
@@ -54,6 +53,8 @@ from kame.server.wires.live.events import (
 from kame.server.wires.live.transcript import AssistantTranscript, UserTranscript
 from kame.server.wires.live.usage import UsageClock, close_reason
 from kame.server.wires.live.wire import LiveWire
+from kame.session.commands import CommandRefused
+from kame.session.delegation import DelegationBook, DelegationPolicy
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -469,8 +470,8 @@ def test_appends_for_old_delegations(encode: Callable[[str], list[int]]) -> None
     book.add("dlg_3", 3, 3000, 7)
     v = book.judge("dlg_1")
     assert v.standing == "superseded" and not v.speak and v.delegation == d1
-    with pytest.raises(LiveError) as info:
-        book.judge("dlg_nope", kind="thinking", event_id="e")
+    with pytest.raises(CommandRefused) as info:  # the wire sends it as a Live error with the event's id
+        book.judge("dlg_nope", kind="thinking")
     assert info.value.code == "unknown_delegation" and info.value.param == "delegation_id"
     book.add("dlg_4", 3, 3500, 9)  # speculative: the same turn grew
     assert book.judge("dlg_3").standing == "superseded"
@@ -550,7 +551,7 @@ def test_superseded_and_unknown_appends(encode: Callable[[str], list[int]]) -> N
     assert out.events[1].code == "delegation_superseded" and out.events[1].client_event_id == "old"
     unknown = wire.message(json.dumps({"type": "session.commentary.append", "content": "x",
                                        "delegation_id": "dlg_never", "event_id": "u"}), 4.0)
-    assert unknown.errors[0].code == "unknown_delegation" and not unknown.answers
+    assert unknown.errors[0].code == "unknown_delegation" and unknown.errors[0].client_event_id == "u" and not unknown.answers
 
 
 def test_late_commentary_after_a_backchannel_is_spoken(encode: Callable[[str], list[int]]) -> None:

@@ -185,16 +185,22 @@ class ToolCallAssembler:
     order. A call that never got an id is given one (``call_<n>``) so its
     result can still be addressed; one without a name is returned with an
     empty name and is refused by the loop.
+
+    ``single``: only the first call counts (a request with
+    ``parallel_tool_calls`` false: the deltas of any later call are dropped).
     """
 
-    def __init__(self, id_prefix: str = "call") -> None:
+    def __init__(self, id_prefix: str = "call", *, single: bool = False) -> None:
         self._ids: dict[int, str] = {}
         self._names: dict[int, str] = {}
         self._args: dict[int, list[str]] = {}
         self._prefix = id_prefix
+        self._single = single
 
     def add(self, delta: ToolCallDelta) -> None:
         i = delta.index if delta.index is not None else self._implicit_index(delta.id)
+        if self._single and self._args and i not in self._args:
+            return
         self._args.setdefault(i, [])
         if delta.id:
             self._ids.setdefault(i, delta.id)

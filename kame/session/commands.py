@@ -18,6 +18,17 @@ from typing import Literal
 Role = Literal["user", "assistant", "system"]
 
 
+class CommandRefused(ValueError):
+    """A client's command the session cannot honour: the wire sends its protocol's ``error`` (with ``code``
+    and ``param``, and the id of the client event that asked) and the session goes on."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
 def utterance_key(utterance: int) -> str:
     """The key of the user turn the ASR heard as ``utterance``."""
     return f"utterance:{utterance}"

@@ -16,6 +16,7 @@ from kame.server.runtime.wire import Wire
 from kame.server.wires.live import endpoint as live
 from kame.server.wires.moshi import wire as moshi
 from kame.server.wires.realtime import wire as realtime
+from kame.session.responses.backend import ResponsesOffer, responses_offer
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
 
@@ -108,10 +109,10 @@ def live_wire_args(state: AppState) -> dict[str, Any]:
     host = state.host
     assert host.root is not None, "host not ready"
     return {"encode": host.root.encode, "oracle_config": state.cfg.oracle, "frame_size": host.frame_size,
-            "responses": _responses_backends(state)}
+            "responses": _responses_offer(state)}
 
 
-def _responses_backends(state: AppState) -> live.ResponsesBackends | None:
+def _responses_offer(state: AppState) -> ResponsesOffer | None:
     """Responses delegation is offered when the server has an LLM back-end (docs/protocol.md section 5)."""
     host = state.host
     registry = host.backends
@@ -125,7 +126,7 @@ def _responses_backends(state: AppState) -> live.ResponsesBackends | None:
         def on_tool_call(event: Any, label: str) -> None:
             metrics.on_tool_call(event, tool=label)
     tools = state.cfg.tools
-    return live.ResponsesBackends(
+    return responses_offer(
         registry,
         toolbox,
         on_tool_call,

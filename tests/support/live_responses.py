@@ -20,9 +20,9 @@ from kame.server.wires.ids import Ids
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
-from kame.server.wires.live.responses_backend import registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
 from kame.server.wires.live.wire import LiveWire
+from kame.session.responses.backend import registry_catalog, registry_source
 from tests.support.llm_server import LlmServer
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)

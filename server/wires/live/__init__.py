@@ -10,14 +10,16 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.config`: ``session.start`` / ``session.update`` -> the resolved
   configuration (accepted, ignored with an ``info``, refused with an ``error``);
 - :mod:`.transcript`: append-only transcript deltas on the session timeline;
-- :mod:`.delegation`: when kame delegates (one per user turn, or speculative)
-  and what an append for a delegation does;
+- when kame delegates (one per user turn, or speculative) and what an append
+  for a delegation does is the client-delegation answer source,
+  :mod:`kame.session.delegation`;
 - :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
 - :mod:`.usage`: usage reports and close reasons;
 - :mod:`.wire`: one session's Live protocol state over all of the above;
-- :mod:`.responses_config`, :mod:`.responses_conversation`,
-  :mod:`.responses_stream`, :mod:`.responses_run`, :mod:`.responses_backend`:
-  Responses delegation (``delegation.responses`` validation, the back-end's
-  own conversation and prompt, one nested ``response.event`` stream per
-  round, the rounds with the client's function calls, the registry binding).
+- :mod:`.responses_config`: ``delegation.responses`` validation into
+  :mod:`kame.session.responses.settings`;
+- :mod:`.responses_mode`: Responses delegation joined to the wire; the answer
+  source itself (the back-end's conversation, the rounds with the client's
+  function calls, the nested Responses events, the registry binding) is
+  :mod:`kame.session.responses`.
 """

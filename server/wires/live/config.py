@@ -30,18 +30,10 @@ from kame.server.wires.live.audio import (
 )
 from kame.server.wires.live.decode import sdk_validate
 from kame.server.wires.live.events import Info, LiveError
-from kame.server.wires.live.responses_config import (
-    IGNORED_FIELDS,
-    BackendCatalog,
-    DelegationConfigError,
-    ResponsesDelegationSettings,
-    model_notice,
-    parse_responses_config,
-    update_responses_config,
-)
+from kame.server.wires.live.responses_config import IGNORED_FIELDS, model_notice, parse_responses_config, update_responses_config
+from kame.session.delegation import DELEGATION_MODES, DelegationMode
+from kame.session.responses.settings import BackendCatalog, DelegationConfigError, ResponsesDelegationSettings
 
-DelegationMode = Literal["turn", "speculative"]
-DELEGATION_MODES: tuple[DelegationMode, ...] = ("turn", "speculative")
 VOICE = "moshi"
 MAX_INSTRUCTIONS_CHARS = 65_536  # 16,384 tokens in the contract; characters are checked before any tokenizer runs
 KAME_KEYS = ("delegation", "backchannel_words", "text_temperature", "text_topk", "record", "echo_guard")

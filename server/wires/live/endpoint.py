@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starlette import status
 
 from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
+from kame.redaction import client_safe
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
     AnswerIn,
@@ -62,24 +63,15 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
-from kame.server.wires.live.responses_backend import McpServerTools, mcp_catalog, registry_catalog, registry_source
 from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.responses_run import (
-    DEFAULT_FUNCTION_TIMEOUT_S,
-    DEFAULT_MAX_OUTPUT_CHARS,
-    DEFAULT_MAX_ROUNDS,
-)
 from kame.server.wires.live.wire import LiveWire
-from kame.server.wires.realtime.events import client_safe
 from kame.session import events as pe
+from kame.session.responses.backend import ResponsesOffer
+from kame.session.responses.delegations import loop_task
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
     from starlette.types import Message
-
-    from kame.backend.mcp_tools import McpToolbox
-    from kame.backend.registry import BackendRegistry
-    from kame.backend.speculation import ToolCallEvent
 
 decode.warm_up()  # the SDK validators are built when the server starts, not during a session
 
@@ -97,18 +89,6 @@ def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSetti
                    record=kame.record, echo_guard=base.echo_guard if kame.echo_guard is None else kame.echo_guard)
 
 
-@dataclass(frozen=True)
-class ResponsesBackends:
-    """What Responses delegation runs on (docs/protocol.md section 5): the server's back-ends, its MCP servers."""
-
-    registry: BackendRegistry
-    toolbox: McpToolbox | None = None
-    on_tool_call: Callable[[ToolCallEvent, str], None] | None = None  #: tool metrics (event, label)
-    function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S  #: ``tools.client_call_timeout_s``
-    max_rounds: int = DEFAULT_MAX_ROUNDS  #: ``tools.max_rounds`` + 1 (the last one answers without tools)
-    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: ``tools.max_client_output_chars``
-
-
 class LiveEndpointWire(Wire):
     """One ``/v1/live/sessions`` session's protocol state, as the runtime sees it."""
 
@@ -118,22 +98,21 @@ class LiveEndpointWire(Wire):
 
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
                  oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
-                 responses: ResponsesBackends | None = None) -> None:
-        """``responses``: offer Responses delegation on these back-ends (their rounds stream in tasks of the
-        session, through :meth:`bind`)."""
+                 responses: ResponsesOffer | None = None) -> None:
+        """``responses``: offer Responses delegation, bound to the server's back-ends (its rounds stream in
+        tasks of the session, through :meth:`bind`)."""
         self.settings = settings
         self._io: WireIO | None = None
         hooks: ResponsesHooks | None = None
         if responses is not None:
-            mcp = mcp_catalog(responses.toolbox) if responses.toolbox is not None else {}
-            info = replace(info, responses=registry_catalog(responses.registry, mcp))
+            info = replace(info, responses=responses.catalog)
             hooks = ResponsesHooks(
-                source=registry_source(responses.registry),
+                source=responses.source,
                 send=self._send_later,
                 answer=self._answer_later,
                 push=self._push_later,
                 spawn=self._spawn,
-                server_tools=McpServerTools(responses.toolbox) if responses.toolbox is not None else None,
+                server_tools=responses.server_tools,
                 on_tool_call=responses.on_tool_call,
                 function_timeout_s=responses.function_timeout_s,
                 max_rounds=responses.max_rounds,
@@ -164,8 +143,8 @@ class LiveEndpointWire(Wire):
             self._io.push(ids)
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        if self._io is None:  # not served (a unit test without a runtime): a plain task
-            return asyncio.get_running_loop().create_task(work)
+        if self._io is None:  # not served (a unit test without a runtime): the source's own default
+            return loop_task(work)
         return self._io.spawn(work, "responses")
 
     def _out(self, events: Sequence[LiveEvent], index: int | None = None) -> list[Outgoing]:
@@ -250,7 +229,7 @@ class LiveEndpointWire(Wire):
         if isinstance(event, pe.UserFinal):
             return self.live.final(event.utterance, event.audio_s, event.text, event.t)
         if isinstance(event, pe.AsrFailed):
-            return [KameEvent("kame.asr.error", {"message": _client_safe(event.message or "speech recognition failed")})]
+            return [KameEvent("kame.asr.error", {"message": client_safe(event.message or "speech recognition failed")})]
         if isinstance(event, pe.OracleCleared):
             return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
         if isinstance(event, pe.EchoJudged):
@@ -278,10 +257,6 @@ class LiveEndpointWire(Wire):
             return []
         message = end.error or end.reason or end.label
         return self._out(self.live.ending(end.label, message, self._now, self._close_event_id))
-
-
-def _client_safe(message: str, limit: int = 300) -> str:
-    return client_safe(message, limit)
 
 
 def refusal(error: str) -> Outgoing:

@@ -61,7 +61,6 @@ from kame.server.wires.live.decode import (
     Update,
     decode_client_event,
 )
-from kame.server.wires.live.delegation import Delegate, DelegationBook, DelegationPolicy
 from kame.server.wires.live.events import (
     Appended,
     AppendKind,
@@ -76,13 +75,16 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
-from kame.server.wires.live.responses_mode import ResponsesHooks, ResponsesMode
+from kame.server.wires.live.responses_mode import ResponsesHooks, answer_source
 from kame.server.wires.live.transcript import (
     FRAME_MS,
     AssistantTranscript,
     UserTranscript,
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
+from kame.session.commands import CommandRefused
+from kame.session.delegation import Delegate, DelegationBook, DelegationPolicy
+from kame.session.responses.source import ResponsesAnswerSource
 
 Encode = Callable[[str], Sequence[int]]
 #: Characters of appended context kept for later delegations (oldest dropped first).
@@ -147,7 +149,7 @@ class LiveWire:
         self._context_chars = 0
         self.usage: UsageClock | None = None
         self.responses_hooks = responses
-        self.responses: ResponsesMode | None = None  #: set when the session uses Responses delegation
+        self.responses: ResponsesAnswerSource | None = None  #: set when the session uses Responses delegation
         self._last_utterance = -1  #: the latest user utterance the recogniser reported
         self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
         self.started_at: float | None = None
@@ -169,6 +171,7 @@ class LiveWire:
     # ------------------------------------------------------------------ client messages
     def message(self, payload: str | bytes | None, now: float) -> WireOut:
         out = WireOut()
+        command: object = None
         try:
             command = decode_client_event(payload)
             if isinstance(command, Start):
@@ -191,6 +194,11 @@ class LiveWire:
                 out.close = command
             elif isinstance(command, (ItemCreate, ResponseCreate)):
                 self._responses_command(command, out)
+        except CommandRefused as refused:  # the session's refusal, as this protocol's error
+            exc = LiveError(refused.code, refused.message, param=refused.param,
+                            client_event_id=getattr(command, "event_id", None))
+            out.errors.append(exc)
+            out.events.append(exc.event())
         except LiveError as exc:
             out.errors.append(exc)
             out.events.append(exc.event())
@@ -215,7 +223,7 @@ class LiveWire:
         if parsed.config.responses is not None:
             if self.responses_hooks is None:
                 raise RuntimeError("Responses delegation offered without the runtime's hooks")
-            self.responses = ResponsesMode(
+            self.responses = answer_source(
                 self._responses_settings,
                 self.responses_hooks,
                 book=self.book,
@@ -249,8 +257,8 @@ class LiveWire:
             raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
                             client_event_id=command.event_id)
         if isinstance(command, ItemCreate):
-            self.responses.item_create(command.item, command.event_id)
-        elif self.responses.response_create(command.event_id) == "new":
+            self.responses.item_create(command.item)
+        elif self.responses.response_create() == "new":
             # A response the client asked for: a delegation of its own, on the conversation so far.
             offset = self.timeline_ms
             d = self.book.add(self.ids.delegation(), self._last_utterance, offset, 0)
@@ -270,7 +278,7 @@ class LiveWire:
                             param="delegation_id", client_event_id=command.event_id)
         if self.responses is not None and command.kind in ("instructions", "thinking"):
             self.responses.note(command.kind, command.content)
-        verdict = self.book.judge(command.delegation_id, kind=command.kind, event_id=command.event_id)
+        verdict = self.book.judge(command.delegation_id, kind=command.kind)
         now_ms = self.timeline_ms
         end_ms = now_ms
         spoken = False

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 from starlette import status
 
 from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.redaction import client_safe
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, Wire
 from kame.server.wires.codec import AudioDecodeError, OpusIn, OpusOut
 from kame.server.wires.moshi import protocol
 from kame.server.wires.moshi.protocol import ServerInfo
-from kame.server.wires.realtime.events import client_safe
 from kame.session.events import AssistantFrame, PipelineEvent, ToolsRefused
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab

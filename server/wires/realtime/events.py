@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from typing import Any
 
 import numpy as np
 
 from kame.media import SAMPLE_RATE
 from kame.pcm import float_to_pcm16_bytes
-from kame.server.access.auth import redact
+from kame.redaction import client_safe as client_safe
 from kame.server.wires.ids import Ids
 from kame.session import events as pe
 from kame.session.events import PipelineEvent
@@ -276,13 +275,6 @@ KAME_EVENTS: dict[type[PipelineEvent], tuple[str, tuple[str, ...]]] = {
     pe.EchoJudged: ("kame.echo_guard.verdict", ("echo", "text", "words", "matched", "extra", "delay_s", "audio_s")),
 }
 
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
-
-
-def client_safe(message: str, limit: int = 300) -> str:
-    """An error message fit for a client: URLs and token-like values masked, length bounded."""
-    text = redact(_URL.sub("<url>", str(message)))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def kame_event(event: PipelineEvent) -> Event | None:

@@ -6,7 +6,7 @@ turn, or a client's ``response.create``); it runs as rounds:
 
 1. a round is one back-end request (chat completions with the client's
    functions), streamed to the client as one response
-   (:class:`~kame.server.wires.live.responses_stream.ResponseStream`) and
+   (:class:`~kame.session.responses.stream.ResponseStream`) and
    its text handed to the oracle as it arrives;
 2. a round that called functions ends ``completed`` with them; the client
    runs them and answers with ``response.item.create``
@@ -15,7 +15,7 @@ turn, or a client's ``response.create``); it runs as rounds:
 3. a round without calls ends the delegation.
 
 Delegations run one at a time, in order, on the session's one back-end
-conversation (:class:`~kame.server.wires.live.responses_conversation.ConversationLog`),
+conversation (:class:`~kame.session.responses.conversation.ConversationLog`),
 so a second question waits for the first answer and sees it, as Pipecat's
 client delegation does. Failures end the response and leave the session
 running: a back-end error ends it ``failed`` (the delegation ends); a
@@ -24,9 +24,10 @@ client that does not answer a call within ``function_timeout_s`` gets an
 answers anyway; the round count is capped (``max_rounds``: the last
 request offers no tools, so the back-end must answer).
 
-Nothing here touches audio or the engine: the wire feeds client commands
-in and sends what ``send`` receives; the back-end is any ``RoundSource``
-(bound to the registry's tool-capable stream by the wire).
+Nothing here touches audio or the engine: the answer source
+(:mod:`.source`) feeds client commands in and turns what ``send`` receives
+into typed events; the back-end is any ``RoundSource`` (bound to the
+registry's tool-capable stream by :mod:`.backend`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kame.backend.speculation import ToolCallEvent
-from kame.backend.tools import ToolOutcome
-from kame.server.wires.live.responses_config import FunctionSpec, ResponsesDelegationSettings, ResponsesError
-from kame.server.wires.live.responses_conversation import (
+from kame.backend.tools import ToolCallAssembler, ToolOutcome
+from kame.session.responses.conversation import (
     BackendTurn,
     CallOutput,
     CallRecord,
@@ -50,7 +50,8 @@ from kame.server.wires.live.responses_conversation import (
     ConversationLog,
     build_backend_messages,
 )
-from kame.server.wires.live.responses_stream import (
+from kame.session.responses.settings import FunctionSpec, ResponsesDelegationSettings, ResponsesError
+from kame.session.responses.stream import (
     Event,
     IncompleteReason,
     ResponseStream,
@@ -68,20 +69,13 @@ DEFAULT_MAX_ROUNDS = 4
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
 
 
-class ToolCallPiece(Protocol):
-    """A streamed piece of a function call (chat-completions ``tool_calls`` delta)."""
+def loop_task(work: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+    """The default task factory of the answer source: a task of the running loop.
 
-    @property
-    def index(self) -> int: ...
-
-    @property
-    def id(self) -> str | None: ...
-
-    @property
-    def name(self) -> str | None: ...
-
-    @property
-    def arguments(self) -> str: ...
+    A served session passes the runtime's instead (its tasks end with the
+    session); this one serves the unit tests that run a source without one.
+    """
+    return asyncio.get_running_loop().create_task(work, name=name)
 
 
 @dataclass(frozen=True)
@@ -100,7 +94,7 @@ class ServerTool:
 
 
 class ServerTools(Protocol):
-    """The session's server-side tools (bound to the MCP toolbox by :mod:`.responses_backend`)."""
+    """The session's server-side tools (bound to the MCP toolbox by :mod:`.backend`)."""
 
     async def offered(self, settings: ResponsesDelegationSettings) -> Sequence[ServerTool]: ...
 
@@ -131,7 +125,7 @@ class RoundRequest:
     model: str | None
 
 
-#: Streams one round: text chunks (``str``), :class:`ToolCallPiece` items, optionally a final :class:`RoundEnd`.
+#: Streams one round: text chunks (``str``), :class:`~kame.backend.tools.ToolCallDelta` items, optionally a final :class:`RoundEnd`.
 RoundSource = Callable[[RoundRequest], AsyncIterator[Any]]
 
 
@@ -255,7 +249,7 @@ class ResponsesDelegator:
         if self._spawn is not None:
             task = self._spawn(coro)
         else:
-            task = asyncio.get_running_loop().create_task(coro, name=f"kame-responses-{delegation_id}")
+            task = loop_task(coro, f"kame-responses-{delegation_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -485,9 +479,7 @@ class ResponsesDelegator:
         )
         self._emit(delegation_id, stream.start())
         offered = {f.name for f in client}
-        names: dict[int, str] = {}
-        args: dict[int, list[str]] = {}
-        order: list[int] = []
+        assembler = ToolCallAssembler(single=not settings.parallel_tool_calls)
         end = RoundEnd()
         try:
             gen = self._source(request)
@@ -504,7 +496,7 @@ class ResponsesDelegator:
                         if item.tools_notice:
                             self._info("kame.tools_refused", item.tools_notice)
                     else:
-                        self._piece(item, names, args, order, settings.parallel_tool_calls)
+                        assembler.add(item)
             finally:
                 await _aclose(gen)
         except asyncio.CancelledError:
@@ -521,9 +513,8 @@ class ResponsesDelegator:
         # A round cut short leaves them open: they close ``incomplete`` and no client runs them.
         internal.clear()
         mine: list[tuple[ServerTool, CallRecord]] = []
-        for index in order:
-            name = names.get(index, "")
-            arguments = "".join(args.get(index, [])) or "{}"
+        for index, call in enumerate(assembler.calls()):
+            name, arguments = call.name, call.arguments
             if name in by_name:
                 if reason is None:
                     mine.append((by_name[name], CallRecord(self._ids("call"), name, arguments)))
@@ -536,7 +527,7 @@ class ResponsesDelegator:
                 log.info("responses delegation %s: refused a call of %r (not offered)", delegation_id, name)
                 continue
             self._emit(delegation_id, stream.call_begin(index, None, name))
-            self._emit(delegation_id, stream.call_arguments(index, "".join(args.get(index, [])) or "{}"))
+            self._emit(delegation_id, stream.call_arguments(index, arguments))
             if reason is None:
                 self._emit(delegation_id, stream.call_end(index))
                 self._tool_started(stream.call_id_of(index), name, "client_function")
@@ -595,25 +586,6 @@ class ResponsesDelegator:
                 delegation_id, stream.mcp_call_end(item_id, output=text if ok else None, error=None if ok else text)
             )
             internal.append((record, text if ok else f"Error: {text}"))
-
-    def _piece(
-        self,
-        piece: ToolCallPiece,
-        names: dict[int, str],
-        args: dict[int, list[str]],
-        order: list[int],
-        parallel: bool,
-    ) -> None:
-        index = piece.index
-        if index not in args:
-            if order and not parallel:
-                return  # parallel_tool_calls false: only the first call counts
-            order.append(index)
-            args[index] = []
-        if piece.name and names.get(index) != piece.name:
-            names[index] = names.get(index, "") + piece.name
-        if piece.arguments:
-            args[index].append(piece.arguments)
 
     async def _await_client(self, delegation_id: str, calls: dict[str, str], answered: set[str]) -> None:
         """Wait for every output and ``response.create``; past the timeout, go on without them."""

@@ -1,6 +1,6 @@
 """Responses delegation on kame's back-ends: the round source and the catalog, from the registry.
 
-The driver (:mod:`.responses_run`) asks for rounds through a ``RoundSource``;
+The driver (:mod:`.delegations`) asks for rounds through a ``RoundSource``;
 here it is bound to :meth:`kame.backend.registry.BackendRegistry.stream_turn`,
 so a delegation gets everything other back-end requests get: caps, the
 circuit breaker, the fallback, metrics, ``allow_tools`` gating. The
@@ -14,17 +14,28 @@ back-end, and the finish reason and token usage come back through a
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kame.backend.errors import BackendRequestError
 from kame.backend.mcp_tools import McpTool, McpToolbox
 from kame.backend.registry import BackendRegistry
+from kame.backend.speculation import ToolCallEvent
 from kame.backend.tools import ToolCall, ToolSpec, TurnReport
-from kame.server.wires.live.responses_config import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
-from kame.server.wires.live.responses_run import RoundEnd, RoundRequest, RoundSource, ServerTool
-from kame.server.wires.live.responses_stream import Usage
-from kame.server.wires.realtime.events import client_safe
+from kame.redaction import client_safe
+from kame.session.responses.delegations import (
+    DEFAULT_FUNCTION_TIMEOUT_S,
+    DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_MAX_ROUNDS,
+    RoundEnd,
+    RoundRequest,
+    RoundSource,
+    ServerTool,
+    ServerTools,
+)
+from kame.session.responses.settings import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
+from kame.session.responses.stream import Usage
 
 log = logging.getLogger(__name__)
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
@@ -146,7 +157,7 @@ def mcp_catalog(toolbox: McpToolbox) -> dict[str, list[str]]:
 
 
 class McpServerTools:
-    """The MCP servers a Responses delegation enabled, as :class:`~.responses_run.ServerTools`.
+    """The MCP servers a Responses delegation enabled, as :class:`~.delegations.ServerTools`.
 
     kame runs these calls itself (the client sees them as ``mcp_call``
     items); timeouts, output caps and secret redaction are the toolbox's
@@ -181,3 +192,43 @@ class McpServerTools:
             return False, f"no MCP tool named {tool.name!r} is enabled"
         result = await self.toolbox.executor([found]).execute(ToolCall(call_id, tool.name, arguments), found.spec)
         return result.ok, result.output
+
+
+@dataclass(frozen=True)
+class ResponsesOffer:
+    """Responses delegation as a server offers it, bound to its back-ends (docs/protocol.md section 5).
+
+    A wire gets this, not the registry: what a client may name
+    (``catalog``), the rounds (``source``), the MCP tools kame runs itself
+    and the limits, so nothing under ``server/wires/`` holds a back-end.
+    """
+
+    catalog: BackendCatalog
+    source: RoundSource
+    server_tools: ServerTools | None = None
+    on_tool_call: Callable[[ToolCallEvent, str], None] | None = None  #: tool metrics (event, label)
+    function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S  #: ``tools.client_call_timeout_s``
+    max_rounds: int = DEFAULT_MAX_ROUNDS  #: ``tools.max_rounds`` + 1 (the last one answers without tools)
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: ``tools.max_client_output_chars``
+
+
+def responses_offer(
+    registry: BackendRegistry,
+    toolbox: McpToolbox | None = None,
+    on_tool_call: Callable[[ToolCallEvent, str], None] | None = None,
+    *,
+    function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+) -> ResponsesOffer:
+    """Responses delegation on this registry and these MCP servers."""
+    mcp = mcp_catalog(toolbox) if toolbox is not None else {}
+    return ResponsesOffer(
+        catalog=registry_catalog(registry, mcp),
+        source=registry_source(registry),
+        server_tools=McpServerTools(toolbox) if toolbox is not None else None,
+        on_tool_call=on_tool_call,
+        function_timeout_s=function_timeout_s,
+        max_rounds=max_rounds,
+        max_output_chars=max_output_chars,
+    )

@@ -1,4 +1,4 @@
-"""Client delegation: when kame hands work to the application, and what an append for it does. No I/O.
+"""Client delegation, an answer source: when kame hands work to the application, and what its answer does. No I/O.
 
 In client delegation kame asks no LLM itself: the application hears of each
 delegation (``session.delegation.created``, metadata only), reads the
@@ -36,9 +36,11 @@ from typing import Literal
 
 from kame.oracle.debounce import Debouncer
 from kame.oracle.switch import only_backchannels
-from kame.server.wires.live.config import DelegationMode
-from kame.server.wires.live.events import LiveError
+from kame.session.commands import CommandRefused
 
+#: How often kame delegates (``session.kame.delegation``).
+DelegationMode = Literal["turn", "speculative"]
+DELEGATION_MODES: tuple[DelegationMode, ...] = ("turn", "speculative")
 Standing = Literal["general", "current", "late", "superseded"]
 #: Delegations remembered for appends (older ids are answered as superseded, not unknown).
 MAX_REMEMBERED = 256
@@ -92,16 +94,17 @@ class DelegationBook:
         if len(self._turn_words) > MAX_REMEMBERED:
             del self._turn_words[min(self._turn_words)]
 
-    def judge(self, delegation_id: str | None, *, kind: str = "commentary", event_id: str | None = None) -> Verdict:
+    def judge(self, delegation_id: str | None, *, kind: str = "commentary") -> Verdict:
+        """The standing of an append (or a Responses round) for ``delegation_id``; an id never issued is refused."""
         if delegation_id is None:
             return Verdict("general")
         d = self._by_id.get(delegation_id)
         if d is None:
             if delegation_id in self._forgotten:
                 return Verdict("superseded")
-            raise LiveError("unknown_delegation",
-                            f"session.{kind}.append: no delegation {delegation_id[:48]!r} in this session",
-                            param="delegation_id", client_event_id=event_id)
+            raise CommandRefused("unknown_delegation",
+                                 f"session.{kind}.append: no delegation {delegation_id[:48]!r} in this session",
+                                 param="delegation_id")
         latest = self.latest
         if latest is None or d.id == latest.id:
             return Verdict("current", d)

@@ -3,7 +3,7 @@
 KAME's point is to ask the LLM on the user's growing transcript, so that
 Moshi's oracle already carries a likely answer when the user stops. In
 Responses delegation the client's functions may run only for the request
-made after the user's turn (the delegation, :mod:`.responses_run`); the
+made after the user's turn (the delegation, :mod:`.delegations`); the
 requests before it are kame's business: they offer no function, their
 answers go to the oracle only, and the client sees them only as
 ``kame.backend.*`` events (``request_started``, ``first_token``, ``done``,
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kame.oracle.debounce import Debouncer, Trigger
-from kame.server.wires.live.responses_config import ResponsesDelegationSettings
-from kame.server.wires.live.responses_conversation import ConversationLog, build_backend_messages
-from kame.server.wires.live.responses_run import PromptOptions, RoundEnd, RoundRequest, RoundSource
+from kame.session.responses.conversation import ConversationLog, build_backend_messages
+from kame.session.responses.delegations import PromptOptions, RoundEnd, RoundRequest, RoundSource, loop_task
+from kame.session.responses.settings import ResponsesDelegationSettings
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Speculator:
         if self._spawn is not None:
             req.task = self._spawn(coro)
         else:
-            req.task = asyncio.get_running_loop().create_task(coro, name=f"kame-speculation-{req.id}")
+            req.task = loop_task(coro, f"kame-speculation-{req.id}")
         self._current = req
 
     def _cancel(self, reason: str) -> None:
