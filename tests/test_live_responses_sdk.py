@@ -30,8 +30,8 @@ from kame.oracle.config import OracleConfig
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
+from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.wire import LiveWire
 from kame.session.responses.backend import registry_catalog, registry_source
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 from tests.support.moshi_client import free_port
@@ -69,11 +69,11 @@ def app_for(registry: BackendRegistry, encode: Callable[[str], list[int]], answe
         def send(event: LiveEvent) -> None:
             queue.put_nowait(encoder_box[0].encode(event))
 
-        wire = LiveWire(
+        wire = LiveProtocol(
             LiveServerInfo(session_id="sdk00001", asr="whisper", responses=registry_catalog(registry)),
             encode=encode,
             oracle_config=OracleConfig(),
-            responses=ResponsesHooks(source=registry_source(registry), send=send, answer=answers.append),
+            responses=ResponsesHooks(source=registry_source(registry), send=send, oracle_reset=answers.append),
         )
         encoder_box.append(LiveEncoder(wire.ids))
 

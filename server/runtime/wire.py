@@ -107,7 +107,7 @@ class Fault:
 
 
 @dataclass(frozen=True)
-class AnswerIn:
+class OracleResetIn:
     """An answer the client wrote (a Live ``session.commentary.append``): a new oracle sequence of these
     token ids, now, without any LLM; ``received_t`` (monotonic) is when its message arrived."""
 
@@ -136,7 +136,7 @@ class Ignored:
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | AnswerIn | EndIn | ConversationIn | Ignored
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | OracleResetIn | EndIn | ConversationIn | Ignored
 
 
 class Wire:
@@ -233,11 +233,11 @@ class WireIO(Protocol):
     def send(self, messages: Sequence[Outgoing]) -> None:
         """Queue messages for the client, in order with everything else the runtime queues."""
 
-    def answer(self, ids: Sequence[int], received_t: float) -> None:
-        """A new oracle sequence of these token ids, now (as :class:`AnswerIn`)."""
+    def oracle_reset(self, ids: Sequence[int], received_t: float) -> None:
+        """A new oracle sequence of these token ids, now (as :class:`OracleResetIn`)."""
 
-    def push(self, ids: Sequence[int]) -> None:
-        """More token ids for the oracle sequence the last :meth:`answer` started."""
+    def oracle_push(self, ids: Sequence[int]) -> None:
+        """More token ids for the oracle sequence the last :meth:`oracle_reset` started."""
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``work`` as a task of the session: cancelled when it ends; a failure is logged, never ends it."""

@@ -20,8 +20,8 @@ from kame.server.wires.ids import Ids
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
+from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.wire import LiveWire
 from kame.session.responses.backend import registry_catalog, registry_source
 from tests.support.llm_server import LlmServer
 
@@ -46,12 +46,12 @@ class Client:
         self.sent: list[dict[str, Any]] = []
         self.answers: list[OracleAnswer] = []
         info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))
-        self.wire = LiveWire(
+        self.wire = LiveProtocol(
             info,
             encode=encode,
             oracle_config=OracleConfig(),
             responses=ResponsesHooks(
-                source=registry_source(self.registry), send=self.send, answer=self.answers.append, **hooks
+                source=registry_source(self.registry), send=self.send, oracle_reset=self.answers.append, **hooks
             ),
         )
 

@@ -91,7 +91,7 @@ class SourceHooks:
     """What the runtime gives a Responses answer source (the back-end, the oracle, the tasks)."""
 
     source: RoundSource  #: the back-end rounds (:func:`.backend.registry_source`)
-    answer: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
+    oracle_reset: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
     #: Run a delegation or a speculative request (the runtime's task factory; default: a loop task).
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
@@ -101,9 +101,9 @@ class SourceHooks:
     server_tools: ServerTools | None = None
     #: Ask the back-end on the growing transcript too (:mod:`.speculation`), as KAME does.
     speculate: bool = True
-    #: Append token ids to the oracle sequence started by ``answer``: with it, a round's text reaches
+    #: Append token ids to the oracle sequence started by ``oracle_reset``: with it, a round's text reaches
     #: Moshi word by word as it streams; without it, whole at the round's end.
-    push: Callable[[Sequence[int]], None] | None = None
+    oracle_push: Callable[[Sequence[int]], None] | None = None
     #: Tool-call metrics: (event, label) with label ``client_function`` or the MCP tool's name
     #: (``Metrics.on_tool_call(event, tool=label)``).
     on_tool_call: Callable[[ToolCallEvent, str], None] | None = None
@@ -217,7 +217,7 @@ class ResponsesAnswerSource:
         answer = commentary_answer(text, self.encode, self.oracle_config, None)
         if answer is None:
             return
-        self.hooks.answer(answer)
+        self.hooks.oracle_reset(answer)
         self.emit(
             Progress(
                 "kame.oracle.reset",
@@ -237,7 +237,7 @@ class ResponsesAnswerSource:
 
     def _text(self, out: TextOut) -> None:
         """A round's text as it streams: settled words go to the oracle at once (when the runtime can push)."""
-        if self.hooks.push is None:
+        if self.hooks.oracle_push is None:
             return
         feed = self._feed(out.delegation_id, out.round)
         if feed.speak:
@@ -300,9 +300,9 @@ class ResponsesAnswerSource:
             return
         if not feed.started:
             feed.started = True
-            self.hooks.answer(OracleAnswer(tuple(ids), feed.tokenizer.text, feed.delegation_id))
-        elif self.hooks.push is not None:
-            self.hooks.push(list(ids))
+            self.hooks.oracle_reset(OracleAnswer(tuple(ids), feed.tokenizer.text, feed.delegation_id))
+        elif self.hooks.oracle_push is not None:
+            self.hooks.oracle_push(list(ids))
 
 
 @dataclass
