@@ -93,7 +93,7 @@ class ServerTool:
 
     @property
     def key(self) -> str:
-        """How ``tool_choice`` names it (:class:`~.responses_config.ToolChoiceSpec`)."""
+        """How ``tool_choice`` names it (:class:`~.settings.ToolChoiceSpec`)."""
         return f"mcp:{self.server_label}:{self.tool}"
 
 

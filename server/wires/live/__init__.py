@@ -17,8 +17,6 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.usage`: usage reports and close reasons;
 - :mod:`.protocol`: one session's Live protocol state over all of the above;
 - :mod:`.wire`: the Live API's :class:`~kame.server.runtime.wire.Wire` over that state;
-- :mod:`.responses_config`: ``delegation.responses`` validation into
-  :mod:`kame.session.responses.settings`;
 - :mod:`.responses_mode`: Responses delegation joined to the wire; the answer
   source itself (the back-end's conversation, the rounds with the client's
   function calls, the nested Responses events, the back-end binding) is
