@@ -31,8 +31,9 @@ from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
 from kame.server.wires.live.protocol import LiveProtocol
-from kame.server.wires.live.responses_mode import ResponsesHooks
+from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session.responses.backend import registry_catalog, registry_source
+from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 from tests.support.moshi_client import free_port
 
@@ -73,7 +74,12 @@ def app_for(registry: BackendRegistry, encode: Callable[[str], list[int]], answe
             LiveServerInfo(session_id="sdk00001", asr="whisper", responses=registry_catalog(registry)),
             encode=encode,
             oracle_config=OracleConfig(),
-            responses=ResponsesHooks(source=registry_source(registry), send=send, oracle_reset=answers.append),
+            responses=ResponsesPort(
+                use=lambda use: ResponsesAnswerSource.start(
+                    use, SourceHooks(source=registry_source(registry), oracle_reset=answers.append)
+                ),
+                send=send,
+            ),
         )
         encoder_box.append(LiveEncoder(wire.ids))
 

@@ -262,8 +262,8 @@ def test_a_round_reaches_the_oracle_word_by_word_as_it_streams(
     async def main() -> Client:
         c = Client(llm_server, encode, speculate=False)
         done = lambda: bool(c.nested("response.completed"))  # noqa: E731
-        c.wire.responses_hooks = replace(  # the runtime's push, as the Live endpoint gives it
-            c.wire.responses_hooks,
+        c.hooks = replace(  # the runtime's push, as the Live wire's runtime gives it
+            c.hooks,
             oracle_reset=lambda a: fed.append(("reset", a.ids, done())),
             oracle_push=lambda ids: fed.append(("push", tuple(ids), done())),
         )

@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.server.telemetry.protocol_metrics import ProtocolMetrics
     from kame.session.pipeline import Pipeline
+    from kame.session.responses.backend import ResponsesOffer
+    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
     from kame.session.settings import SessionSettings
 
 #: Client faults logged at info level before the rest go to debug.
@@ -575,7 +577,8 @@ class SessionRuntime:
 
 
 class _RuntimeIO:
-    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, its oracle, its tasks."""
+    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, and the answer source it
+    creates on its oracle and its tasks."""
 
     def __init__(self, runtime: SessionRuntime) -> None:
         self._runtime = runtime
@@ -583,6 +586,14 @@ class _RuntimeIO:
 
     def send(self, messages: Sequence[Outgoing]) -> None:
         self._runtime._queue(list(messages))
+
+    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
+        return offer.answer_source(
+            use,
+            oracle_reset=lambda answer: self.oracle_reset(answer.ids, time.monotonic()),
+            oracle_push=self.oracle_push,
+            spawn=lambda work: self.spawn(work, "responses"),
+        )
 
     def oracle_reset(self, ids: Sequence[int], received_t: float) -> None:
         self._runtime._oracle_reset(OracleResetIn(tuple(ids), received_t))

@@ -22,7 +22,10 @@ through ``emit``; a wire encodes them (the Live wire: ``response.event``,
 ``info``, ``kame.*``). ``emit`` must keep one order with the events the
 wire's calls return: the runtime queues those before it next awaits, so a
 delegation's ``session.delegation.created`` precedes its stream. Its tasks
-are the runtime's (``SourceHooks.spawn``).
+are the runtime's (``SourceHooks.spawn``). A wire does not create it: it
+sends :class:`UseResponses`, and the session side starts the source on
+its hooks (on a server the runtime, through
+:meth:`.backend.ResponsesOffer.answer_source`).
 """
 
 from __future__ import annotations
@@ -109,8 +112,34 @@ class SourceHooks:
     on_tool_call: Callable[[ToolCallEvent, str], None] | None = None
 
 
+@dataclass(frozen=True)
+class UseResponses:
+    """A wire's command: this session answers in Responses delegation, with these settings.
+
+    The session side creates the answer source (the runtime's, through
+    ``WireIO.use_responses``: it adds the server's back-ends and its own
+    oracle and tasks as :class:`SourceHooks`); the wire gives what only it
+    knows: the settings as the client changes them, where the source's
+    events go (``emit``: the wire encodes them), how its delegations stand
+    (``judge``), and the conversation the client started with.
+    """
+
+    settings: Callable[[], ResponsesDelegationSettings]
+    emit: Callable[[SourceEvent], None]
+    judge: Judge
+    encode: Encode
+    oracle_config: OracleConfig
+    history: Sequence[tuple[str, str]] = ()
+
+
 class ResponsesAnswerSource:
     """The Responses delegation of one session (single owner: the session's event loop)."""
+
+    @classmethod
+    def start(cls, use: UseResponses, hooks: SourceHooks) -> ResponsesAnswerSource:
+        """The source a wire's :class:`UseResponses` asks for, on the session's ``hooks``."""
+        return cls(use.settings, hooks, use.emit, judge=use.judge, encode=use.encode,
+                   oracle_config=use.oracle_config, history=use.history)
 
     def __init__(
         self,

@@ -75,7 +75,7 @@ from kame.server.wires.live.events import (
     SessionStarted,
     SessionUpdated,
 )
-from kame.server.wires.live.responses_mode import ResponsesHooks, answer_source
+from kame.server.wires.live.responses_mode import ResponsesPort, use_responses
 from kame.server.wires.live.transcript import (
     FRAME_MS,
     AssistantTranscript,
@@ -127,9 +127,9 @@ class LiveProtocol:
         oracle_config: OracleConfig,
         ids: Ids | None = None,
         frame_size: int = FRAME_SIZE,
-        responses: ResponsesHooks | None = None,
+        responses: ResponsesPort | None = None,
     ) -> None:
-        """``responses``: the runtime's hooks for Responses delegation (needed when ``info.responses`` is set)."""
+        """``responses``: how Responses delegation reaches the session side (needed when ``info.responses`` is set)."""
         self.info = info
         self.encode = encode
         self.oracle_config = oracle_config
@@ -148,7 +148,7 @@ class LiveProtocol:
         self.context: deque[ContextItem] = deque()
         self._context_chars = 0
         self.usage: UsageClock | None = None
-        self.responses_hooks = responses
+        self.responses_port = responses
         self.responses: ResponsesAnswerSource | None = None  #: set when the session uses Responses delegation
         self._last_utterance = -1  #: the latest user utterance the recogniser reported
         self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
@@ -221,16 +221,16 @@ class LiveProtocol:
         if parsed.config.instructions:
             self._keep(ContextItem("instructions", parsed.config.instructions, None, 0))
         if parsed.config.responses is not None:
-            if self.responses_hooks is None:
-                raise RuntimeError("Responses delegation offered without the runtime's hooks")
-            self.responses = answer_source(
+            if self.responses_port is None:
+                raise RuntimeError("Responses delegation offered without a way to the session side")
+            self.responses = self.responses_port.use(use_responses(
                 self._responses_settings,
-                self.responses_hooks,
+                self.responses_port,
                 book=self.book,
                 encode=self.encode,
                 oracle_config=self.oracle_config,
                 history=[(h.role, h.text) for h in parsed.config.history],
-            )
+            ))
         out.events.append(SessionStarted(self.session(), command.event_id))
         out.events.extend(parsed.infos)
         out.settings = parsed.config.kame

@@ -26,9 +26,7 @@ them in tasks of the session, which the runtime lends through
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +50,7 @@ from kame.server.runtime.wire import (
 )
 from kame.server.wires.ids import Ids
 from kame.server.wires.live import decode
-from kame.server.wires.live.commentary import Encode, OracleAnswer
+from kame.server.wires.live.commentary import Encode
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
 from kame.server.wires.live.events import (
     ErrorEvent,
@@ -65,9 +63,10 @@ from kame.server.wires.live.events import (
     SessionUpdated,
 )
 from kame.server.wires.live.protocol import LiveProtocol
-from kame.server.wires.live.responses_mode import ResponsesHooks
+from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session import events as pe
 from kame.session.responses.backend import ResponsesOffer
+from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
@@ -99,54 +98,35 @@ class LiveWire(Wire):
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
                  oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
                  responses: ResponsesOffer | None = None) -> None:
-        """``responses``: offer Responses delegation, bound to the server's back-ends (its rounds stream in
-        tasks of the session, through :meth:`bind`)."""
+        """``responses``: offer Responses delegation on the server's back-ends (the session side creates its
+        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``)."""
         self.settings = settings
         self._io: WireIO | None = None
-        hooks: ResponsesHooks | None = None
+        self._offer = responses
+        port: ResponsesPort | None = None
         if responses is not None:
             info = replace(info, responses=responses.catalog)
-            hooks = ResponsesHooks(
-                source=responses.source,
-                send=self._send_later,
-                oracle_reset=self._oracle_reset_later,
-                oracle_push=self._oracle_push_later,
-                spawn=self._spawn,
-                server_tools=responses.server_tools,
-                on_tool_call=responses.on_tool_call,
-                function_timeout_s=responses.function_timeout_s,
-                max_rounds=responses.max_rounds,
-                max_output_chars=responses.max_output_chars,
-            )
+            port = ResponsesPort(use=self._use_responses, send=self._send_later)
         self.live = LiveProtocol(info, encode=encode, oracle_config=oracle_config, ids=Ids(info.session_id[:8]),
-                             frame_size=frame_size, responses=hooks)
+                                 frame_size=frame_size, responses=port)
         self.encoder = LiveEncoder(self.live.ids)
         self._now = 0.0
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
 
-    # ------------------------------------------------------------------ Responses delegation's own work
+    # ------------------------------------------------------------------ Responses delegation
     def bind(self, io: WireIO) -> None:
-        """The runtime's queue, oracle and tasks, for the back-end rounds that stream between client messages."""
+        """The runtime's side: its send queue, and the answer source it creates on the server's back-ends."""
         self._io = io
+
+    def _use_responses(self, use: UseResponses) -> ResponsesAnswerSource:
+        if self._io is None or self._offer is None:  # Responses delegation runs in a served session only
+            raise RuntimeError("Responses delegation needs the session runtime (LiveWire.bind)")
+        return self._io.use_responses(self._offer, use)
 
     def _send_later(self, event: LiveEvent) -> None:
         if self._io is not None:
             self._io.send(self._out([event]))
-
-    def _oracle_reset_later(self, answer: OracleAnswer) -> None:
-        if self._io is not None:
-            self._io.oracle_reset(answer.ids, time.monotonic())
-
-    def _oracle_push_later(self, ids: Sequence[int]) -> None:
-        if self._io is not None:
-            self._io.oracle_push(ids)
-
-    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        if self._io is None:  # Responses delegation runs in a served session only (the runtime binds first)
-            work.close()
-            raise RuntimeError("Responses delegation needs the session runtime's tasks (LiveWire.bind)")
-        return self._io.spawn(work, "responses")
 
     def _out(self, events: Sequence[LiveEvent], index: int | None = None) -> list[Outgoing]:
         return [Outgoing(self.encoder.encode(e), audio_index=index if isinstance(e, OutputAudioDelta) else None)
