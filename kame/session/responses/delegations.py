@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -535,7 +535,7 @@ class _DelegationRounds(RoundPlan):
 
     # ------------------------------------------------------------------ the loop's hooks
 
-    def request(self, round_no: int, last: bool) -> AsyncIterator[Any]:
+    def request(self, round_no: int, last: bool) -> AsyncGenerator[Any, None]:
         settings = self.d._settings()
         self.stream = ResponseStream(
             model=settings.model,
@@ -608,7 +608,9 @@ class _DelegationRounds(RoundPlan):
 
     # ------------------------------------------------------------------ a round
 
-    async def _items(self, round_no: int, last: bool, settings: ResponsesDelegationSettings) -> AsyncIterator[Any]:
+    async def _items(
+        self, round_no: int, last: bool, settings: ResponsesDelegationSettings
+    ) -> AsyncGenerator[Any, None]:
         """Offer, ask, and stream the round (its response starts when the request is made)."""
         d = self.d
         client = () if last else tuple(settings.offered_functions())
