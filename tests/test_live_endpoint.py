@@ -1,4 +1,4 @@
-"""The /v1/live/sessions wire as the session runtime sees it (LiveEndpointWire): client messages -> the
+"""The /v1/live/sessions wire as the session runtime sees it (LiveWire): client messages -> the
 runtime's commands, pipeline events -> messages, and the last words of every kind of end. Pure: no
 socket, no engine, no torch."""
 
@@ -17,9 +17,9 @@ from starlette import status
 from kame.oracle.config import OracleConfig
 from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AnswerIn, AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn
+from kame.server.runtime.wire import AudioIn, EndIn, Fault, OracleResetIn, Outgoing, Reply, SettingsIn
 from kame.server.wires.live.config import LiveServerInfo
-from kame.server.wires.live.endpoint import MAX_CLIENT_ERRORS, LiveEndpointWire
+from kame.server.wires.live.wire import MAX_CLIENT_ERRORS, LiveWire
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
 
@@ -50,8 +50,8 @@ def replies(commands: list[Any]) -> list[dict[str, Any]]:
     return [e for c in commands if isinstance(c, Reply) for e in sent(list(c.messages))]
 
 
-def started(encode: Callable[[str], list[int]], session: dict[str, Any] | None = None) -> LiveEndpointWire:
-    wire = LiveEndpointWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
+def started(encode: Callable[[str], list[int]], session: dict[str, Any] | None = None) -> LiveWire:
+    wire = LiveWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
     commands = wire.decode(msg({"type": "session.start", "event_id": "s", "session": session or {"model": "gpt-live-1"}}), 10.0)
     settings = [c for c in commands if isinstance(c, SettingsIn)]
     assert len(settings) == 1 and not replies(commands)  # session.started waits for the pipeline
@@ -65,7 +65,7 @@ def frame(index: int, piece: str | None = None, t: float = 10.0) -> pe.Assistant
 
 
 def test_start_runs_without_llm_with_the_extensions_sampling(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveEndpointWire(INFO, SessionSettings(backend="x"), encode=encode, oracle_config=OracleConfig())
+    wire = LiveWire(INFO, SessionSettings(backend="x"), encode=encode, oracle_config=OracleConfig())
     assert wire.opening(SessionSettings()) == []  # the client speaks first
     commands = wire.decode(msg({"type": "session.start", "session": {"model": "m", "kame": {"text_topk": 7}}}), 1.0)
     (settings,) = [c for c in commands if isinstance(c, SettingsIn)]
@@ -84,9 +84,9 @@ def test_audio_commentary_and_close_become_commands(encode: Callable[[str], list
     commands = wire.decode(msg({"type": "session.commentary.append", "content": "Paris, of course.",
                                 "delegation_id": None, "event_id": "c"}), 12.5)
     kinds = [type(c) for c in commands]
-    assert kinds == [Reply, AnswerIn, Reply]
+    assert kinds == [Reply, OracleResetIn, Reply]
     answer = commands[1]
-    assert isinstance(answer, AnswerIn) and answer.received_t == 12.5 and list(answer.ids) == encode("Paris, of course.")
+    assert isinstance(answer, OracleResetIn) and answer.received_t == 12.5 and list(answer.ids) == encode("Paris, of course.")
     ack, fed = replies(commands)
     assert ack["type"] == "session.commentary.appended" and ack["client_event_id"] == "c"
     assert fed == {**fed, "type": "kame.oracle.reset", "text": "Paris, of course.", "tokens": len(answer.ids) + 1}
@@ -121,7 +121,7 @@ def test_errors_are_faults_and_too_many_end_the_session(encode: Callable[[str], 
 
 
 def test_frames_and_transcripts(encode: Callable[[str], list[int]]) -> None:
-    fresh = LiveEndpointWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
+    fresh = LiveWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
     assert fresh.frame(frame(0), 0, True) == []  # nothing before session.start
     wire = started(encode)
     outs = wire.frame(frame(0, "\u2581Hi"), 0, True)
@@ -163,7 +163,7 @@ def test_every_end_has_its_last_words(encode: Callable[[str], list[int]], label:
 
 
 def test_a_session_that_never_started_gets_only_its_error(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveEndpointWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
+    wire = LiveWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
     assert wire.closing(SessionEnd("idle", status.WS_1000_NORMAL_CLOSURE, "idle timeout")) == []
     out = sent(wire.closing(SessionEnd("engine_error", 1011, "engine error", "engine error, please reconnect", "engine_error")))
     assert out[0]["type"] == "error" and out[0]["error"]["code"] == "engine_error"

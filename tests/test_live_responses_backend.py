@@ -15,8 +15,8 @@ from pydantic import TypeAdapter
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
-from kame.server.wires.live.responses_config import parse_responses_config
 from kame.session.responses.backend import registry_catalog, registry_source
+from kame.session.responses.config import parse_responses_config
 from kame.session.responses.conversation import ConversationLog, UserSpeech
 from kame.session.responses.delegations import DelegationDone, ResponsesDelegator
 from kame.session.responses.settings import DelegationConfigError

@@ -21,7 +21,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from kame.backend.errors import BackendTimeout
-from kame.server.wires.live.responses_config import parse_responses_config
+from kame.session.responses.config import parse_responses_config
 from kame.session.responses.conversation import ConversationLog, UserSpeech
 from kame.session.responses.delegations import (
     DelegationDone,

@@ -30,9 +30,10 @@ from kame.oracle.config import OracleConfig
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
-from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.wire import LiveWire
+from kame.server.wires.live.protocol import LiveProtocol
+from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session.responses.backend import registry_catalog, registry_source
+from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 from tests.support.moshi_client import free_port
 
@@ -69,11 +70,16 @@ def app_for(registry: BackendRegistry, encode: Callable[[str], list[int]], answe
         def send(event: LiveEvent) -> None:
             queue.put_nowait(encoder_box[0].encode(event))
 
-        wire = LiveWire(
+        wire = LiveProtocol(
             LiveServerInfo(session_id="sdk00001", asr="whisper", responses=registry_catalog(registry)),
             encode=encode,
             oracle_config=OracleConfig(),
-            responses=ResponsesHooks(source=registry_source(registry), send=send, answer=answers.append),
+            responses=ResponsesPort(
+                use=lambda use: ResponsesAnswerSource.start(
+                    use, SourceHooks(source=registry_source(registry), oracle_reset=answers.append)
+                ),
+                send=send,
+            ),
         )
         encoder_box.append(LiveEncoder(wire.ids))
 

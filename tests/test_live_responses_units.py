@@ -15,7 +15,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from kame.oracle.prompt import PENDING_MARK, SILENCE_MARK
-from kame.server.wires.live.responses_config import model_notice, parse_responses_config, update_responses_config
+from kame.session.responses.config import model_notice, parse_responses_config, update_responses_config
 from kame.session.responses.conversation import (
     NO_OUTPUT,
     BackendTurn,

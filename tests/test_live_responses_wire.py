@@ -14,7 +14,7 @@ from typing import Any
 from kame.oracle.config import OracleConfig
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import DelegationCreated
-from kame.server.wires.live.wire import LiveWire
+from kame.server.wires.live.protocol import LiveProtocol
 from tests.support.live_responses import SERVER_EVENT, WEATHER, Client  # noqa: F401
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
@@ -136,7 +136,7 @@ def test_responses_commands_and_appends(llm_server: LlmServer, encode: Callable[
 
 
 def test_client_delegation_still_refuses_responses_commands(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveWire(LiveServerInfo(session_id="abcd1234"), encode=encode, oracle_config=OracleConfig())
+    wire = LiveProtocol(LiveServerInfo(session_id="abcd1234"), encode=encode, oracle_config=OracleConfig())
     wire.message(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}), 1.0)
     for etype in ("response.create", "response.item.create"):
         body: dict[str, Any] = {"type": etype, "event_id": "e"}
@@ -262,10 +262,10 @@ def test_a_round_reaches_the_oracle_word_by_word_as_it_streams(
     async def main() -> Client:
         c = Client(llm_server, encode, speculate=False)
         done = lambda: bool(c.nested("response.completed"))  # noqa: E731
-        c.wire.responses_hooks = replace(  # the runtime's push, as the Live endpoint gives it
-            c.wire.responses_hooks,
-            answer=lambda a: fed.append(("reset", a.ids, done())),
-            push=lambda ids: fed.append(("push", tuple(ids), done())),
+        c.hooks = replace(  # the runtime's push, as the Live wire's runtime gives it
+            c.hooks,
+            oracle_reset=lambda a: fed.append(("reset", a.ids, done())),
+            oracle_push=lambda ids: fed.append(("push", tuple(ids), done())),
         )
         start(c, tools=[])
         c.sends(c.wire.speech_started(1, 0.0))

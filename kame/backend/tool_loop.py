@@ -11,9 +11,14 @@ Every failure of a call (exception, timeout, unknown or refused tool,
 arguments that are not JSON) becomes a result the LLM reads: the loop
 itself fails only when the LLM request does (``BackendError``).
 
-It knows nothing of the oracle, the session or any wire: callers (the
-oracle loop, the Realtime and Live wires, the Responses delegation) consume
-its events:
+The rounds themselves are :func:`run_rounds`, the one loop of kame:
+:meth:`ToolLoop.run` drives it with the registry's stream and an executor
+(the oracle's requests, client functions of the Realtime and Live wires),
+and the Responses delegation (:mod:`kame.session.responses.delegations`)
+with its own :class:`RoundPlan` (the client's functions answered at the
+round boundary, MCP tools run in the round, the session's conversation as
+the history). It knows nothing of the oracle, the session or any wire:
+callers consume its events:
 
 * :class:`TextDelta` - text of round ``round``; ``after_tools`` is True once
   any call's result is in the history (an answer *built on tools*);
@@ -30,6 +35,7 @@ side-effecting calls alive).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -39,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kame.backend.tools import (
     ToolCall,
     ToolCallAssembler,
-    ToolCallDelta,
     ToolResult,
     ToolSpec,
     cap_output,
@@ -98,6 +103,7 @@ class LoopDone:
     rounds: int  #: tool rounds taken
     after_tools: bool
     messages: tuple[Mapping[str, Any], ...] = field(default=())  #: the whole history, tool rounds included
+    unrun: tuple[ToolCall, ...] = ()  #: calls the last round made that nobody ran (see :meth:`RoundPlan.finish`)
 
 
 LoopEvent = TextDelta | CallsRequested | CallFinished | LoopDone
@@ -110,6 +116,96 @@ class PriorCall:
     call: ToolCall
     result: Awaitable[ToolResult]
     text: str = ""
+
+
+class RoundPlan:
+    """How one loop run asks, resolves and records its rounds: the hooks of :func:`run_rounds`.
+
+    The loop itself (round after round, the last one without tools, text
+    streamed out as it comes, calls assembled, events in order) is the same
+    for every caller; what differs is where a round's request goes, who runs
+    its calls and what the history is. Each default is the plain loop's
+    (:meth:`ToolLoop.run`), else nothing (a plan without ``request`` asks
+    nothing and its loop ends at once).
+    """
+
+    def request(self, round_no: int, last: bool) -> AsyncGenerator[Any, None]:
+        """Stream round ``round_no``: text (``str``), call deltas, and items for :meth:`note`.
+
+        ``last``: the request after the last tool round (the LLM must answer).
+        Closing the generator must close the back-end's stream.
+        """
+        return _nothing()
+
+    def assembler(self, round_no: int) -> ToolCallAssembler:
+        """Joins the round's call deltas (ids the LLM did not give are ``call_r<round>_<n>``)."""
+        return ToolCallAssembler(id_prefix=f"call_r{round_no}")
+
+    def note(self, round_no: int, item: Any) -> bool:
+        """An item of the stream that is not text: True if it was the plan's (else it is a call delta)."""
+        return False
+
+    def go_on(self, round_no: int, calls: Sequence[ToolCall]) -> bool:
+        """Whether a round that called tools (not the last) gets its calls run and a next round."""
+        return True
+
+    def resolve(self, round_no: int, calls: Sequence[ToolCall]) -> AsyncIterator[CallFinished]:
+        """Run the round's calls; yield each result as it is ready (default: none is run)."""
+        return _no_results()
+
+    async def record(
+        self, round_no: int, calls: Sequence[ToolCall], finished: Sequence[CallFinished], text: str
+    ) -> bool:
+        """The round boundary: put the round into the history; True if results are now in it."""
+        return True
+
+    def finish(self, round_no: int, text: str, calls: Sequence[ToolCall]) -> tuple[Mapping[str, Any], ...]:
+        """The last round ended (``calls``: those it made but nobody runs); the whole history."""
+        return ()
+
+
+async def run_rounds(plan: RoundPlan, max_rounds: int, *, after_tools: bool = False) -> AsyncGenerator[LoopEvent, None]:
+    """The one tool loop: rounds of ``plan`` until one makes no calls, ``max_rounds`` tool rounds at most.
+
+    ``after_tools``: results are in the history before the first round
+    (calls of an earlier request). Events as in the module doc; the
+    :class:`LoopDone` of a round whose calls were not run carries them.
+    """
+    rounds = 0
+    while True:
+        last = rounds >= max_rounds
+        items = plan.request(rounds, last)
+        assembler = plan.assembler(rounds)
+        text = ""
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if isinstance(item, str):
+                    if item:
+                        text += item
+                        yield TextDelta(item, rounds, after_tools)
+                elif not plan.note(rounds, item):
+                    assembler.add(item)
+        calls = tuple(assembler.calls())
+        if not calls or last or not plan.go_on(rounds, calls):
+            yield LoopDone(text, rounds, after_tools, plan.finish(rounds, text, calls), calls)
+            return
+        yield CallsRequested(rounds, calls, text)
+        finished: list[CallFinished] = []
+        async for done in plan.resolve(rounds, calls):
+            finished.append(done)
+            yield done
+        after_tools = await plan.record(rounds, calls, finished, text) or after_tools
+        rounds += 1
+
+
+async def _no_results() -> AsyncIterator[CallFinished]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _nothing() -> AsyncGenerator[Any, None]:
+    return
+    yield  # pragma: no cover - makes this an async generator
 
 
 class ToolLoop:
@@ -146,77 +242,91 @@ class ToolLoop:
         history as a tool round, so their results reach this request's LLM.
         """
         lim = limits or self.limits
-        specs = {t.name: t for t in tools}
-        history: list[Any] = list(messages)
+        plan = _RegistryRounds(self, backend, list(messages), tools, executor, tool_choice, max_tokens, temperature, lim)
         after_tools = False
-        rounds = 0
         if prior:
             calls = tuple(p.call for p in prior)
             results: list[ToolResult] = []
             for p in prior:
                 started = self.clock()
-                result = await self._await_result(p.call, p.result, lim)
+                result = await _await_result(p.call, p.result, lim)
                 results.append(result)
                 yield CallFinished(0, p.call, result, self.clock() - started)
-            history.extend(round_messages(calls, results, "".join(p.text for p in prior)))
+            plan.history.extend(round_messages(calls, results, "".join(p.text for p in prior)))
             after_tools = True
-        while True:
-            last = rounds >= lim.max_rounds
-            choice = "none" if last and tools else tool_choice
-            stream = self.registry.stream_turn(
-                backend,
-                history,
-                tools=list(tools) or None,
-                tool_choice=choice,
-                max_tokens=max_tokens,
-                temperature=temperature,
-            )
-            assembler = ToolCallAssembler(id_prefix=f"call_r{rounds}")
-            text = ""
-            async with stream:
-                async for item in stream:
-                    if isinstance(item, ToolCallDelta):
-                        assembler.add(item)
-                    elif item:
-                        text += item
-                        yield TextDelta(item, rounds, after_tools)
-            calls = tuple(assembler.calls())
-            if not calls or last:
-                if calls:
-                    log.warning("tool loop: the LLM still called %d tools after the last round", len(calls))
-                history.append({"role": "assistant", "content": text})
-                yield LoopDone(text, rounds, after_tools, tuple(_plain(m) for m in history))
-                return
-            yield CallsRequested(rounds, calls, text)
-            results_by_id: dict[str, ToolResult] = {}
-            async for finished in self._run_calls(rounds, calls, specs, executor, lim):
-                results_by_id[finished.call.id] = finished.result
-                yield finished
-            history.extend(round_messages(calls, [results_by_id[c.id] for c in calls], text))
-            after_tools = True
-            rounds += 1
+        async with contextlib.aclosing(run_rounds(plan, lim.max_rounds, after_tools=after_tools)) as events:
+            async for event in events:
+                yield event
 
-    async def _run_calls(
+
+class _RegistryRounds(RoundPlan):
+    """The plain loop's rounds: the registry's stream, calls run by an executor, OpenAI messages as history."""
+
+    def __init__(
         self,
-        round_no: int,
-        calls: Sequence[ToolCall],
-        specs: Mapping[str, ToolSpec],
+        loop: ToolLoop,
+        backend: str | None,
+        history: list[Any],
+        tools: Sequence[ToolSpec],
         executor: ToolExecutor,
-        lim: ToolLoopLimits,
-    ) -> AsyncIterator[CallFinished]:
+        tool_choice: str | None,
+        max_tokens: int | None,
+        temperature: float | None,
+        limits: ToolLoopLimits,
+    ) -> None:
+        self.loop = loop
+        self.backend = backend
+        self.history = history
+        self.tools = tools
+        self.specs = {t.name: t for t in tools}
+        self.executor = executor
+        self.tool_choice = tool_choice
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.limits = limits
+
+    def request(self, round_no: int, last: bool) -> AsyncGenerator[Any, None]:
+        choice = "none" if last and self.tools else self.tool_choice
+        return _opened(
+            self.loop.registry.stream_turn(
+                self.backend,
+                self.history,
+                tools=list(self.tools) or None,
+                tool_choice=choice,
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+            )
+        )
+
+    def resolve(self, round_no: int, calls: Sequence[ToolCall]) -> AsyncIterator[CallFinished]:
+        return self._run_calls(round_no, calls)
+
+    async def record(
+        self, round_no: int, calls: Sequence[ToolCall], finished: Sequence[CallFinished], text: str
+    ) -> bool:
+        results_by_id = {f.call.id: f.result for f in finished}
+        self.history.extend(round_messages(calls, [results_by_id[c.id] for c in calls], text))
+        return True
+
+    def finish(self, round_no: int, text: str, calls: Sequence[ToolCall]) -> tuple[Mapping[str, Any], ...]:
+        if calls:
+            log.warning("tool loop: the LLM still called %d tools after the last round", len(calls))
+        self.history.append({"role": "assistant", "content": text})
+        return tuple(_plain(m) for m in self.history)
+
+    async def _run_calls(self, round_no: int, calls: Sequence[ToolCall]) -> AsyncIterator[CallFinished]:
         """Run the calls of one round concurrently; yield each result as it is ready."""
-        started = self.clock()
+        clock, lim = self.loop.clock, self.limits
+        started = clock()
         ready: list[CallFinished] = []
         tasks: dict[asyncio.Task[ToolResult], ToolCall] = {}
         for call in calls:
-            early = _precheck(call, specs)
+            early = _precheck(call, self.specs)
             if early is not None:
                 ready.append(CallFinished(round_no, call, early, 0.0))
                 continue
-            aw = _guarded(executor, call, specs[call.name])
-            task = asyncio.get_running_loop().create_task(
-                self._await_result(call, aw, lim), name=f"kame-tool-{call.name}"
-            )
+            aw = _guarded(self.executor, call, self.specs[call.name])
+            task = asyncio.get_running_loop().create_task(_await_result(call, aw, lim), name=f"kame-tool-{call.name}")
             tasks[task] = call
         for item in ready:
             yield item
@@ -225,27 +335,35 @@ class ToolLoop:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    yield CallFinished(round_no, tasks[task], task.result(), self.clock() - started)
+                    yield CallFinished(round_no, tasks[task], task.result(), clock() - started)
         finally:
             for task in tasks:
                 if not task.done():
                     task.cancel()
 
-    async def _await_result(self, call: ToolCall, aw: Awaitable[ToolResult], lim: ToolLoopLimits) -> ToolResult:
-        try:
-            result = await asyncio.wait_for(aw, lim.call_timeout_s)
-        except asyncio.TimeoutError:
-            return timed_out(call, lim.call_timeout_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken tool is reported to the LLM, not raised
-            return failed(call, _describe(exc))
-        if not isinstance(result, ToolResult):
-            return failed(call, "the tool returned no result")
-        result = result.for_call(call.id)
-        if result.ok:
-            result = ToolResult(result.call_id, result.name, "ok", cap_output(result.output, lim.max_output_chars))
-        return result
+
+async def _opened(stream: Any) -> AsyncGenerator[Any, None]:
+    """A registry stream (an async context manager) as a plain iterator that closes it."""
+    async with stream:
+        async for item in stream:
+            yield item
+
+
+async def _await_result(call: ToolCall, aw: Awaitable[ToolResult], lim: ToolLoopLimits) -> ToolResult:
+    try:
+        result = await asyncio.wait_for(aw, lim.call_timeout_s)
+    except asyncio.TimeoutError:
+        return timed_out(call, lim.call_timeout_s)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broken tool is reported to the LLM, not raised
+        return failed(call, _describe(exc))
+    if not isinstance(result, ToolResult):
+        return failed(call, "the tool returned no result")
+    result = result.for_call(call.id)
+    if result.ok:
+        result = ToolResult(result.call_id, result.name, "ok", cap_output(result.output, lim.max_output_chars))
+    return result
 
 
 def _precheck(call: ToolCall, specs: Mapping[str, ToolSpec]) -> ToolResult | None:

@@ -90,7 +90,7 @@ async def run_tandem_file(
             for inj in by_step.get(step, []):
                 ids = encode_answer(inj.text) if encode_answer else []
                 if ids:
-                    pipeline.inject_answer(ids)
+                    pipeline.oracle_reset(ids)
                     record("oracle.injected", {"step": step, "text": inj.text, "tokens": len(ids) + 1})
             pipeline.feed(frame)
         await asyncio.wait_for(collector, timeout=30 + len(frames) / FRAME_RATE)

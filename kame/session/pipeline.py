@@ -564,14 +564,14 @@ class Pipeline:
                 else:
                     self._complete(commit)
 
-    def inject_answer(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
+    def oracle_reset(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
         """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``, a Live
         commentary); ``done(t)`` is called in the engine thread once the sequence is in the FIFO."""
         if self.slot is not None and ids:
             self.slot.oracle_reset(list(ids), done)
 
-    def inject_push(self, ids: list[int]) -> None:
-        """Append ``ids`` to the oracle sequence :meth:`inject_answer` started (an answer that streams)."""
+    def oracle_push(self, ids: list[int]) -> None:
+        """Append ``ids`` to the oracle sequence :meth:`oracle_reset` started (an answer that streams)."""
         if self.slot is not None and ids:
             self.slot.oracle_push(list(ids))
 

@@ -13,7 +13,7 @@ from fastapi import WebSocket
 from kame.server.access.admission import Admitted
 from kame.server.runtime.route import WireRoute
 from kame.server.runtime.wire import Wire
-from kame.server.wires.live import endpoint as live
+from kame.server.wires.live import wire as live
 from kame.server.wires.moshi import wire as moshi
 from kame.server.wires.realtime import wire as realtime
 from kame.session.responses.backend import ResponsesOffer, responses_offer
@@ -92,7 +92,7 @@ REALTIME = WireRoute(
 
 def open_live(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
     settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
-    return live.LiveEndpointWire(live_info(state, admitted.session_id), settings, **live_wire_args(state)), settings
+    return live.LiveWire(live_info(state, admitted.session_id), settings, **live_wire_args(state)), settings
 
 
 def live_info(state: AppState, session_id: str, **extra: Any) -> live.LiveServerInfo:

@@ -43,7 +43,6 @@ from kame.server.runtime.send import SendQueue
 from kame.server.runtime.transport import Transport, as_transport
 from kame.server.runtime.watchdog import watch, watch_period
 from kame.server.runtime.wire import (
-    AnswerIn,
     AudioIn,
     Command,
     ConversationIn,
@@ -51,6 +50,7 @@ from kame.server.runtime.wire import (
     Fault,
     FunctionOutputIn,
     Ignored,
+    OracleResetIn,
     Outgoing,
     Reply,
     ResetIn,
@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.server.telemetry.protocol_metrics import ProtocolMetrics
     from kame.session.pipeline import Pipeline
+    from kame.session.responses.backend import ResponsesOffer
+    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
     from kame.session.settings import SessionSettings
 
 #: Client faults logged at info level before the rest go to debug.
@@ -335,8 +337,8 @@ class SessionRuntime:
             self._queue(list(command.messages))
         elif isinstance(command, Fault):
             self._fault(command)
-        elif isinstance(command, AnswerIn):
-            self._answer(command)
+        elif isinstance(command, OracleResetIn):
+            self._oracle_reset(command)
         elif isinstance(command, EndIn):
             self.end_with(command.end)
         elif isinstance(command, ConversationIn):
@@ -354,7 +356,7 @@ class SessionRuntime:
             return
         self.pipeline.apply(command.command)
 
-    def _answer(self, command: AnswerIn) -> None:
+    def _oracle_reset(self, command: OracleResetIn) -> None:
         """A client's answer goes to the oracle FIFO at once (not behind the step in progress), timed."""
         if self.pipeline is None or not command.ids:
             return
@@ -365,7 +367,7 @@ class SessionRuntime:
             if observe is not None:
                 observe(max(0.0, at - received))
 
-        self.pipeline.inject_answer(list(command.ids), done=done)
+        self.pipeline.oracle_reset(list(command.ids), done=done)
         self.metrics.oracle_resets.inc()
         self.metrics.oracle_tokens.inc(len(command.ids) + 1)
 
@@ -575,7 +577,8 @@ class SessionRuntime:
 
 
 class _RuntimeIO:
-    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, its oracle, its tasks."""
+    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, and the answer source it
+    creates on its oracle and its tasks."""
 
     def __init__(self, runtime: SessionRuntime) -> None:
         self._runtime = runtime
@@ -584,13 +587,21 @@ class _RuntimeIO:
     def send(self, messages: Sequence[Outgoing]) -> None:
         self._runtime._queue(list(messages))
 
-    def answer(self, ids: Sequence[int], received_t: float) -> None:
-        self._runtime._answer(AnswerIn(tuple(ids), received_t))
+    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
+        return offer.answer_source(
+            use,
+            oracle_reset=lambda answer: self.oracle_reset(answer.ids, time.monotonic()),
+            oracle_push=self.oracle_push,
+            spawn=lambda work: self.spawn(work, "responses"),
+        )
 
-    def push(self, ids: Sequence[int]) -> None:
+    def oracle_reset(self, ids: Sequence[int], received_t: float) -> None:
+        self._runtime._oracle_reset(OracleResetIn(tuple(ids), received_t))
+
+    def oracle_push(self, ids: Sequence[int]) -> None:
         pipeline = self._runtime.pipeline
         if pipeline is not None and ids:
-            pipeline.inject_push(list(ids))
+            pipeline.oracle_push(list(ids))
             self._runtime.metrics.oracle_tokens.inc(len(ids))
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:

@@ -10,10 +10,9 @@ implementing :class:`Wire` plus a :class:`~kame.server.runtime.route.WireRoute`.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,6 +23,9 @@ from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
     from starlette.types import Message
+
+    from kame.session.responses.backend import ResponsesOffer
+    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
 
 #: A transport's mark on a client message that came over a channel the client's page holds (a WebRTC
@@ -107,7 +109,7 @@ class Fault:
 
 
 @dataclass(frozen=True)
-class AnswerIn:
+class OracleResetIn:
     """An answer the client wrote (a Live ``session.commentary.append``): a new oracle sequence of these
     token ids, now, without any LLM; ``received_t`` (monotonic) is when its message arrived."""
 
@@ -136,7 +138,7 @@ class Ignored:
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | AnswerIn | EndIn | ConversationIn | Ignored
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | OracleResetIn | EndIn | ConversationIn | Ignored
 
 
 class Wire:
@@ -222,22 +224,23 @@ class Wire:
 
 
 class WireIO(Protocol):
-    """What a wire with background work of its own may ask of its runtime.
+    """What the runtime lends a wire whose answer source works between client messages.
 
     A wire that needs it (the Live wire in Responses delegation: its back-end
     rounds stream while no client message arrives) has a ``bind(io)`` method;
-    the runtime calls it once the session is served. Everything here only
-    queues: the audio loop never waits on a wire's work.
+    the runtime calls it once the session is served, before the first client
+    message. Everything here only queues: the audio loop never waits on it.
     """
 
     def send(self, messages: Sequence[Outgoing]) -> None:
         """Queue messages for the client, in order with everything else the runtime queues."""
 
-    def answer(self, ids: Sequence[int], received_t: float) -> None:
-        """A new oracle sequence of these token ids, now (as :class:`AnswerIn`)."""
+    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
+        """The wire's command: this session answers in Responses delegation on ``offer``'s back-ends.
 
-    def push(self, ids: Sequence[int]) -> None:
-        """More token ids for the oracle sequence the last :meth:`answer` started."""
-
-    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Run ``work`` as a task of the session: cancelled when it ends; a failure is logged, never ends it."""
+        The runtime creates the session's answer source with its own oracle
+        (an answer resets it, as :class:`OracleResetIn` does, and streams on)
+        and its tasks (cancelled when the session ends; a failure is logged,
+        never ends it).
+        """
+        ...

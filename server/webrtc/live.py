@@ -91,9 +91,9 @@ async def create_session(request: Request) -> Response:
     from kame.server.app.websockets import live_info, live_wire_args
     from kame.server.wires.live.channel import parse_permissions
     from kame.server.wires.live.config import parse_start
-    from kame.server.wires.live.endpoint import KameLiveSettings, live_settings
     from kame.server.wires.live.events import LiveError
     from kame.server.wires.live.rtp import LiveRtpWire
+    from kame.server.wires.live.wire import KameLiveSettings, live_settings
     from kame.session.settings import SessionSettings
 
     state: AppState = request.app.state.kame
@@ -149,6 +149,6 @@ async def sip_only(request: Request, session_id: str, action: str) -> JSONRespon
 @router.websocket(SESSIONS_PATH + "/{session_id}/attach")
 async def attach(ws: WebSocket, session_id: str) -> None:
     from kame.server.webrtc.sideband import attach_sideband
-    from kame.server.wires.live.endpoint import refusal
+    from kame.server.wires.live.wire import refusal
 
     await attach_sideband(ws, session_id, "live", refusal)

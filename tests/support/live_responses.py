@@ -20,9 +20,10 @@ from kame.server.wires.ids import Ids
 from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
-from kame.server.wires.live.responses_mode import ResponsesHooks
-from kame.server.wires.live.wire import LiveWire
+from kame.server.wires.live.protocol import LiveProtocol
+from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session.responses.backend import registry_catalog, registry_source
+from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
 from tests.support.llm_server import LlmServer
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
@@ -45,14 +46,14 @@ class Client:
         self.encoder = LiveEncoder(Ids("t"))
         self.sent: list[dict[str, Any]] = []
         self.answers: list[OracleAnswer] = []
+        self.hooks = SourceHooks(source=registry_source(self.registry), oracle_reset=self.answers.append, **hooks)
         info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))
-        self.wire = LiveWire(
+        self.wire = LiveProtocol(
             info,
             encode=encode,
             oracle_config=OracleConfig(),
-            responses=ResponsesHooks(
-                source=registry_source(self.registry), send=self.send, answer=self.answers.append, **hooks
-            ),
+            # What the runtime does with the wire's UseResponses, on these hooks (a test may replace them).
+            responses=ResponsesPort(use=lambda use: ResponsesAnswerSource.start(use, self.hooks), send=self.send),
         )
 
     def send(self, event: LiveEvent) -> None:

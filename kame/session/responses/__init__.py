@@ -5,6 +5,7 @@ back-end answers each delegation, offered the client's functions (the
 client runs them) and the operator's MCP tools (kame runs them). Modules:
 
 - :mod:`.settings`: what a Responses conversation runs with (functions, tool choice, back-end);
+- :mod:`.config`: a client's config validated into those settings (what kame accepts, refuses, ignores);
 - :mod:`.conversation`: the back-end's own conversation and prompt;
 - :mod:`.stream`: one back-end round as a Responses API event stream;
 - :mod:`.delegations`: the rounds of each delegation, the client's calls, how each ends;
@@ -12,8 +13,8 @@ client runs them) and the operator's MCP tools (kame runs them). Modules:
 - :mod:`.source`: both joined to the oracle, what the client is told as typed events;
 - :mod:`.backend`: the rounds bound to the registry, the MCP servers as server-side tools.
 
-The Live wire (``kame.server.wires.live``) validates the client's config
-into :mod:`.settings`, feeds client commands in and encodes what comes out
+The Live wire (``kame.server.wires.live``) hands the client's config to
+:mod:`.config`, feeds client commands in and encodes what comes out
 (a nested Responses event in its ``response.event`` envelope, a notice as
 ``info``, progress as ``kame.*``).
 """

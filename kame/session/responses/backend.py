@@ -13,8 +13,9 @@ back-end, and the finish reason and token usage come back through a
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from kame.backend.registry import BackendRegistry
 from kame.backend.speculation import ToolCallEvent
 from kame.backend.tools import ToolCall, ToolSpec, TurnReport
 from kame.redaction import client_safe
+from kame.session.answers import OracleAnswer
 from kame.session.responses.delegations import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -35,6 +37,7 @@ from kame.session.responses.delegations import (
     ServerTools,
 )
 from kame.session.responses.settings import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
+from kame.session.responses.source import ResponsesAnswerSource, SourceHooks, UseResponses
 from kame.session.responses.stream import Usage
 
 log = logging.getLogger(__name__)
@@ -210,6 +213,28 @@ class ResponsesOffer:
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S  #: ``tools.client_call_timeout_s``
     max_rounds: int = DEFAULT_MAX_ROUNDS  #: ``tools.max_rounds`` + 1 (the last one answers without tools)
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS  #: ``tools.max_client_output_chars``
+
+    def answer_source(
+        self,
+        use: UseResponses,
+        *,
+        oracle_reset: Callable[[OracleAnswer], None],
+        oracle_push: Callable[[Sequence[int]], None] | None = None,
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None,
+    ) -> ResponsesAnswerSource:
+        """The answer source a wire's ``use`` asks for, on these back-ends and the session's oracle and tasks."""
+        hooks = SourceHooks(
+            source=self.source,
+            oracle_reset=oracle_reset,
+            oracle_push=oracle_push,
+            spawn=spawn,
+            server_tools=self.server_tools,
+            on_tool_call=self.on_tool_call,
+            function_timeout_s=self.function_timeout_s,
+            max_rounds=self.max_rounds,
+            max_output_chars=self.max_output_chars,
+        )
+        return ResponsesAnswerSource.start(use, hooks)
 
 
 def responses_offer(

@@ -24,7 +24,10 @@ client that does not answer a call within ``function_timeout_s`` gets an
 answers anyway; the round count is capped (``max_rounds``: the last
 request offers no tools, so the back-end must answer).
 
-Nothing here touches audio or the engine: the answer source
+The rounds run through kame's one tool loop
+(:func:`~kame.backend.tool_loop.run_rounds`); :class:`_DelegationRounds`
+is what a Responses round asks, resolves and records. Nothing here
+touches audio or the engine: the answer source
 (:mod:`.source`) feeds client commands in and turns what ``send`` receives
 into typed events; the back-end is any ``RoundSource`` (bound to the
 registry's tool-capable stream by :mod:`.backend`).
@@ -36,12 +39,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kame.backend.speculation import ToolCallEvent
-from kame.backend.tools import ToolCallAssembler, ToolOutcome
+from kame.backend.tool_loop import CallFinished, LoopDone, RoundPlan, TextDelta, run_rounds
+from kame.backend.tools import ToolCall, ToolCallAssembler, ToolOutcome
 from kame.session.responses.conversation import (
     BackendTurn,
     CallOutput,
@@ -89,7 +93,7 @@ class ServerTool:
 
     @property
     def key(self) -> str:
-        """How ``tool_choice`` names it (:class:`~.responses_config.ToolChoiceSpec`)."""
+        """How ``tool_choice`` names it (:class:`~.settings.ToolChoiceSpec`)."""
         return f"mcp:{self.server_label}:{self.tool}"
 
 
@@ -386,158 +390,25 @@ class ResponsesDelegator:
             return done
 
     async def _run(self, delegation_id: str, response_id: str) -> DelegationDone:
-        previous: str | None = None
-        total: Usage | None = None
-        after_tools = False
-        for round_no in range(self.max_rounds):
-            last = round_no == self.max_rounds - 1
-            settings = self._settings()
-            stream = ResponseStream(
-                model=settings.model,
-                response_id=response_id if round_no == 0 else None,
-                tool_choice=settings.tool_choice.response_tool_choice(),
-                parallel_tool_calls=settings.parallel_tool_calls,
-                max_output_tokens=settings.max_output_tokens,
-                previous_response_id=previous,
-                ids=self._ids,
-                clock=self._clock,
-            )
-            previous = stream.response_id
-            self._running = delegation_id
-            internal: list[tuple[CallRecord, str]] = []  # calls kame answered itself (MCP, refused)
-            status, usage = await self._round(delegation_id, round_no, stream, settings, last, after_tools, internal)
-            self._running = None
-            if usage is not None:
-                total = usage if total is None else total + usage
-            if status != "failed" and stream.text.strip():
-                _guard(self._on_round_text, RoundText(delegation_id, round_no, stream.text, after_tools))
-            calls = stream.summary().calls
-            records = [CallRecord(c.call_id, c.name, c.arguments) for c in calls] + [r for r, _ in internal]
-            self.conversation.add(BackendTurn(stream.text, tuple(records)))
-            for record, output in internal:
-                self.conversation.add(CallOutput(record.call_id, output))
-            early = {c.call_id: self._early.pop(c.call_id) for c in calls if c.call_id in self._early}
-            for call_id, output in early.items():
-                self.conversation.add(CallOutput(call_id, output))
-            if status != "completed" or not records or last:
-                # (On the last round nothing is offered: a call there is refused and no round follows.)
-                self._issued.clear()
-                return DelegationDone(delegation_id, status, stream.text, round_no + 1, total)
-            if calls:
-                await self._await_client(delegation_id, {c.call_id: c.name for c in calls}, set(early))
-            self._issued.clear()
-            self._early.clear()
-            after_tools = after_tools or bool(calls) or any(not o.startswith("Refused:") for _, o in internal)
-        raise AssertionError("unreachable: the last round always returns")  # pragma: no cover
-
-    async def _round(
-        self,
-        delegation_id: str,
-        round_no: int,
-        stream: ResponseStream,
-        settings: ResponsesDelegationSettings,
-        last: bool,
-        after_tools: bool,
-        internal: list[tuple[CallRecord, str]],
-    ) -> tuple[Literal["completed", "incomplete", "failed"], Usage | None]:
-        client = () if last else tuple(settings.offered_functions())
-        server: list[ServerTool] = []
-        if not last and self._server_tools is not None and settings.mcp_servers:
-            try:
-                client_names = {f.name for f in client}
-                server = [t for t in await self._server_tools.offered(settings) if t.name not in client_names]
-            except Exception:  # noqa: BLE001 - MCP servers down: the round goes on with the client's functions
-                log.warning("responses delegation %s: MCP tools unavailable", delegation_id, exc_info=True)
-        functions = client + tuple(t.function for t in server)
-        by_name = {t.name: t for t in server}
-        choice = settings.tool_choice
-        tool_choice: str | None = None
-        if functions:
-            forced = choice.forced
-            tool_choice = choice.mode
-            if forced and forced.startswith("function:"):
-                tool_choice = forced.removeprefix("function:")
-            elif forced:
-                tool_choice = next((t.name for t in server if t.key == forced), "required")
-            if round_no > 0 and tool_choice != "none":
-                tool_choice = "auto"  # forcing a call again after its output would loop
-        request = RoundRequest(
-            messages=build_backend_messages(
-                self.conversation,
-                instructions=settings.instructions,
-                max_words=self._prompt.max_words,
-                language=self._prompt.language,
-                tools=bool(functions),
-                max_chars=self._prompt.max_chars,
-                continuing=round_no > 0,
-            ),
-            functions=functions,
-            tool_choice=tool_choice,
-            max_tokens=settings.max_output_tokens,
-            backend=settings.target.backend,
-            model=settings.target.model,
-        )
-        self._emit(delegation_id, stream.start())
-        offered = {f.name for f in client}
-        assembler = ToolCallAssembler(single=not settings.parallel_tool_calls)
-        end = RoundEnd()
+        """The delegation's rounds through the one tool loop (:func:`~kame.backend.tool_loop.run_rounds`)."""
+        plan = _DelegationRounds(self, delegation_id, response_id)
+        events = run_rounds(plan, self.max_rounds - 1)
         try:
-            gen = self._source(request)
-            try:
-                async for item in gen:
-                    if isinstance(item, str):
-                        if item:
-                            self._emit(delegation_id, stream.text_delta(item))
-                            _guard(self._on_text, TextOut(delegation_id, round_no, item, after_tools))
-                    elif isinstance(item, RoundEnd):
-                        end = item
-                        if item.notice:
-                            self._info("kame.backend_notice", item.notice)
-                        if item.tools_notice:
-                            self._info("kame.tools_refused", item.tools_notice)
-                    else:
-                        assembler.add(item)
-            finally:
-                await _aclose(gen)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        self._emit(delegation_id, plan.stream.text_delta(event.text))
+                        _guard(self._on_text, TextOut(delegation_id, event.round, event.text, event.after_tools))
+                    elif isinstance(event, LoopDone):
+                        assert plan.done is not None
+                        return plan.done
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a broken back-end ends this response, never the session
-            kind = getattr(exc, "kind", "internal")
-            message = str(exc) if hasattr(exc, "kind") else "internal error while streaming the back-end"
-            if not hasattr(exc, "kind"):
-                log.exception("responses delegation %s: back-end round failed", delegation_id)
-            self._emit(delegation_id, stream.fail(failure_code(kind), message, error_type=kind))
-            return "failed", None
-        reason: IncompleteReason | None = incomplete_reason(end.finish_reason)
-        # Calls open only now, when their names are whole (some servers split names), in index order.
-        # A round cut short leaves them open: they close ``incomplete`` and no client runs them.
-        internal.clear()
-        mine: list[tuple[ServerTool, CallRecord]] = []
-        for index, call in enumerate(assembler.calls()):
-            name, arguments = call.name, call.arguments
-            if name in by_name:
-                if reason is None:
-                    mine.append((by_name[name], CallRecord(self._ids("call"), name, arguments)))
-                continue
-            if name not in offered:
-                if reason is not None:
-                    continue
-                # Never shown to the client (it could not run it); the back-end is told and tries again.
-                internal.append((CallRecord(self._ids("call"), name or "unnamed", arguments), _refusal(name)))
-                log.info("responses delegation %s: refused a call of %r (not offered)", delegation_id, name)
-                continue
-            self._emit(delegation_id, stream.call_begin(index, None, name))
-            self._emit(delegation_id, stream.call_arguments(index, arguments))
-            if reason is None:
-                self._emit(delegation_id, stream.call_end(index))
-                self._tool_started(stream.call_id_of(index), name, "client_function")
-        if reason is not None:
-            self._emit(delegation_id, stream.incomplete(reason, end.usage))
-            return "incomplete", end.usage
-        if mine:
-            await self._run_server_tools(delegation_id, stream, mine, internal)
-        self._emit(delegation_id, stream.complete(end.usage))
-        return "completed", end.usage
+        except Exception as exc:
+            if not plan.streaming:
+                raise  # a bug past the back-end's stream: the delegation fails (``_serialized``)
+            return plan.failed(exc)
+        raise AssertionError("unreachable: the loop always ends with LoopDone")  # pragma: no cover
 
     async def _run_server_tools(
         self,
@@ -631,6 +502,232 @@ class ResponsesDelegator:
 
     def _info(self, code: str, message: str) -> None:
         self._send({"type": "info", "code": code, "message": message})
+
+
+class _DelegationRounds(RoundPlan):
+    """One delegation's rounds as the tool loop runs them; each round is one response to the client.
+
+    A round's request is the session's conversation with the client's
+    functions and the enabled MCP tools (none on the last round). Of its
+    calls, kame runs the MCP ones and refuses those never offered (both
+    answered in the round); the client's are shown, and the round boundary
+    (after the response ended) waits for their outputs. A failed back-end
+    ends the response ``failed`` (:meth:`failed`), a cut-short one
+    ``incomplete`` with its calls left open.
+    """
+
+    def __init__(self, owner: ResponsesDelegator, delegation_id: str, response_id: str) -> None:
+        self.d = owner
+        self.delegation_id = delegation_id
+        self.response_id = response_id  #: the first round's (``session.delegation.created`` named it)
+        self.round_no = 0
+        self.previous: str | None = None
+        self.total: Usage | None = None
+        self.after_tools = False
+        self.streaming = False  #: the round's back-end stream is open: a failure now fails the response
+        self.stream: ResponseStream  # the round's response (made by :meth:`request`)
+        self.settings: ResponsesDelegationSettings | None = None
+        self.end = RoundEnd()
+        self.offered: set[str] = set()  # the client's functions offered in this round
+        self.by_name: dict[str, ServerTool] = {}  # the MCP tools offered in this round
+        self.internal: list[tuple[CallRecord, str]] = []  # calls kame answered itself (MCP, refused)
+        self.done: DelegationDone | None = None
+
+    # ------------------------------------------------------------------ the loop's hooks
+
+    def request(self, round_no: int, last: bool) -> AsyncGenerator[Any, None]:
+        settings = self.d._settings()
+        self.stream = ResponseStream(
+            model=settings.model,
+            response_id=self.response_id if round_no == 0 else None,
+            tool_choice=settings.tool_choice.response_tool_choice(),
+            parallel_tool_calls=settings.parallel_tool_calls,
+            max_output_tokens=settings.max_output_tokens,
+            previous_response_id=self.previous,
+            ids=self.d._ids,
+            clock=self.d._clock,
+        )
+        self.previous = self.stream.response_id
+        self.round_no, self.settings, self.end, self.internal = round_no, settings, RoundEnd(), []
+        self.d._running = self.delegation_id
+        return self._items(round_no, last, settings)
+
+    def assembler(self, round_no: int) -> ToolCallAssembler:
+        assert self.settings is not None
+        return ToolCallAssembler(single=not self.settings.parallel_tool_calls)
+
+    def note(self, round_no: int, item: Any) -> bool:
+        if not isinstance(item, RoundEnd):
+            return False
+        self.end = item
+        if item.notice:
+            self.d._info("kame.backend_notice", item.notice)
+        if item.tools_notice:
+            self.d._info("kame.tools_refused", item.tools_notice)
+        return True
+
+    def go_on(self, round_no: int, calls: Sequence[ToolCall]) -> bool:
+        return incomplete_reason(self.end.finish_reason) is None
+
+    def resolve(self, round_no: int, calls: Sequence[ToolCall]) -> AsyncIterator[CallFinished]:
+        return self._resolve(calls)
+
+    async def record(
+        self, round_no: int, calls: Sequence[ToolCall], finished: Sequence[CallFinished], text: str
+    ) -> bool:
+        shown, early = self._end("completed")
+        if shown:
+            await self.d._await_client(self.delegation_id, {c.call_id: c.name for c in shown}, set(early))
+        self.d._issued.clear()
+        self.d._early.clear()
+        self.after_tools = (
+            self.after_tools or bool(shown) or any(not o.startswith("Refused:") for _, o in self.internal)
+        )
+        return self.after_tools
+
+    def finish(self, round_no: int, text: str, calls: Sequence[ToolCall]) -> tuple[Mapping[str, Any], ...]:
+        # (On the last round nothing is offered: a call there is refused and no round follows.)
+        reason = incomplete_reason(self.end.finish_reason)
+        self._show(calls, reason)
+        self._end("completed" if reason is None else "incomplete")
+        self.d._issued.clear()
+        return ()  # the history is the session's conversation log
+
+    def failed(self, exc: Exception) -> DelegationDone:
+        """The back-end's stream failed (or the handling of its text): the response ends ``failed``."""
+        kind = getattr(exc, "kind", "internal")
+        message = str(exc) if hasattr(exc, "kind") else "internal error while streaming the back-end"
+        if not hasattr(exc, "kind"):
+            log.exception("responses delegation %s: back-end round failed", self.delegation_id)
+        self.d._emit(self.delegation_id, self.stream.fail(failure_code(kind), message, error_type=kind))
+        self.streaming = False
+        self._end("failed")
+        self.d._issued.clear()
+        assert self.done is not None
+        return self.done
+
+    # ------------------------------------------------------------------ a round
+
+    async def _items(
+        self, round_no: int, last: bool, settings: ResponsesDelegationSettings
+    ) -> AsyncGenerator[Any, None]:
+        """Offer, ask, and stream the round (its response starts when the request is made)."""
+        d = self.d
+        client = () if last else tuple(settings.offered_functions())
+        server: list[ServerTool] = []
+        if not last and d._server_tools is not None and settings.mcp_servers:
+            try:
+                client_names = {f.name for f in client}
+                server = [t for t in await d._server_tools.offered(settings) if t.name not in client_names]
+            except Exception:  # noqa: BLE001 - MCP servers down: the round goes on with the client's functions
+                log.warning("responses delegation %s: MCP tools unavailable", self.delegation_id, exc_info=True)
+        functions = client + tuple(t.function for t in server)
+        self.by_name = {t.name: t for t in server}
+        choice = settings.tool_choice
+        tool_choice: str | None = None
+        if functions:
+            forced = choice.forced
+            tool_choice = choice.mode
+            if forced and forced.startswith("function:"):
+                tool_choice = forced.removeprefix("function:")
+            elif forced:
+                tool_choice = next((t.name for t in server if t.key == forced), "required")
+            if round_no > 0 and tool_choice != "none":
+                tool_choice = "auto"  # forcing a call again after its output would loop
+        request = RoundRequest(
+            messages=build_backend_messages(
+                d.conversation,
+                instructions=settings.instructions,
+                max_words=d._prompt.max_words,
+                language=d._prompt.language,
+                tools=bool(functions),
+                max_chars=d._prompt.max_chars,
+                continuing=round_no > 0,
+            ),
+            functions=functions,
+            tool_choice=tool_choice,
+            max_tokens=settings.max_output_tokens,
+            backend=settings.target.backend,
+            model=settings.target.model,
+        )
+        d._emit(self.delegation_id, self.stream.start())
+        self.offered = {f.name for f in client}
+        self.streaming = True
+        gen = d._source(request)
+        try:
+            async for item in gen:
+                yield item
+        finally:
+            await _aclose(gen)
+        self.streaming = False
+
+    def _show(self, calls: Sequence[ToolCall], reason: IncompleteReason | None) -> list[tuple[ServerTool, CallRecord]]:
+        """Sort the round's calls: the client's are shown, unoffered ones refused; the MCP ones to run.
+
+        Calls open only now, when their names are whole (some servers split
+        names), in index order. A round cut short (``reason``) leaves them
+        open: they close ``incomplete`` and no client runs them.
+        """
+        d, stream = self.d, self.stream
+        mine: list[tuple[ServerTool, CallRecord]] = []
+        for index, call in enumerate(calls):
+            name, arguments = call.name, call.arguments
+            if name in self.by_name:
+                if reason is None:
+                    mine.append((self.by_name[name], CallRecord(d._ids("call"), name, arguments)))
+                continue
+            if name not in self.offered:
+                if reason is not None:
+                    continue
+                # Never shown to the client (it could not run it); the back-end is told and tries again.
+                self.internal.append((CallRecord(d._ids("call"), name or "unnamed", arguments), _refusal(name)))
+                log.info("responses delegation %s: refused a call of %r (not offered)", self.delegation_id, name)
+                continue
+            d._emit(self.delegation_id, stream.call_begin(index, None, name))
+            d._emit(self.delegation_id, stream.call_arguments(index, arguments))
+            if reason is None:
+                d._emit(self.delegation_id, stream.call_end(index))
+                d._tool_started(stream.call_id_of(index), name, "client_function")
+        return mine
+
+    async def _resolve(self, calls: Sequence[ToolCall]) -> AsyncIterator[CallFinished]:
+        """Show the client's calls and run kame's; their results go into the conversation at :meth:`record`."""
+        mine = self._show(calls, None)
+        if mine:
+            await self.d._run_server_tools(self.delegation_id, self.stream, mine, self.internal)
+        return
+        yield  # pragma: no cover - makes this an async generator
+
+    def _end(self, status: Literal["completed", "incomplete", "failed"]) -> tuple[list[Any], dict[str, str]]:
+        """The round's response ends ``status``; the round goes into the conversation.
+
+        Returns the client's calls it showed and the outputs the client
+        already sent for them. Sets :attr:`done` to how the delegation ends
+        if no round follows.
+        """
+        d, stream = self.d, self.stream
+        usage = None if status == "failed" else self.end.usage
+        if status == "completed":
+            d._emit(self.delegation_id, stream.complete(usage))
+        elif status == "incomplete":
+            reason = incomplete_reason(self.end.finish_reason)
+            assert reason is not None
+            d._emit(self.delegation_id, stream.incomplete(reason, usage))
+        d._running = None
+        if usage is not None:
+            self.total = usage if self.total is None else self.total + usage
+        if status != "failed" and stream.text.strip():
+            _guard(d._on_round_text, RoundText(self.delegation_id, self.round_no, stream.text, self.after_tools))
+        calls = stream.summary().calls
+        records = [CallRecord(c.call_id, c.name, c.arguments) for c in calls] + [r for r, _ in self.internal]
+        d.conversation.add(BackendTurn(stream.text, tuple(records)))
+        for record, output in self.internal:
+            d.conversation.add(CallOutput(record.call_id, output))
+        early = {c.call_id: d._early.pop(c.call_id) for c in calls if c.call_id in d._early}
+        for call_id, output in early.items():
+            d.conversation.add(CallOutput(call_id, output))
+        self.done = DelegationDone(self.delegation_id, status, stream.text, self.round_no + 1, self.total)
+        return calls, early
 
 
 def _guard(callback: Callable[[Any], None], value: Any) -> None:

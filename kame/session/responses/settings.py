@@ -1,8 +1,8 @@
 """The settings of a Responses conversation: the client's functions, tool choice, the back-end it runs on. No I/O.
 
-These are what the answer source (:mod:`.delegations`) runs with; the Live
-wire validates a client's ``delegation.responses`` into them
-(``kame.server.wires.live.responses_config``) and reports them back.
+These are what the answer source (:mod:`.delegations`) runs with; a
+client's config is validated into them by :mod:`.config` (the Live wire
+hands it ``delegation.responses`` and reports the result back).
 :class:`ResponsesError` is how the answer source refuses a command: the
 wire turns it into its protocol's ``error`` event and the session goes on.
 """

@@ -22,7 +22,10 @@ through ``emit``; a wire encodes them (the Live wire: ``response.event``,
 ``info``, ``kame.*``). ``emit`` must keep one order with the events the
 wire's calls return: the runtime queues those before it next awaits, so a
 delegation's ``session.delegation.created`` precedes its stream. Its tasks
-are the runtime's (``SourceHooks.spawn``).
+are the runtime's (``SourceHooks.spawn``). A wire does not create it: it
+sends :class:`UseResponses`, and the session side starts the source on
+its hooks (on a server the runtime, through
+:meth:`.backend.ResponsesOffer.answer_source`).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ class SourceHooks:
     """What the runtime gives a Responses answer source (the back-end, the oracle, the tasks)."""
 
     source: RoundSource  #: the back-end rounds (:func:`.backend.registry_source`)
-    answer: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
+    oracle_reset: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
     #: Run a delegation or a speculative request (the runtime's task factory; default: a loop task).
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
@@ -101,16 +104,42 @@ class SourceHooks:
     server_tools: ServerTools | None = None
     #: Ask the back-end on the growing transcript too (:mod:`.speculation`), as KAME does.
     speculate: bool = True
-    #: Append token ids to the oracle sequence started by ``answer``: with it, a round's text reaches
+    #: Append token ids to the oracle sequence started by ``oracle_reset``: with it, a round's text reaches
     #: Moshi word by word as it streams; without it, whole at the round's end.
-    push: Callable[[Sequence[int]], None] | None = None
+    oracle_push: Callable[[Sequence[int]], None] | None = None
     #: Tool-call metrics: (event, label) with label ``client_function`` or the MCP tool's name
     #: (``Metrics.on_tool_call(event, tool=label)``).
     on_tool_call: Callable[[ToolCallEvent, str], None] | None = None
 
 
+@dataclass(frozen=True)
+class UseResponses:
+    """A wire's command: this session answers in Responses delegation, with these settings.
+
+    The session side creates the answer source (the runtime's, through
+    ``WireIO.use_responses``: it adds the server's back-ends and its own
+    oracle and tasks as :class:`SourceHooks`); the wire gives what only it
+    knows: the settings as the client changes them, where the source's
+    events go (``emit``: the wire encodes them), how its delegations stand
+    (``judge``), and the conversation the client started with.
+    """
+
+    settings: Callable[[], ResponsesDelegationSettings]
+    emit: Callable[[SourceEvent], None]
+    judge: Judge
+    encode: Encode
+    oracle_config: OracleConfig
+    history: Sequence[tuple[str, str]] = ()
+
+
 class ResponsesAnswerSource:
     """The Responses delegation of one session (single owner: the session's event loop)."""
+
+    @classmethod
+    def start(cls, use: UseResponses, hooks: SourceHooks) -> ResponsesAnswerSource:
+        """The source a wire's :class:`UseResponses` asks for, on the session's ``hooks``."""
+        return cls(use.settings, hooks, use.emit, judge=use.judge, encode=use.encode,
+                   oracle_config=use.oracle_config, history=use.history)
 
     def __init__(
         self,
@@ -217,7 +246,7 @@ class ResponsesAnswerSource:
         answer = commentary_answer(text, self.encode, self.oracle_config, None)
         if answer is None:
             return
-        self.hooks.answer(answer)
+        self.hooks.oracle_reset(answer)
         self.emit(
             Progress(
                 "kame.oracle.reset",
@@ -237,7 +266,7 @@ class ResponsesAnswerSource:
 
     def _text(self, out: TextOut) -> None:
         """A round's text as it streams: settled words go to the oracle at once (when the runtime can push)."""
-        if self.hooks.push is None:
+        if self.hooks.oracle_push is None:
             return
         feed = self._feed(out.delegation_id, out.round)
         if feed.speak:
@@ -300,9 +329,9 @@ class ResponsesAnswerSource:
             return
         if not feed.started:
             feed.started = True
-            self.hooks.answer(OracleAnswer(tuple(ids), feed.tokenizer.text, feed.delegation_id))
-        elif self.hooks.push is not None:
-            self.hooks.push(list(ids))
+            self.hooks.oracle_reset(OracleAnswer(tuple(ids), feed.tokenizer.text, feed.delegation_id))
+        elif self.hooks.oracle_push is not None:
+            self.hooks.oracle_push(list(ids))
 
 
 @dataclass

@@ -15,11 +15,10 @@ and ``openai/types/live/*.py``. Modules:
   :mod:`kame.session.delegation`;
 - :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
 - :mod:`.usage`: usage reports and close reasons;
-- :mod:`.wire`: one session's Live protocol state over all of the above;
-- :mod:`.responses_config`: ``delegation.responses`` validation into
-  :mod:`kame.session.responses.settings`;
+- :mod:`.protocol`: one session's Live protocol state over all of the above;
+- :mod:`.wire`: the Live API's :class:`~kame.server.runtime.wire.Wire` over that state;
 - :mod:`.responses_mode`: Responses delegation joined to the wire; the answer
   source itself (the back-end's conversation, the rounds with the client's
-  function calls, the nested Responses events, the registry binding) is
+  function calls, the nested Responses events, the back-end binding) is
   :mod:`kame.session.responses`.
 """

@@ -6,7 +6,7 @@ front-end: ``store``, ``voice``, ``safety_identifier``,
 ``acknowledgement_delay_ms``, ...), or refused with an ``error`` (a feature
 kame does not have: ``delegation.type`` ``"decisions"``, ``"responses"``
 on a server that offers no back-end for it, non-empty ``triggers``, ...).
-``delegation.responses`` is resolved by :mod:`.responses_config`. A command is validated as a whole before
+``delegation.responses`` is resolved by :mod:`kame.session.responses.config`. A command is validated as a whole before
 anything changes. The ``kame`` object is kame's extension and is checked
 strictly, since a typo there would silently do nothing. docs/protocol.md
 section 4 lists every field.
@@ -30,8 +30,8 @@ from kame.server.wires.live.audio import (
 )
 from kame.server.wires.live.decode import sdk_validate
 from kame.server.wires.live.events import Info, LiveError
-from kame.server.wires.live.responses_config import IGNORED_FIELDS, model_notice, parse_responses_config, update_responses_config
 from kame.session.delegation import DELEGATION_MODES, DelegationMode
+from kame.session.responses.config import IGNORED_FIELDS, model_notice, parse_responses_config, update_responses_config
 from kame.session.responses.settings import BackendCatalog, DelegationConfigError, ResponsesDelegationSettings
 
 VOICE = "moshi"
@@ -168,7 +168,7 @@ def _responses(
     event_id: str | None,
     infos: list[Info],
 ) -> ResponsesDelegationSettings:
-    """``delegation.responses`` on kame's back-ends (:mod:`.responses_config`)."""
+    """``delegation.responses`` on kame's back-ends (:mod:`kame.session.responses.config`)."""
     assert info.responses is not None
     raw = d.get("responses")
     param = "session.delegation.responses"

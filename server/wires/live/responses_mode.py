@@ -1,11 +1,13 @@
-"""Responses delegation on the Live wire: the runtime's hooks, and the answer source's events as Live events.
+"""Responses delegation on the Live wire: how the protocol asks for the answer source, and its events as Live events.
 
 The answer source itself (kame's back-end with the client's functions) is
-:class:`kame.session.responses.source.ResponsesAnswerSource`; the wire only
-starts it at ``session.start`` (:func:`answer_source`), hands it the client's
-``response.item.create`` / ``response.create`` and encodes what it emits:
-a nested Responses event as ``response.event``, a notice as ``info``, its
-progress as a ``kame.*`` event (:func:`live_event`).
+:class:`kame.session.responses.source.ResponsesAnswerSource`, and the
+session side creates it: at ``session.start`` the wire only sends the
+command :class:`~kame.session.responses.source.UseResponses`
+(:func:`use_responses`) through its :class:`ResponsesPort`, then hands the
+source the client's ``response.item.create`` / ``response.create`` and
+encodes what it emits: a nested Responses event as ``response.event``, a
+notice as ``info``, its progress as a ``kame.*`` event (:func:`live_event`).
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ from kame.session.responses.source import (
     ResponseEvent,
     ResponsesAnswerSource,
     SourceEvent,
-    SourceHooks,
+    UseResponses,
 )
 
 
-@dataclass(frozen=True, kw_only=True)
-class ResponsesHooks(SourceHooks):
-    """What the runtime gives a Live session that uses Responses delegation: the source's hooks and the
-    Live send queue (see :mod:`kame.session.responses.source` on its order)."""
+@dataclass(frozen=True)
+class ResponsesPort:
+    """How a Live session in Responses delegation reaches the session side (the runtime's, on a server)."""
 
-    send: Callable[[LiveEvent], None]  #: queue an event for the client
+    use: Callable[[UseResponses], ResponsesAnswerSource]  #: the session creates the answer source
+    send: Callable[[LiveEvent], None]  #: queue an event for the client (in order with what the calls return)
 
 
 def live_event(event: SourceEvent) -> LiveEvent:
@@ -44,21 +46,20 @@ def live_event(event: SourceEvent) -> LiveEvent:
     return KameEvent(event.name, event.fields)
 
 
-def answer_source(
+def use_responses(
     settings: Callable[[], ResponsesDelegationSettings],
-    hooks: ResponsesHooks,
+    port: ResponsesPort,
     *,
     book: DelegationBook,
     encode: Encode,
     oracle_config: OracleConfig,
     history: Sequence[tuple[str, str]] = (),
-) -> ResponsesAnswerSource:
-    """The session's Responses answer source; its rounds are judged by the wire's delegation book."""
-    send = hooks.send
+) -> UseResponses:
+    """The command for the session's Responses answer source; its rounds are judged by the wire's delegation book."""
+    send = port.send
 
     def judge(delegation_id: str) -> tuple[bool, str]:
         verdict = book.judge(delegation_id, kind="response")
         return verdict.speak, verdict.standing
 
-    return ResponsesAnswerSource(settings, hooks, lambda event: send(live_event(event)), judge=judge, encode=encode,
-                                 oracle_config=oracle_config, history=history)
+    return UseResponses(settings, lambda event: send(live_event(event)), judge, encode, oracle_config, history)

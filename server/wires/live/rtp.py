@@ -10,7 +10,7 @@ there is refused like a second one on a websocket. What the page may send
 and receive is bounded by ``client.data_channel`` (:mod:`.channel`); a
 sideband's events are not. ``session.input_audio.mute`` silences the RTP
 input on the server's clock. Everything else is
-:class:`~kame.server.wires.live.endpoint.LiveEndpointWire` unchanged.
+:class:`~kame.server.wires.live.wire.LiveWire` unchanged.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 
 from kame.server.runtime.wire import FROM_CHANNEL, AudioIn, Command, Outgoing, SettingsIn
 from kame.server.wires.live.channel import ChannelPermissions, refused_client_event
-from kame.server.wires.live.endpoint import LiveEndpointWire
 from kame.server.wires.live.events import LiveError
+from kame.server.wires.live.wire import LiveWire
 from kame.server.wires.peek import peek
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 _APPEND = "session.input_audio.append"
 
 
-class LiveRtpWire(LiveEndpointWire):
-    """:class:`LiveEndpointWire` whose audio is the call's RTP, and whose page is bounded by ``permissions``."""
+class LiveRtpWire(LiveWire):
+    """:class:`LiveWire` whose audio is the call's RTP, and whose page is bounded by ``permissions``."""
 
     def __init__(self, *args: Any, permissions: ChannelPermissions | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,387 +1,261 @@
-"""One Live session's protocol state: client messages and pipeline events in, typed outputs out. No I/O.
+"""The ``/v1/live/sessions`` wire over the session runtime. No I/O.
 
-:class:`LiveWire` is everything ``/v1/live/sessions`` adds on top of the
-session runtime. The runtime owns the socket, the pipeline, the clock and
-the tasks; it calls
+:class:`LiveWire` is the :class:`~kame.server.runtime.wire.Wire` of
+the Live API: it hands client messages and pipeline events to the
+protocol's state (:class:`~kame.server.wires.live.protocol.LiveProtocol`) and turns
+what that returns into the runtime's commands and messages:
 
-- :meth:`LiveWire.message` for each client message: the result says which
-  events to send, which 24 kHz frames to feed, which oracle answers to
-  reset the oracle with, which settings changed, and whether the client
-  asked to close;
-- :meth:`speech_started`, :meth:`partial`, :meth:`final` for the
-  recogniser's progress: user transcript fragments and delegations, always
-  in that order (the words up to a delegation are sent before it);
-- :meth:`assistant_frame` for each engine output frame: its audio in the
-  session's format and Moshi's text piece as an assistant fragment;
-- :meth:`tick` now and then: usage reports and speculative delegations the
-  rate limit held back;
-- :meth:`ending` once: the last events (an ``info`` with kame's reason, then
-  ``session.closed`` with usage).
+- user audio -> ``AudioIn`` (paced and fed by the runtime, as on every wire);
+- ``session.start`` / ``session.update`` -> ``SettingsIn`` (Moshi's text
+  sampling, recording); ``session.started`` / ``updated`` go out once the
+  pipeline took them;
+- ``session.commentary.append`` -> ``OracleResetIn``: the answer's oracle
+  sequence goes to the FIFO at once (the runtime measures how fast), and
+  ``kame.oracle.reset`` tells the client what reached Moshi;
+- ``session.close`` -> ``EndIn`` (``session.closed``, ``close_requested``);
+- refused commands -> ``Fault`` with the ``error`` event (a client that keeps
+  sending bad events, or floods messages, is closed as on ``/v1/realtime``).
 
-Nothing here waits, reads a clock or touches the network: ``now`` is passed
-in, so every rule is tested without a server.
+The pipeline of a session on this wire asks no LLM (``SessionSettings.llm``
+is False): in client delegation the application's appends are the
+oracle's only source (docs/protocol.md section 4); in Responses delegation
+(``responses``: the server's back-ends) the answer source's rounds ask
+them in tasks of the session, which the runtime lends through
+:meth:`LiveWire.bind` (section 5): the wire starts none of its own.
 """
 
 from __future__ import annotations
 
-import base64
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from starlette import status
 
 from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
+from kame.redaction import client_safe
+from kame.server.runtime.end import SessionEnd
+from kame.server.runtime.wire import (
+    AudioIn,
+    Command,
+    EndIn,
+    Fault,
+    OracleResetIn,
+    Outgoing,
+    Reply,
+    SettingsIn,
+    Wire,
+    WireIO,
+)
 from kame.server.wires.ids import Ids
-from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
-from kame.server.wires.live.commentary import (
-    OracleAnswer,
-    check_length,
-    commentary_answer,
-)
-from kame.server.wires.live.config import (
-    KameLiveSettings,
-    LiveConfig,
-    LiveServerInfo,
-    parse_start,
-    parse_update,
-    session_resource,
-)
-from kame.server.wires.live.decode import (
-    NEEDS_RESPONSES,
-    AppendAudio,
-    AppendContext,
-    Close,
-    ItemCreate,
-    Mute,
-    ResponseCreate,
-    Start,
-    Update,
-    decode_client_event,
-)
+from kame.server.wires.live import decode
+from kame.server.wires.live.commentary import Encode
+from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
 from kame.server.wires.live.events import (
-    Appended,
-    AppendKind,
-    DelegationCreated,
-    Info,
-    InputAudioMuted,
-    InputAudioUnmuted,
+    ErrorEvent,
     KameEvent,
+    LiveEncoder,
     LiveError,
     LiveEvent,
     OutputAudioDelta,
     SessionStarted,
     SessionUpdated,
 )
-from kame.server.wires.live.responses_mode import ResponsesHooks, answer_source
-from kame.server.wires.live.transcript import (
-    FRAME_MS,
-    AssistantTranscript,
-    UserTranscript,
-)
-from kame.server.wires.live.usage import UsageClock, closing_events
-from kame.session.commands import CommandRefused
-from kame.session.delegation import Delegate, DelegationBook, DelegationPolicy
-from kame.session.responses.source import ResponsesAnswerSource
+from kame.server.wires.live.protocol import LiveProtocol
+from kame.server.wires.live.responses_mode import ResponsesPort
+from kame.session import events as pe
+from kame.session.responses.backend import ResponsesOffer
+from kame.session.responses.source import ResponsesAnswerSource, UseResponses
+from kame.session.settings import SessionSettings
 
-Encode = Callable[[str], Sequence[int]]
-#: Characters of appended context kept for later delegations (oldest dropped first).
-MAX_CONTEXT_CHARS = 64_000
+if TYPE_CHECKING:
+    from starlette.types import Message
 
+decode.warm_up()  # the SDK validators are built when the server starts, not during a session
 
-@dataclass(frozen=True)
-class ContextItem:
-    """An append kept as context (never spoken directly)."""
-
-    kind: AppendKind
-    text: str
-    delegation_id: str | None
-    at_ms: int
-    spoken: bool = False  #: a commentary that became an oracle answer
+PROTOCOL = "live"
+PATH = "/v1/live/sessions"
+#: Errors caused by a client's events before it is closed (1008), as on /v1/realtime (counted by the runtime).
+MAX_CLIENT_ERRORS = 50
+#: Messages per second (any kind) beyond which a client is closed (1008; counted by the runtime).
+MAX_MESSAGES_PER_S = 1000
 
 
-@dataclass
-class WireOut:
-    """What one client message asks of the runtime."""
-
-    events: list[LiveEvent] = field(default_factory=list)
-    frames: list[np.ndarray] = field(default_factory=list)
-    answers: list[OracleAnswer] = field(default_factory=list)
-    settings: KameLiveSettings | None = None  #: the kame settings after a change
-    errors: list[LiveError] = field(default_factory=list)
-    audio: bool = False  #: the message was audio (activity, even when it completed no frame)
-    started: bool = False  #: this message started the session
-    close: Close | None = None  #: the client asked to close
+def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSettings:
+    """The session settings a Live session runs with: no LLM, the extension's sampling and recording."""
+    return replace(base, llm=False, text_temperature=kame.text_temperature, text_topk=kame.text_topk,
+                   record=kame.record, echo_guard=base.echo_guard if kame.echo_guard is None else kame.echo_guard)
 
 
-class LiveWire:
-    """The Live protocol of one session (see the module docstring)."""
+class LiveWire(Wire):
+    """One ``/v1/live/sessions`` session's protocol state, as the runtime sees it."""
 
-    def __init__(
-        self,
-        info: LiveServerInfo,
-        *,
-        encode: Encode,
-        oracle_config: OracleConfig,
-        ids: Ids | None = None,
-        frame_size: int = FRAME_SIZE,
-        responses: ResponsesHooks | None = None,
-    ) -> None:
-        """``responses``: the runtime's hooks for Responses delegation (needed when ``info.responses`` is set)."""
-        self.info = info
-        self.encode = encode
-        self.oracle_config = oracle_config
-        self.ids = ids or Ids(info.session_id[:8])
-        self.frame_size = frame_size
-        self.config: LiveConfig | None = None
-        self.muted = False
-        self.audio_in: LiveAudioIn | None = None
-        self.audio_out: LiveAudioOut | None = None
-        self.user = UserTranscript()
-        self.assistant = AssistantTranscript()
-        oc = self.oracle_config
-        self.policy = DelegationPolicy(info.default_delegation, min_new_words=oc.min_new_words,
-                                       max_restarts=oc.max_restarts, window_s=oc.restart_window_s)
-        self.book = DelegationBook(info.default_backchannel_words)
-        self.context: deque[ContextItem] = deque()
-        self._context_chars = 0
-        self.usage: UsageClock | None = None
-        self.responses_hooks = responses
-        self.responses: ResponsesAnswerSource | None = None  #: set when the session uses Responses delegation
-        self._last_utterance = -1  #: the latest user utterance the recogniser reported
-        self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
-        self.started_at: float | None = None
+    protocol = PROTOCOL
+    max_messages_per_s = MAX_MESSAGES_PER_S
+    max_client_errors = MAX_CLIENT_ERRORS
 
-    # ------------------------------------------------------------------ state
-    @property
-    def started(self) -> bool:
-        return self.config is not None
+    def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
+                 oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
+                 responses: ResponsesOffer | None = None) -> None:
+        """``responses``: offer Responses delegation on the server's back-ends (the session side creates its
+        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``)."""
+        self.settings = settings
+        self._io: WireIO | None = None
+        self._offer = responses
+        port: ResponsesPort | None = None
+        if responses is not None:
+            info = replace(info, responses=responses.catalog)
+            port = ResponsesPort(use=self._use_responses, send=self._send_later)
+        self.live = LiveProtocol(info, encode=encode, oracle_config=oracle_config, ids=Ids(info.session_id[:8]),
+                                 frame_size=frame_size, responses=port)
+        self.encoder = LiveEncoder(self.live.ids)
+        self._now = 0.0
+        self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
+        self._close_event_id: str | None = None
 
-    @property
-    def timeline_ms(self) -> int:
-        """Now on the session timeline (never before the last user fragment)."""
-        return max(self.steps * FRAME_MS, self.user.last_end_ms)
+    # ------------------------------------------------------------------ Responses delegation
+    def bind(self, io: WireIO) -> None:
+        """The runtime's side: its send queue, and the answer source it creates on the server's back-ends."""
+        self._io = io
 
-    def session(self) -> dict[str, Any]:
-        assert self.config is not None
-        return session_resource(self.config, self.info)
+    def _use_responses(self, use: UseResponses) -> ResponsesAnswerSource:
+        if self._io is None or self._offer is None:  # Responses delegation runs in a served session only
+            raise RuntimeError("Responses delegation needs the session runtime (LiveWire.bind)")
+        return self._io.use_responses(self._offer, use)
 
-    # ------------------------------------------------------------------ client messages
-    def message(self, payload: str | bytes | None, now: float) -> WireOut:
-        out = WireOut()
-        command: object = None
-        try:
-            command = decode_client_event(payload)
-            if isinstance(command, Start):
-                self._start(command, now, out)
-            elif not self.started:
-                raise LiveError("session_not_started", "send session.start first and wait for session.started",
-                                param="type", client_event_id=getattr(command, "event_id", None))
-            elif isinstance(command, AppendAudio):
-                assert self.audio_in is not None
-                out.audio = True
-                out.frames = self.audio_in.push(command.audio, muted=self.muted)
-            elif isinstance(command, AppendContext):
-                self._append(command, out)
-            elif isinstance(command, Mute):
-                self.muted = command.muted
-                out.events.append(InputAudioMuted(command.event_id) if command.muted else InputAudioUnmuted(command.event_id))
-            elif isinstance(command, Update):
-                self._update(command, out)
-            elif isinstance(command, Close):
-                out.close = command
-            elif isinstance(command, (ItemCreate, ResponseCreate)):
-                self._responses_command(command, out)
-        except CommandRefused as refused:  # the session's refusal, as this protocol's error
-            exc = LiveError(refused.code, refused.message, param=refused.param,
-                            client_event_id=getattr(command, "event_id", None))
-            out.errors.append(exc)
-            out.events.append(exc.event())
-        except LiveError as exc:
-            out.errors.append(exc)
-            out.events.append(exc.event())
-        return out
+    def _send_later(self, event: LiveEvent) -> None:
+        if self._io is not None:
+            self._io.send(self._out([event]))
 
-    def _start(self, command: Start, now: float, out: WireOut) -> None:
-        if self.started:
-            raise LiveError("session_already_started", "session.start was already accepted; use session.update",
-                            param="type", client_event_id=command.event_id)
-        parsed = parse_start(command.session, self.info, event_id=command.event_id)
-        self.config = parsed.config
-        self._apply_kame(parsed.config)
-        self.audio_in = LiveAudioIn(parsed.config.audio, self.frame_size)
-        self.audio_out = LiveAudioOut(parsed.config.audio)
-        self.usage = UsageClock(now, self.info.usage_interval_s)
-        self.started_at = now
-        for item in parsed.config.history:
-            role: AppendKind = "instructions" if item.role == "developer" else "thinking"
-            self._keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
-        if parsed.config.instructions:
-            self._keep(ContextItem("instructions", parsed.config.instructions, None, 0))
-        if parsed.config.responses is not None:
-            if self.responses_hooks is None:
-                raise RuntimeError("Responses delegation offered without the runtime's hooks")
-            self.responses = answer_source(
-                self._responses_settings,
-                self.responses_hooks,
-                book=self.book,
-                encode=self.encode,
-                oracle_config=self.oracle_config,
-                history=[(h.role, h.text) for h in parsed.config.history],
-            )
-        out.events.append(SessionStarted(self.session(), command.event_id))
-        out.events.extend(parsed.infos)
-        out.settings = parsed.config.kame
-        out.started = True
+    def _out(self, events: Sequence[LiveEvent], index: int | None = None) -> list[Outgoing]:
+        return [Outgoing(self.encoder.encode(e), audio_index=index if isinstance(e, OutputAudioDelta) else None)
+                for e in events]
 
-    def _update(self, command: Update, out: WireOut) -> None:
-        assert self.config is not None
-        parsed = parse_update(command.session, self.config, self.info, event_id=command.event_id)
-        changed = parsed.config.kame != self.config.kame
-        self.config = parsed.config
-        self._apply_kame(parsed.config)
-        out.events.append(SessionUpdated(self.session(), command.event_id))
-        out.events.extend(parsed.infos)
-        if changed:
-            out.settings = parsed.config.kame
+    # ------------------------------------------------------------------ client -> server
+    def opening(self, settings: SessionSettings) -> list[Outgoing]:
+        return []  # the client speaks first: session.start
 
-    def _responses_settings(self) -> Any:
-        assert self.config is not None and self.config.responses is not None
-        return self.config.responses
+    def decode(self, message: Message, now: float) -> list[Command]:
+        self._now = max(self._now, now)
+        text = message.get("text")
+        payload: str | bytes | None = text if text is not None else message.get("bytes")
+        out = self.live.message(payload, now)
+        commands: list[Command] = []
+        events = [e for e in out.events if not isinstance(e, ErrorEvent)]
+        if out.settings is not None:  # started or updated: answered once the pipeline took the settings
+            self._held += events
+            events = []
+            commands.append(SettingsIn(live_settings(self.settings, out.settings)))
+        if events:
+            commands.append(Reply(self._out(events)))
+        for refused in out.errors:
+            commands.append(self._client_error(refused))
+        if out.audio:
+            commands.append(AudioIn(out.frames))
+        for answer in out.answers:
+            commands.append(OracleResetIn(answer.ids, now))
+            fed = KameEvent("kame.oracle.reset", {"delegation_id": answer.delegation_id, "text": answer.text,
+                                                  "tokens": answer.steps})
+            commands.append(Reply(self._out([fed])))
+        if out.close is not None:
+            self._close_event_id = out.close.event_id
+            commands.append(EndIn(SessionEnd("close_requested", status.WS_1000_NORMAL_CLOSURE, "session closed by the client")))
+        return commands
 
-    def _responses_command(self, command: ItemCreate | ResponseCreate, out: WireOut) -> None:
-        etype = "response.item.create" if isinstance(command, ItemCreate) else "response.create"
-        if self.responses is None:
-            raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
-                            client_event_id=command.event_id)
-        if isinstance(command, ItemCreate):
-            self.responses.item_create(command.item)
-        elif self.responses.response_create() == "new":
-            # A response the client asked for: a delegation of its own, on the conversation so far.
-            offset = self.timeline_ms
-            d = self.book.add(self.ids.delegation(), self._last_utterance, offset, 0)
-            response_id = self.responses.delegate(d.id)
-            out.events.append(DelegationCreated(d.id, offset, command.event_id, target="responses",
-                                                response_id=response_id))
+    def _client_error(self, exc: LiveError) -> Fault:
+        return Fault(kind="live", message=exc.message, code=exc.code, reply=self._out([exc.event()]))
 
-    def _apply_kame(self, config: LiveConfig) -> None:
-        self.policy.set_mode(config.delegation_mode(self.info))
-        self.book.backchannel_words = config.backchannel_words(self.info)
+    def settings_applied(self, settings: SessionSettings, command: SettingsIn) -> list[Outgoing]:
+        self.settings = settings
+        held, self._held = self._held, []
+        return self._out(held)
 
-    def _append(self, command: AppendContext, out: WireOut) -> None:
-        check_length(command.content, command.kind, command.event_id)
-        if self.responses is not None and command.delegation_id is not None:
-            raise LiveError("invalid_value",
-                            f"session.{command.kind}.append: delegation_id must be null with Responses delegation",
-                            param="delegation_id", client_event_id=command.event_id)
-        if self.responses is not None and command.kind in ("instructions", "thinking"):
-            self.responses.note(command.kind, command.content)
-        verdict = self.book.judge(command.delegation_id, kind=command.kind)
-        now_ms = self.timeline_ms
-        end_ms = now_ms
-        spoken = False
-        if command.kind == "commentary" and verdict.speak:
-            answer = commentary_answer(command.content, self.encode, self.oracle_config, command.delegation_id)
-            if answer is not None:
-                out.answers.append(answer)
-                end_ms = now_ms + answer.steps * FRAME_MS
-                spoken = True
-        self._keep(ContextItem(command.kind, command.content, command.delegation_id, now_ms, spoken))
-        out.events.append(Appended(command.kind, now_ms, end_ms, command.event_id))
-        if command.kind == "commentary" and verdict.standing == "superseded":
-            out.events.append(Info(
-                "delegation_superseded",
-                f"commentary for delegation {str(command.delegation_id)[:48]} is kept as context but not spoken: "
-                "the user has spoken since (more than a backchannel) and a newer delegation is open",
-                client_event_id=command.event_id))
-        elif command.kind == "commentary" and not spoken:
-            out.events.append(Info("nothing_to_speak", "the commentary has no speakable words; kept as context",
-                                   client_event_id=command.event_id))
+    def settings_rejected(self, message: str, command: SettingsIn) -> list[Command]:
+        held, self._held = self._held, []
+        commands: list[Command] = []
+        started = [e for e in held if isinstance(e, SessionStarted)]
+        if started:  # the session is started all the same (with the server's sampling)
+            commands.append(Reply(self._out(started)))
+        ids = [e.client_event_id for e in held if isinstance(e, (SessionStarted, SessionUpdated))]
+        error = LiveError("invalid_value", f"session.kame: {message[:200]}", param="session.kame",
+                          client_event_id=ids[0] if ids else None)
+        commands.append(self._client_error(error))
+        return commands
 
-    def _keep(self, item: ContextItem) -> None:
-        self.context.append(item)
-        self._context_chars += len(item.text)
-        while self._context_chars > MAX_CONTEXT_CHARS and len(self.context) > 1:
-            self._context_chars -= len(self.context.popleft().text)
+    def client_error(self, code: str, message: str, event_id: str | None) -> Fault:
+        return self._client_error(LiveError(code, message, client_event_id=event_id))
 
-    # ------------------------------------------------------------------ recogniser
-    def speech_started(self, utterance: int, audio_s: float) -> list[LiveEvent]:
-        self.user.speech_started(utterance, audio_s)
-        self._last_utterance = max(self._last_utterance, utterance)
+    # ------------------------------------------------------------------ server -> client
+    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing]:
+        self._now = max(self._now, frame.t)
+        if not self.live.started:
+            return []  # before session.start the format is unknown: nothing to send yet
+        events = self.live.assistant_frame(frame.pcm, frame.piece, index, send_audio=send_audio)
+        events += self.live.tick(self._now)
+        return self._out(events, index)
+
+    def event(self, event: pe.PipelineEvent) -> list[Outgoing]:
+        self._now = max(self._now, event.t)
+        if not self.live.started:
+            return []
+        return self._out(self._map(event))
+
+    def _map(self, event: pe.PipelineEvent) -> list[LiveEvent]:
+        if isinstance(event, pe.SpeechStarted):
+            return self.live.speech_started(event.utterance, event.audio_s)
+        if isinstance(event, pe.UserPartial):
+            return self.live.partial(event.utterance, event.audio_s, event.stable, event.t, text=event.text,
+                                     latency_s=event.latency_s)
+        if isinstance(event, pe.UserFinal):
+            return self.live.final(event.utterance, event.audio_s, event.text, event.t)
+        if isinstance(event, pe.AsrFailed):
+            return [KameEvent("kame.asr.error", {"message": client_safe(event.message or "speech recognition failed")})]
+        if isinstance(event, pe.OracleCleared):
+            return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
+        if isinstance(event, pe.EchoJudged):
+            return [KameEvent("kame.echo_guard.verdict", {
+                "echo": event.echo, "text": event.text, "words": event.words, "matched": event.matched,
+                "extra": event.extra, "delay_s": event.delay_s, "audio_s": round(event.audio_s, 3)})]
         return []
 
-    def partial(self, utterance: int, audio_s: float, stable: str, now: float, *, text: str | None = None,
-                latency_s: float | None = None) -> list[LiveEvent]:
-        """A partial hypothesis: its stable words as fragments (then maybe a delegation); with ``text``
-        also ``kame.input_transcript.partial`` (the whole, still unstable, hypothesis)."""
-        out: list[LiveEvent] = []
-        if text is not None:
-            out.append(KameEvent("kame.input_transcript.partial", {
-                "text": text, "stable": stable, "latency_s": None if latency_s is None else round(latency_s, 3)}))
-        delta = self.user.stable(utterance, stable, audio_s)
-        if delta is not None:
-            out.append(delta)
-            self.book.heard(utterance, len(stable.split()))
-            if self.responses is not None:
-                self.responses.partial(now, utterance, stable)
-            self._delegate(self.policy.stable(now, utterance, stable), out)
-        return out
-
-    def final(self, utterance: int, audio_s: float, text: str, now: float) -> list[LiveEvent]:
-        out: list[LiveEvent] = []
-        delta = self.user.final(utterance, text, audio_s)
-        if delta is not None:
-            out.append(delta)
-        self.book.heard(utterance, len(text.split()))
-        self._last_utterance = max(self._last_utterance, utterance)
-        if self.responses is not None:
-            self.responses.heard(text)
-        self._delegate(self.policy.final(now, utterance, text), out)
-        return out
-
-    def _delegate(self, decision: Delegate | None, out: list[LiveEvent]) -> None:
-        if decision is None or not self.started:
-            return
-        offset = self.timeline_ms
-        d = self.book.add(self.ids.delegation(), decision.utterance, offset, decision.words)
-        if self.responses is not None:
-            out.append(DelegationCreated(d.id, offset, target="responses", response_id=self.responses.delegate(d.id)))
-        else:
-            out.append(DelegationCreated(d.id, offset))
-
-    # ------------------------------------------------------------------ engine output
-    def assistant_frame(self, pcm: np.ndarray, piece: str | None, step: int, *, send_audio: bool = True) -> list[LiveEvent]:
-        """One output frame: its audio (unless the client lags: ``send_audio=False``) and its text piece."""
-        assert self.audio_out is not None
-        self.steps = max(self.steps, step + 1)
-        data = self.audio_out.encode(pcm)  # always encoded: the resampler's stream stays continuous
-        out: list[LiveEvent] = []
-        if send_audio:
-            out.append(OutputAudioDelta(base64.b64encode(data).decode("ascii")))
-        if piece:
-            delta = self.assistant.piece(piece, step)
-            if delta is not None:
-                out.append(delta)
-        return out
-
-    # ------------------------------------------------------------------ time
-    def tick(self, now: float) -> list[LiveEvent]:
-        out: list[LiveEvent] = []
-        if not self.started:
-            return out
-        self._delegate(self.policy.poll(now), out)
-        if self.responses is not None:
-            self.responses.tick(now)
-        if self.usage is not None:
-            usage = self.usage.due(now)
-            if usage is not None:
-                out.append(usage)
-        return out
-
-    def ending(self, label: str, message: str, now: float, client_event_id: str | None = None) -> list[LiveEvent]:
-        """The session's last events (none before ``session.started`` or when the client is gone)."""
-        if not self.started or self.usage is None:
+    def expiring(self, seconds_left: float) -> list[Outgoing]:
+        if not self.live.started:
             return []
-        return closing_events(label, message, self.session(), self.usage.seconds(now), client_event_id)
+        return self._out([KameEvent("kame.session.ending", {"reason": "max_duration",
+                                                            "seconds_left": round(seconds_left, 1)})])
+
+    def draining(self, seconds_left: float) -> list[Outgoing]:
+        if not self.live.started:
+            return []
+        return self._out([KameEvent("kame.session.ending", {"reason": "draining",
+                                                            "seconds_left": round(seconds_left, 1)})])
+
+    def closing(self, end: SessionEnd) -> list[Outgoing]:
+        if not self.live.started:  # never started: only an error, if there is one
+            if end.error:
+                return self._out([ErrorEvent(end.error_code, end.error, error_type=end.error_type)])
+            return []
+        message = end.error or end.reason or end.label
+        return self._out(self.live.ending(end.label, message, self._now, self._close_event_id))
+
+
+def refusal(error: str) -> Outgoing:
+    """An admission refusal's message on this wire: an ``error`` event before the close."""
+    return Outgoing(LiveEncoder(Ids()).encode(ErrorEvent("invalid_value", error)))
+
+
+def server_info(session_id: str, model: str, cfg: Any, admitted_at: float) -> LiveServerInfo:
+    """What ``session.kame.server`` shows (``cfg``: the KameConfig)."""
+    return LiveServerInfo(
+        session_id=session_id,
+        model=model,
+        asr=cfg.asr.kind,
+        max_duration_s=cfg.server.max_duration_s,
+        idle_timeout_s=cfg.server.idle_timeout_s,
+        record_available=cfg.server.record_dir is not None,
+        default_backchannel_words=getattr(cfg.oracle, "tool_backchannel_words", 3),
+        usage_interval_s=cfg.server.live_usage_interval_s,
+        admitted_at=admitted_at,
+        default_echo_guard=cfg.asr.echo_guard.enabled,
+    )

@@ -1,5 +1,8 @@
-"""``delegation.responses`` of a Live session: validation and the resolved settings. No I/O.
+"""A client's Responses delegation config -> the answer source's settings (:mod:`.settings`). No I/O.
 
+What a Responses conversation may run with is the answer source's rule,
+whatever wire the config came in on (the Live API's
+``session.delegation.responses``: ``param`` names where, for errors).
 GPT-Live clients that pick Responses delegation name a back-end ``model``,
 its ``instructions`` (the back-end prompt, distinct from the session's
 front-end instructions) and its ``tools``. In kame the back-end is one of
@@ -21,7 +24,7 @@ the server's configured LLM back-ends, driven by its tool loop:
   one error naming every one of them;
 * ``reasoning``, ``text`` and ``service_tier`` have no chat-completions
   meaning kame could honour for every provider: accepted and reported as
-  ignored (the wire sends an ``info``; an ``error`` would stop Pipecat).
+  ignored (a wire sends an ``info``; an ``error`` would stop Pipecat).
 
 A config or update is validated as a whole before anything changes: one
 :class:`DelegationConfigError` (the wire sends it as an ``error`` with its
@@ -45,7 +48,7 @@ from kame.session.responses.settings import (
     ToolChoiceSpec,
 )
 
-#: Where ``session.start`` / ``session.update`` keep this object.
+#: Where the Live API's ``session.start`` / ``session.update`` keep this object (the default ``param``).
 PARAM = "session.delegation.responses"
 MAX_INSTRUCTIONS_CHARS = 64_000
 MAX_TOOLS = 128
