@@ -8,6 +8,16 @@ filter) from the ``livekit`` wheel (the ``mic`` extra). It takes blocks of any l
 into the 10 ms frames the module works on, so a block comes back with at most 10 ms of latency
 (none when its length is a multiple of 10 ms, as kame's 80 ms frames are).
 
+The module is given the frames in the order a sound card produces them: reference frame *i*
+(``process_reverse_stream``), then the microphone frame *i* captured while it played
+(``process_stream``), then frame *i + 1*. Reference frames wait in a queue until their microphone
+frame comes; handing the module a whole block of reference and then the whole block of
+microphone (8 frames each for an 80 ms block) makes the render and capture timelines jump against
+each other by up to a block, which AEC3's delay estimator sees as jitter (slower convergence, less
+echo removed). The queue holds at most :data:`MAX_QUEUE_MS` of reference: a caller that plays far
+ahead of what it captures has its oldest reference given to the module on its own, so nothing is
+dropped and memory stays bounded.
+
 :class:`EchoPath` is the stand-in for a loudspeaker, a room and a microphone (the played signal
 convolved with a room impulse response, whose leading silence is the delay), so everything above is
 testable without sound cards (``kame mic --input-wav ... --echo-path IR.wav``, ``bench/echo.py``).
@@ -29,6 +39,7 @@ from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 FRAME_MS = 10  #: the audio processing module's frame
 RATES = (8000, 16000, 24000, 32000, 48000)  #: sample rates the module takes
+MAX_QUEUE_MS = 500  #: reference waiting for its microphone frame, at most
 
 
 class EchoInputError(UserError, ValueError):
@@ -91,6 +102,9 @@ class EchoCanceller:
         )
         self._far = _Framer(self.frame)
         self._near = _Framer(self.frame)
+        #: reference frames not yet paired with their microphone frame (oldest first)
+        self._ref: collections.deque[np.ndarray] = collections.deque()
+        self.max_queue = MAX_QUEUE_MS // FRAME_MS
         self._out: collections.deque[np.ndarray] = collections.deque()
         self._out_len = 0
         self.far_samples = 0
@@ -111,17 +125,21 @@ class EchoCanceller:
         return self._rtc.AudioFrame(_to_int16(pcm), self.sample_rate, 1, pcm.size)
 
     def far(self, pcm: np.ndarray, *, sample_rate: int | None = None, channels: int | None = None) -> None:
-        """The block just played (the reference the echo is made of)."""
+        """The block just played (the reference the echo is made of); it waits for its microphone frames."""
         arr = self._check("reference (played audio)", pcm, sample_rate, channels)
         self.far_samples += arr.size
         for f in self._far.frames(arr):
-            self._apm.process_reverse_stream(self._frame(f))
+            if len(self._ref) >= self.max_queue:  # played far ahead of the capture: the oldest goes in alone
+                self._apm.process_reverse_stream(self._frame(self._ref.popleft()))
+            self._ref.append(f)
 
     def near(self, pcm: np.ndarray, *, sample_rate: int | None = None, channels: int | None = None) -> np.ndarray:
         """The block the microphone captured, with the echo of what was played removed."""
         arr = self._check("microphone signal", pcm, sample_rate, channels)
         self.near_samples += arr.size
         for f in self._near.frames(arr):
+            if self._ref:  # the reference frame played while this one was captured goes in first
+                self._apm.process_reverse_stream(self._frame(self._ref.popleft()))
             frame = self._frame(f)
             self._apm.set_stream_delay_ms(self.delay_ms)
             self._apm.process_stream(frame)  # in place

@@ -1,6 +1,7 @@
-"""kame.echo without a server: the canceller removes a simulated echo, keeps block lengths, and refuses
-a reference or microphone at the wrong rate or channel count and unusable impulse responses, in one
-sentence each."""
+"""kame.echo without a server: the canceller removes a simulated echo, keeps block lengths, gives WebRTC's
+module each reference frame right before the microphone frame captured with it (a bounded queue between),
+and refuses a reference or microphone at the wrong rate or channel count and unusable impulse responses,
+in one sentence each."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kame.echo
 from kame.echo import EchoCanceller, EchoInputError, EchoPath, read_impulse_response
 
 RATE = 24000
@@ -37,6 +39,65 @@ def test_echo_is_removed_after_convergence() -> None:
     m, o = np.concatenate(mic)[2 * RATE :], np.concatenate(out)[2 * RATE :]
     erle = 10 * np.log10(np.mean(m**2) / np.mean(o**2))
     assert erle >= 25, erle
+
+
+class _Frame:
+    def __init__(self, data: bytes, rate: int, channels: int, n: int) -> None:
+        self.data = bytearray(data)
+
+
+class _RecordingModule:
+    """Stands in for WebRTC's module: records which side each 10 ms frame went to, and its first sample."""
+
+    calls: list[tuple[str, int]] = []
+
+    def __init__(self, **_switches: bool) -> None:
+        _RecordingModule.calls = []
+
+    def _first(self, frame: _Frame) -> int:
+        return int(np.frombuffer(bytes(frame.data[:2]), "<i2")[0])
+
+    def process_reverse_stream(self, frame: _Frame) -> None:
+        self.calls.append(("far", self._first(frame)))
+
+    def process_stream(self, frame: _Frame) -> None:
+        self.calls.append(("near", self._first(frame)))
+
+    def set_stream_delay_ms(self, ms: int) -> None:
+        pass
+
+
+class _FakeRtc:
+    AudioFrame = _Frame
+    AudioProcessingModule = _RecordingModule
+
+
+def _numbered(first: int, frames: int, size: int) -> np.ndarray:
+    """``frames`` 10 ms frames whose samples are first, first + 1, ... (in 1/32768 steps)."""
+    return np.repeat(np.arange(first, first + frames), size).astype(np.float32) / 32768
+
+
+def test_each_reference_frame_goes_in_right_before_its_microphone_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    aec = EchoCanceller(RATE)
+    size = aec.frame
+    for block in range(3):  # kame's 80 ms blocks: 8 frames each side
+        aec.far(_numbered(100 + 8 * block, 8, size))
+        aec.near(_numbered(1000 + 8 * block, 8, size))
+    expected = [call for i in range(24) for call in (("far", 100 + i), ("near", 1000 + i))]
+    assert _RecordingModule.calls == expected
+
+
+def test_the_reference_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    aec = EchoCanceller(RATE)
+    size = aec.frame
+    aec.far(_numbered(0, 80, size))  # 800 ms played before anything is captured
+    bound = kame.echo.MAX_QUEUE_MS // kame.echo.FRAME_MS
+    # the oldest 300 ms went in on their own, in order; the last 500 ms wait
+    assert _RecordingModule.calls == [("far", i) for i in range(80 - bound)]
+    aec.near(_numbered(1000, 2, size))
+    assert _RecordingModule.calls[-4:] == [("far", 80 - bound), ("near", 1000), ("far", 81 - bound), ("near", 1001)]
 
 
 def test_echo_path_delays_and_scales() -> None:
