@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from kame.echo_linear import LinearEchoCanceller
 from kame.errors import UserError
 from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
@@ -85,7 +86,7 @@ class EchoCanceller:
     """
 
     def __init__(self, sample_rate: int, channels: int = 1, *, delay_ms: int = 0, noise_suppression: bool = True,
-                 high_pass_filter: bool = True) -> None:
+                 high_pass_filter: bool = True, linear: bool = False) -> None:
         if sample_rate not in RATES:
             raise EchoInputError(f"echo cancellation works at {', '.join(map(str, RATES))} Hz, not {sample_rate} Hz")
         if channels != 1:
@@ -105,6 +106,7 @@ class EchoCanceller:
         #: reference frames not yet paired with their microphone frame (oldest first)
         self._ref: collections.deque[np.ndarray] = collections.deque()
         self.max_queue = MAX_QUEUE_MS // FRAME_MS
+        self.linear = LinearEchoCanceller(sample_rate, self.frame) if linear else None
         self._out: collections.deque[np.ndarray] = collections.deque()
         self._out_len = 0
         self.far_samples = 0
@@ -138,8 +140,11 @@ class EchoCanceller:
         arr = self._check("microphone signal", pcm, sample_rate, channels)
         self.near_samples += arr.size
         for f in self._near.frames(arr):
-            if self._ref:  # the reference frame played while this one was captured goes in first
-                self._apm.process_reverse_stream(self._frame(self._ref.popleft()))
+            ref = self._ref.popleft() if self._ref else None
+            if ref is not None:  # the reference frame played while this one was captured goes in first
+                self._apm.process_reverse_stream(self._frame(ref))
+            if self.linear is not None:
+                f = self.linear.process(ref if ref is not None else np.zeros(self.frame, np.float32), f)
             frame = self._frame(f)
             self._apm.set_stream_delay_ms(self.delay_ms)
             self._apm.process_stream(frame)  # in place
