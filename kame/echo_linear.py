@@ -68,12 +68,14 @@ class DelayEstimator:
         self.window = int(settings.window_ms * rate / 1000)
         self.every = max(1, int(settings.estimate_every_ms * rate / 1000) // frame)
         self.min_ratio = settings.min_peak_ratio
+        self.tolerance = max(1, int(settings.margin_ms * rate / 1000) // 2)
         self._ref = np.zeros(self.window + self.max_delay, np.float32)
         self._mic = np.zeros(self.window, np.float32)
         n = 2 * self.window + self.max_delay
         self._nfft = 1 << int(np.ceil(np.log2(n)))
         self._cross: np.ndarray = np.zeros(self._nfft // 2 + 1, np.complex128)
         self._frames = 0
+        self._candidate: int | None = None
         self.delay: int | None = None
         self.confidence = 0.0
 
@@ -100,8 +102,15 @@ class DelayEstimator:
         k = int(np.argmax(lags))
         ratio = float(lags[k] / (np.mean(lags) + 1e-12))
         self.confidence = ratio
-        if ratio >= self.min_ratio:
-            self.delay = self.max_delay - k
+        if ratio < self.min_ratio:
+            self._candidate = None
+            return
+        lag = self.max_delay - k
+        # a new delay is taken once two estimates in a row agree (a lone peak in a reverberant room does not
+        # move the filter)
+        if self._candidate is not None and abs(lag - self._candidate) <= self.tolerance:
+            self.delay = lag
+        self._candidate = lag
 
 
 class _Fdaf:

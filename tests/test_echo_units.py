@@ -49,10 +49,11 @@ class _Frame:
 class _RecordingModule:
     """Stands in for WebRTC's module: records which side each 10 ms frame went to, and its first sample."""
 
-    calls: list[tuple[str, int]] = []
+    made: list[_RecordingModule] = []
 
     def __init__(self, **_switches: bool) -> None:
-        _RecordingModule.calls = []
+        self.calls: list[tuple[str, int]] = []
+        self.made.append(self)
 
     def _first(self, frame: _Frame) -> int:
         return int(np.frombuffer(bytes(frame.data[:2]), "<i2")[0])
@@ -79,25 +80,43 @@ def _numbered(first: int, frames: int, size: int) -> np.ndarray:
 
 def test_each_reference_frame_goes_in_right_before_its_microphone_frame(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
-    aec = EchoCanceller(RATE)
+    _RecordingModule.made = []
+    aec = EchoCanceller(RATE, linear=False)  # the microphone as is: the module sees the numbers sent
     size = aec.frame
     for block in range(3):  # kame's 80 ms blocks: 8 frames each side
         aec.far(_numbered(100 + 8 * block, 8, size))
         aec.near(_numbered(1000 + 8 * block, 8, size))
     expected = [call for i in range(24) for call in (("far", 100 + i), ("near", 1000 + i))]
-    assert _RecordingModule.calls == expected
+    (module,) = _RecordingModule.made
+    assert module.calls == expected
 
 
 def test_the_reference_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
-    aec = EchoCanceller(RATE)
+    _RecordingModule.made = []
+    aec = EchoCanceller(RATE, linear=False)
     size = aec.frame
     aec.far(_numbered(0, 80, size))  # 800 ms played before anything is captured
     bound = kame.echo.MAX_QUEUE_MS // kame.echo.FRAME_MS
+    (module,) = _RecordingModule.made
     # the oldest 300 ms went in on their own, in order; the last 500 ms wait
-    assert _RecordingModule.calls == [("far", i) for i in range(80 - bound)]
+    assert module.calls == [("far", i) for i in range(80 - bound)]
     aec.near(_numbered(1000, 2, size))
-    assert _RecordingModule.calls[-4:] == [("far", 80 - bound), ("near", 1000), ("far", 81 - bound), ("near", 1001)]
+    assert module.calls[-4:] == [("far", 80 - bound), ("near", 1000), ("far", 81 - bound), ("near", 1001)]
+
+
+def test_with_the_pre_canceller_both_modules_get_every_reference_frame_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    _RecordingModule.made = []
+    aec = EchoCanceller(RATE, linear=True)
+    size = aec.frame
+    for block in range(3):
+        aec.far(_numbered(100 + 8 * block, 8, size))
+        aec.near(_numbered(1000 + 8 * block, 8, size))
+    assert len(_RecordingModule.made) == 2
+    for module in _RecordingModule.made:
+        assert [side for side, _ in module.calls] == ["far", "near"] * 24
+        assert [n for side, n in module.calls if side == "far"] == list(range(100, 124))
 
 
 def test_echo_path_delays_and_scales() -> None:
