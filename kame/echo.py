@@ -213,6 +213,8 @@ class _Mix:
         self.step = 1.0 / ramp
         self.energy = 0.0  #: AEC3-on-the-microphone's frame energy, smoothed over about 30 ms
         self.mic_energy = 0.0  #: the microphone's, the same way
+        self.pre_energy = 0.0  #: AEC3-after-the-pre-canceller's, the same way
+        self._quieter = 0.0  #: 1.0 while the pre-cancelled path is the quieter one (3 dB hysteresis)
         self.floor = 1e-9  #: its floor (-90 dBFS at least)
         self._held = 0
         self.weight = 0.0  #: of the pre-cancelled path
@@ -221,13 +223,18 @@ class _Mix:
         e = float(np.mean(direct.astype(np.float64) ** 2))
         self.energy = 0.6 * self.energy + 0.4 * e
         self.mic_energy = 0.6 * self.mic_energy + 0.4 * float(np.mean(mic.astype(np.float64) ** 2))
+        self.pre_energy = 0.6 * self.pre_energy + 0.4 * float(np.mean(pre.astype(np.float64) ** 2))
         # the floor follows a quieter moment at once and rises 6 dB a second
         self.floor = max(1e-9, min(self.energy, self.floor * 10 ** (0.6 / 100)))
         if self.energy > max(self.floor * self.above, self.mic_energy * self.of_mic, self.min_energy):
             self._held = self.hold
         elif self._held > 0:
             self._held -= 1
-        target = 1.0 if self._held > 0 else 0.0
+        if self.pre_energy < 0.5 * self.energy:
+            self._quieter = 1.0
+        elif self.energy < 0.5 * self.pre_energy:
+            self._quieter = 0.0
+        target = 1.0 if self._held > 0 else self._quieter
         w0 = self.weight
         self.weight = min(target, w0 + self.step) if target > w0 else max(target, w0 - self.step)
         if w0 == self.weight == 0.0:
