@@ -48,7 +48,7 @@ class LinearSettings:
     margin_ms: float = 5.0  #: modelled before the estimated delay (estimates err, onsets smear)
     window_ms: int = 1000  #: the GCC-PHAT window
     estimate_every_ms: int = 200  #: how often the delay is re-estimated
-    step: float = 0.8  #: the background filter's normalised step (0-1; 0.5 keeps fewer user words, over 1 diverges on speech)
+    step: float = 0.5  #: the background filter's normalised step (0-1; over 1 it diverges on speech)
     min_peak_ratio: float = 8.0  #: a GCC-PHAT peak this many times the mean correlation is trusted
     copy_frames: int = 3  #: frames in a row the background must win before the foreground takes it
 
