@@ -4,7 +4,8 @@ A full-duplex model listens while it speaks: with speakers on, its own voice com
 microphone, the ASR transcribes it and the LLM answers itself. :class:`EchoCanceller` removes what
 was played (the *far end*, the reference) from what the microphone picked up (the *near end*), with
 WebRTC's audio processing module (AEC3 and its delay estimator, noise suppression, a high-pass
-filter) from the ``livekit`` wheel (the ``mic`` extra). It takes blocks of any length: they are cut
+filter) from the ``livekit`` wheel (the ``mic`` extra), by default after kame's linear pre-canceller
+(:mod:`kame.echo_linear`; see :class:`EchoCanceller` and :class:`_Mix`). It takes blocks of any length: they are cut
 into the 10 ms frames the module works on, so a block comes back with at most 10 ms of latency
 (none when its length is a multiple of 10 ms, as kame's 80 ms frames are).
 

@@ -1,7 +1,8 @@
 """kame.echo without a server: the canceller removes a simulated echo, keeps block lengths, gives WebRTC's
 module each reference frame right before the microphone frame captured with it (a bounded queue between),
-and refuses a reference or microphone at the wrong rate or channel count and unusable impulse responses,
-in one sentence each."""
+its linear pre-canceller finds the delay, converges and keeps cancelling through double talk, the switch
+between the two AEC3 outputs follows the user's voice, and it refuses a reference or microphone at the wrong
+rate or channel count and unusable impulse responses, in one sentence each."""
 
 from __future__ import annotations
 
@@ -183,3 +184,51 @@ def test_impulse_response_files(tmp_path: Path) -> None:
         with pytest.raises(EchoInputError) as exc:
             read_impulse_response(path, RATE)
         assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_linear_pre_canceller_finds_the_delay_converges_and_survives_double_talk() -> None:
+    from kame.echo_linear import LinearEchoCanceller
+
+    frame = RATE // 100
+    lin = LinearEchoCanceller(RATE, frame)
+    delay = int(0.2 * RATE)
+    ir = np.zeros(delay + 600)
+    ir[delay] = 0.5
+    ir[delay + 1 :] = 0.05 * np.random.default_rng(3).standard_normal(599) * np.exp(-np.arange(599) / 150)
+    far = modulated_noise(8)
+    echo = np.convolve(far, ir)[: far.size].astype(np.float32)
+    near = np.zeros(far.size, np.float32)
+    near[5 * RATE : 6 * RATE] = 3 * modulated_noise(1, seed=7)  # 1 s of loud double talk
+    mic = echo + near
+    out = np.concatenate([lin.process(far[i : i + frame], mic[i : i + frame]) for i in range(0, far.size, frame)])
+    assert lin.delay is not None and abs(lin.delay - delay) <= lin.margin
+    assert np.all(np.isfinite(out))
+
+    def erle(a: int, b: int) -> float:
+        w = slice(a * RATE // 10, b * RATE // 10)
+        return float(10 * np.log10(np.mean(echo[w] ** 2) / np.mean((out[w] - near[w]) ** 2)))
+
+    assert erle(40, 50) >= 20  # converged before the double talk
+    assert erle(60, 70) >= 15  # and still cancelling right after it: the foreground kept its filter
+    assert erle(70, 80) >= 20
+
+
+def test_the_mix_sends_aec3_alone_until_its_output_carries_a_voice() -> None:
+    from kame.echo import _Mix
+
+    mix = _Mix()
+    size = RATE // 100
+    rng = np.random.default_rng(0)
+    mic = (0.1 * rng.standard_normal(size)).astype(np.float32)
+    quiet = (1e-4 * rng.standard_normal(size)).astype(np.float32)  # AEC3 alone: the echo removed
+    leaky = (3e-3 * rng.standard_normal(size)).astype(np.float32)  # after the pre-canceller: some left
+    for _ in range(50):  # the assistant alone: the quieter output goes out
+        out = mix.frame(mic, quiet, leaky)
+    assert np.array_equal(out, quiet)
+    voice = (0.08 * rng.standard_normal(size)).astype(np.float32)
+    for _ in range(10):  # the user speaks: AEC3 alone lets half of it through, the other path all of it
+        out = mix.frame(mic + voice, 0.5 * voice, voice)
+    assert np.array_equal(out, voice)
+    for _ in range(mix.hold + 10):  # the user stopped: back to AEC3 alone after the hold
+        out = mix.frame(mic, quiet, leaky)
+    assert np.array_equal(out, quiet)
