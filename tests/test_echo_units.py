@@ -1,7 +1,8 @@
 """kame.echo without a server: the canceller removes a simulated echo, keeps block lengths, gives WebRTC's
 module each reference frame right before the microphone frame captured with it (a bounded queue between),
-and refuses a reference or microphone at the wrong rate or channel count and unusable impulse responses,
-in one sentence each."""
+its linear pre-canceller finds the delay, converges and keeps cancelling through double talk, the switch
+between the two AEC3 outputs follows the user's voice, and it refuses a reference or microphone at the wrong
+rate or channel count and unusable impulse responses, in one sentence each."""
 
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ class _Frame:
 class _RecordingModule:
     """Stands in for WebRTC's module: records which side each 10 ms frame went to, and its first sample."""
 
-    calls: list[tuple[str, int]] = []
+    made: list[_RecordingModule] = []
 
     def __init__(self, **_switches: bool) -> None:
-        _RecordingModule.calls = []
+        self.calls: list[tuple[str, int]] = []
+        self.made.append(self)
 
     def _first(self, frame: _Frame) -> int:
         return int(np.frombuffer(bytes(frame.data[:2]), "<i2")[0])
@@ -79,25 +81,43 @@ def _numbered(first: int, frames: int, size: int) -> np.ndarray:
 
 def test_each_reference_frame_goes_in_right_before_its_microphone_frame(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
-    aec = EchoCanceller(RATE)
+    _RecordingModule.made = []
+    aec = EchoCanceller(RATE, linear=False)  # the microphone as is: the module sees the numbers sent
     size = aec.frame
     for block in range(3):  # kame's 80 ms blocks: 8 frames each side
         aec.far(_numbered(100 + 8 * block, 8, size))
         aec.near(_numbered(1000 + 8 * block, 8, size))
     expected = [call for i in range(24) for call in (("far", 100 + i), ("near", 1000 + i))]
-    assert _RecordingModule.calls == expected
+    (module,) = _RecordingModule.made
+    assert module.calls == expected
 
 
 def test_the_reference_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
-    aec = EchoCanceller(RATE)
+    _RecordingModule.made = []
+    aec = EchoCanceller(RATE, linear=False)
     size = aec.frame
     aec.far(_numbered(0, 80, size))  # 800 ms played before anything is captured
     bound = kame.echo.MAX_QUEUE_MS // kame.echo.FRAME_MS
+    (module,) = _RecordingModule.made
     # the oldest 300 ms went in on their own, in order; the last 500 ms wait
-    assert _RecordingModule.calls == [("far", i) for i in range(80 - bound)]
+    assert module.calls == [("far", i) for i in range(80 - bound)]
     aec.near(_numbered(1000, 2, size))
-    assert _RecordingModule.calls[-4:] == [("far", 80 - bound), ("near", 1000), ("far", 81 - bound), ("near", 1001)]
+    assert module.calls[-4:] == [("far", 80 - bound), ("near", 1000), ("far", 81 - bound), ("near", 1001)]
+
+
+def test_with_the_pre_canceller_both_modules_get_every_reference_frame_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    _RecordingModule.made = []
+    aec = EchoCanceller(RATE, linear=True)
+    size = aec.frame
+    for block in range(3):
+        aec.far(_numbered(100 + 8 * block, 8, size))
+        aec.near(_numbered(1000 + 8 * block, 8, size))
+    assert len(_RecordingModule.made) == 2
+    for module in _RecordingModule.made:
+        assert [side for side, _ in module.calls] == ["far", "near"] * 24
+        assert [n for side, n in module.calls if side == "far"] == list(range(100, 124))
 
 
 def test_echo_path_delays_and_scales() -> None:
@@ -164,3 +184,51 @@ def test_impulse_response_files(tmp_path: Path) -> None:
         with pytest.raises(EchoInputError) as exc:
             read_impulse_response(path, RATE)
         assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_linear_pre_canceller_finds_the_delay_converges_and_survives_double_talk() -> None:
+    from kame.echo_linear import LinearEchoCanceller
+
+    frame = RATE // 100
+    lin = LinearEchoCanceller(RATE, frame)
+    delay = int(0.2 * RATE)
+    ir = np.zeros(delay + 600)
+    ir[delay] = 0.5
+    ir[delay + 1 :] = 0.05 * np.random.default_rng(3).standard_normal(599) * np.exp(-np.arange(599) / 150)
+    far = modulated_noise(8)
+    echo = np.convolve(far, ir)[: far.size].astype(np.float32)
+    near = np.zeros(far.size, np.float32)
+    near[5 * RATE : 6 * RATE] = 3 * modulated_noise(1, seed=7)  # 1 s of loud double talk
+    mic = echo + near
+    out = np.concatenate([lin.process(far[i : i + frame], mic[i : i + frame]) for i in range(0, far.size, frame)])
+    assert lin.delay is not None and abs(lin.delay - delay) <= lin.margin
+    assert np.all(np.isfinite(out))
+
+    def erle(a: int, b: int) -> float:
+        w = slice(a * RATE // 10, b * RATE // 10)
+        return float(10 * np.log10(np.mean(echo[w] ** 2) / np.mean((out[w] - near[w]) ** 2)))
+
+    assert erle(40, 50) >= 20  # converged before the double talk
+    assert erle(60, 70) >= 15  # and still cancelling right after it: the foreground kept its filter
+    assert erle(70, 80) >= 20
+
+
+def test_the_mix_sends_aec3_alone_until_its_output_carries_a_voice() -> None:
+    from kame.echo import _Mix
+
+    mix = _Mix()
+    size = RATE // 100
+    rng = np.random.default_rng(0)
+    mic = (0.1 * rng.standard_normal(size)).astype(np.float32)
+    quiet = (1e-4 * rng.standard_normal(size)).astype(np.float32)  # AEC3 alone: the echo removed
+    leaky = (3e-3 * rng.standard_normal(size)).astype(np.float32)  # after the pre-canceller: some left
+    for _ in range(50):  # the assistant alone: the quieter output goes out
+        out = mix.frame(mic, quiet, leaky)
+    assert np.array_equal(out, quiet)
+    voice = (0.08 * rng.standard_normal(size)).astype(np.float32)
+    for _ in range(10):  # the user speaks: AEC3 alone lets half of it through, the other path all of it
+        out = mix.frame(mic + voice, 0.5 * voice, voice)
+    assert np.array_equal(out, voice)
+    for _ in range(mix.hold + 10):  # the user stopped: back to AEC3 alone after the hold
+        out = mix.frame(mic, quiet, leaky)
+    assert np.array_equal(out, quiet)
