@@ -28,22 +28,22 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
-from kame.server.access.auth import bearer_token, token_ok
+from kame.server.access.auth import token_ok
 from kame.server.access.ephemeral import is_ephemeral
-from kame.server.webrtc.sdp import OfferError, check_offer
+from kame.server.webrtc.sdp import OfferError
 from kame.server.webrtc.signaling import (
-    admission_refusal,
     answer_offer,
-    call_cors,
+    call_request,
     error_response,
     hang_up,
     launch_call,
+    offer_refusal,
     preflight,
     refuse_call,
 )
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
+    pass
 
 router = APIRouter()
 
@@ -96,21 +96,18 @@ async def create_session(request: Request) -> Response:
     from kame.server.wires.live.wire import KameLiveSettings, live_settings
     from kame.session.settings import SessionSettings
 
-    state: AppState = request.app.state.kame
-    cfg = state.cfg.server
-    cors = call_cors(request, state)
-    if isinstance(cors, JSONResponse):
-        return cors
-    token = bearer_token(request.headers.get("authorization"))
-    if is_ephemeral(token) or not token_ok(cfg.auth_token, token):
+    start = call_request(request)
+    if isinstance(start, JSONResponse):
+        return start
+    state, cors, token = start.state, start.cors, start.token
+    if is_ephemeral(token) or not token_ok(state.cfg.server.auth_token, token):
         return refuse_call(state, "unauthorized", 401, "Missing or wrong API key (a Live session needs the server's key).",
                            "invalid_api_key", cors)
     try:
         session, sdp = _read_body(await request.body())
-        check_offer(sdp)
     except OfferError as exc:
         return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
-    refused = admission_refusal(state, cors)
+    refused = offer_refusal(state, sdp, cors)
     if refused is not None:
         return refused
     session_id = uuid.uuid4().hex[:12]

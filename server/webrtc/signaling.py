@@ -253,12 +253,11 @@ async def _part_text(part: Any) -> str | None:
 
 @router.post(CALLS_PATH)
 async def create_call(request: Request) -> Response:
-    state: AppState = request.app.state.kame
+    start = call_request(request)
+    if isinstance(start, JSONResponse):
+        return start
+    state, cors, token = start.state, start.cors, start.token
     cfg = state.cfg.server
-    cors = call_cors(request, state)
-    if isinstance(cors, JSONResponse):
-        return cors
-    token = bearer_token(request.headers.get("authorization"))
     grant = None
     if is_ephemeral(token):
         grant = state.ephemeral_keys.lookup(token)
@@ -268,10 +267,9 @@ async def create_call(request: Request) -> Response:
         return refuse_call(state, "unauthorized", 401, "Missing or wrong API key.", "invalid_api_key", cors)
     try:
         sdp, session = await _read_offer(request)
-        check_offer(sdp)
     except OfferError as exc:
         return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
-    refused = admission_refusal(state, cors)
+    refused = offer_refusal(state, sdp, cors)
     if refused is not None:
         return refused
     session_id = uuid.uuid4().hex[:12]
@@ -292,6 +290,35 @@ async def create_call(request: Request) -> Response:
     call = launch_call(state, transport, wire, settings, session_id, key=token if grant is not None else None)
     headers = {**cors, "Location": f"{CALLS_PATH}/{call.id}"}
     return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """What every call-creating POST reads first: the server's state, the CORS headers its answers carry,
+    and the bearer token (None when absent)."""
+
+    state: AppState
+    cors: dict[str, str]
+    token: str | None
+
+
+def call_request(request: Request) -> CallRequest | JSONResponse:
+    """The :class:`CallRequest` of ``request``, or its refusal when its page's origin is not allowed."""
+    state: AppState = request.app.state.kame
+    cors = call_cors(request, state)
+    if isinstance(cors, JSONResponse):
+        return cors
+    return CallRequest(state, cors, bearer_token(request.headers.get("authorization")))
+
+
+def offer_refusal(state: AppState, sdp: str, cors: dict[str, str]) -> JSONResponse | None:
+    """The refusal of an offer kame cannot answer (:func:`check_offer`) or of a call the server cannot take
+    now (:func:`admission_refusal`), in that order, or None."""
+    try:
+        check_offer(sdp)
+    except OfferError as exc:
+        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
+    return admission_refusal(state, cors)
 
 
 def admission_refusal(state: AppState, cors: dict[str, str]) -> JSONResponse | None:

@@ -314,14 +314,19 @@ def _tools(
     return tuple(functions), tuple(mcp)
 
 
-def _function(tool: Mapping[str, Any], where: str) -> FunctionSpec:
-    extra = sorted(str(k) for k in tool if k not in _FUNCTION_KEYS)
+def _known_fields(tool: Mapping[str, Any], known: Any, where: str, kind: str) -> None:
+    """Refuse a tool object with fields outside ``known``, naming the first as the param."""
+    extra = sorted(str(k) for k in tool if k not in known)
     if extra:
         raise DelegationConfigError(
             "unknown_parameter",
-            f"{where}: unknown field(s) {', '.join(extra)} of a function tool",
+            f"{where}: unknown field(s) {', '.join(extra)} of {kind}",
             param=f"{where}.{extra[0]}",
         )
+
+
+def _function(tool: Mapping[str, Any], where: str) -> FunctionSpec:
+    _known_fields(tool, _FUNCTION_KEYS, where, "a function tool")
     name = tool.get("name")
     if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
         raise DelegationConfigError(
@@ -369,13 +374,7 @@ def _function(tool: Mapping[str, Any], where: str) -> FunctionSpec:
 
 
 def _mcp_ref(tool: Mapping[str, Any], catalog: BackendCatalog, where: str) -> McpServerRef:
-    extra = sorted(str(k) for k in tool if k not in _MCP_KEYS)
-    if extra:
-        raise DelegationConfigError(
-            "unknown_parameter",
-            f"{where}: unknown field(s) {', '.join(extra)} of an mcp tool",
-            param=f"{where}.{extra[0]}",
-        )
+    _known_fields(tool, _MCP_KEYS, where, "an mcp tool")
     label = tool.get("server_label")
     configured = ", ".join(sorted(catalog.mcp_servers)) or "none"
     if not isinstance(label, str) or not label:

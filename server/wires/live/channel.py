@@ -113,29 +113,34 @@ def parse_permissions(client: Any) -> ChannelPermissions:
                               _server_events(channel.get("allowed_server_events")))
 
 
-def _client_events(value: Any) -> frozenset[str] | None:
-    param = f"{PARAM}.allowed_client_events"
+def _allow_list(value: Any, param: str, what: str) -> list[Any] | None:
+    """An allow-list field's items, or None for "all" (also when absent); refused unless a short list."""
     if value is None or value == "all":
         return None
     if not isinstance(value, list) or len(value) > MAX_SELECTORS:
-        raise LiveError("invalid_value", f"{param} must be \"all\" or a list of client event types", param=param)
-    out: set[str] = set()
-    for item in value:
+        raise LiveError("invalid_value", f"{param} must be \"all\" or a list of {what}", param=param)
+    return value
+
+
+def _client_events(value: Any) -> frozenset[str] | None:
+    param = f"{PARAM}.allowed_client_events"
+    items = _allow_list(value, param, "client event types")
+    if items is None:
+        return None
+    for item in items:
         if not isinstance(item, str) or item not in CLIENT_EVENT_TYPES:
             raise LiveError("invalid_value", f"{param}: {str(item)[:48]!r} is not a Live client event type",
                             param=param)
-        out.add(item)
-    return frozenset(out)
+    return frozenset(items)
 
 
 def _server_events(value: Any) -> frozenset[Selector] | None:
     param = f"{PARAM}.allowed_server_events"
-    if value is None or value == "all":
+    items = _allow_list(value, param, "{type} selectors")
+    if items is None:
         return None
-    if not isinstance(value, list) or len(value) > MAX_SELECTORS:
-        raise LiveError("invalid_value", f"{param} must be \"all\" or a list of {{type}} selectors", param=param)
     out: set[Selector] = set()
-    for item in value:
+    for item in items:
         etype = item.get("type") if isinstance(item, Mapping) else None
         if not isinstance(etype, str) or not 0 < len(etype) <= 64:
             raise LiveError("invalid_value", f"{param}: each selector needs a \"type\" (a server event type)",

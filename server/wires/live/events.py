@@ -94,27 +94,26 @@ class OutputAudioDelta:
 
 
 @dataclass(frozen=True)
-class InputTranscriptDelta:
+class _TranscriptDelta:
+    """Words of one side's transcript with their span in the session's audio (ms)."""
+
     delta: str
     start_ms: int
     end_ms: int
     client_event_id: str | None = None
-    type: str = field(default="session.input_transcript.delta", init=False)
 
     def body(self) -> Json:
         return {"delta": self.delta, "start_ms": self.start_ms, "end_ms": self.end_ms}
 
 
 @dataclass(frozen=True)
-class OutputTranscriptDelta:
-    delta: str
-    start_ms: int
-    end_ms: int
-    client_event_id: str | None = None
-    type: str = field(default="session.output_transcript.delta", init=False)
+class InputTranscriptDelta(_TranscriptDelta):
+    type: str = field(default="session.input_transcript.delta", init=False)
 
-    def body(self) -> Json:
-        return {"delta": self.delta, "start_ms": self.start_ms, "end_ms": self.end_ms}
+
+@dataclass(frozen=True)
+class OutputTranscriptDelta(_TranscriptDelta):
+    type: str = field(default="session.output_transcript.delta", init=False)
 
 
 @dataclass(frozen=True)

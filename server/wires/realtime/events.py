@@ -143,26 +143,24 @@ def response_start(response_id: str, item_id: str, previous_item_id: str | None)
     return [response_created(response_id), *audio_item_start(response_id, item_id, previous_item_id)]
 
 
-def audio_delta(response_id: str, item_id: str, delta: str, output_index: int = 0) -> Event:
+def _content_delta(etype: str, response_id: str, item_id: str, delta: str, output_index: int) -> Event:
+    """A delta of an output item's one content part (audio and its transcript share the shape)."""
     return {
-        "type": "response.output_audio.delta",
+        "type": etype,
         "response_id": response_id,
         "item_id": item_id,
         "output_index": output_index,
         "content_index": 0,
         "delta": delta,
     }
+
+
+def audio_delta(response_id: str, item_id: str, delta: str, output_index: int = 0) -> Event:
+    return _content_delta("response.output_audio.delta", response_id, item_id, delta, output_index)
 
 
 def transcript_delta(response_id: str, item_id: str, delta: str, output_index: int = 0) -> Event:
-    return {
-        "type": "response.output_audio_transcript.delta",
-        "response_id": response_id,
-        "item_id": item_id,
-        "output_index": output_index,
-        "content_index": 0,
-        "delta": delta,
-    }
+    return _content_delta("response.output_audio_transcript.delta", response_id, item_id, delta, output_index)
 
 
 def response_end(
