@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "kame.errors",
                 "kame.media",
                 "kame.audio",
-                "kame.echo",
+                "kame.echo", "kame.echo_linear",
                 "kame.pcm",
                 "kame.loudness",
                 "kame.stats",

@@ -58,7 +58,7 @@ def test_pipecats_client_events_are_accepted_and_its_parser_reads_ours(encode: C
         sent += wire.assistant_frame(np.zeros(1920, np.float32), "\u2581Sure" if step == 1 else None, step)
     sent += wire.partial(1, 0.8, "what is", 0.9, text="what is the")
     sent += wire.final(1, 1.6, "what is the weather", 1.7)
-    delegation_id = wire.book.latest.id if wire.book.latest else None
+    delegation_id = wire.answers.book.latest.id if wire.answers.book.latest else None
     client(pc.SessionCommentaryAppendEvent(delegation_id=delegation_id, content="It is sunny today."), 2.0)
     client(pc.SessionThinkingAppendEvent(delegation_id=delegation_id, content="The user is in Paris."), 2.1)
     client(pc.SessionInstructionsAppendEvent(delegation_id=None, content="Keep it short."), 2.2)

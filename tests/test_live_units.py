@@ -527,7 +527,7 @@ def test_commentary_is_cut_like_an_oracle_answer(encode: Callable[[str], list[in
 def test_thinking_and_instructions_are_context_never_spoken(encode: Callable[[str], list[int]]) -> None:
     wire = started_wire(encode)
     wire.final(1, 1.0, "book a table", 1.0)
-    did = wire.book.latest.id if wire.book.latest else None
+    did = wire.answers.book.latest.id if wire.answers.book.latest else None
     for kind in ("thinking", "instructions"):
         out = wire.message(json.dumps({"type": f"session.{kind}.append", "content": "The user is vegetarian.",
                                        "delegation_id": did, "event_id": kind}), 2.0)
@@ -541,9 +541,9 @@ def test_thinking_and_instructions_are_context_never_spoken(encode: Callable[[st
 def test_superseded_and_unknown_appends(encode: Callable[[str], list[int]]) -> None:
     wire = started_wire(encode)
     wire.final(1, 1.0, "what time is it in Tokyo", 1.0)
-    first = wire.book.latest
+    first = wire.answers.book.latest
     wire.final(2, 3.0, "and also tell me the weather in Paris tomorrow", 3.0)
-    assert first is not None and wire.book.latest is not None and wire.book.latest.id != first.id
+    assert first is not None and wire.answers.book.latest is not None and wire.answers.book.latest.id != first.id
     out = wire.message(json.dumps({"type": "session.commentary.append", "content": "It is noon.",
                                    "delegation_id": first.id, "event_id": "old"}), 3.5)
     assert not out.answers and not out.errors  # not an error: Pipecat treats every error as fatal
@@ -557,7 +557,7 @@ def test_superseded_and_unknown_appends(encode: Callable[[str], list[int]]) -> N
 def test_late_commentary_after_a_backchannel_is_spoken(encode: Callable[[str], list[int]]) -> None:
     wire = started_wire(encode)
     wire.final(1, 1.0, "what is the tallest mountain", 1.0)
-    first = wire.book.latest
+    first = wire.answers.book.latest
     wire.final(2, 2.0, "okay", 2.0)  # a backchannel while the application works
     assert first is not None
     out = wire.message(json.dumps({"type": "session.commentary.append", "content": "Mount Everest.",
@@ -625,9 +625,9 @@ def test_update_changes_delegation_mode(encode: Callable[[str], list[int]]) -> N
     out = wire.message(json.dumps({"type": "session.update", "event_id": "u",
                                    "session": {"kame": {"delegation": "speculative"}}}), 1.0)
     assert isinstance(out.events[0], SessionUpdated) and out.settings is not None
-    assert out.events[0].session["kame"]["delegation"] == "speculative" and wire.policy.mode == "speculative"
+    assert out.events[0].session["kame"]["delegation"] == "speculative" and wire.answers.policy.mode == "speculative"
     refused = wire.message(json.dumps({"type": "session.update", "session": {"delegation": {"type": "decisions"}}}), 1.0)
-    assert refused.errors and wire.policy.mode == "speculative"
+    assert refused.errors and wire.answers.policy.mode == "speculative"
 
 
 def test_usage_every_interval_and_close_reasons(encode: Callable[[str], list[int]]) -> None:

@@ -25,7 +25,6 @@ in, so every rule is tested without a server.
 from __future__ import annotations
 
 import base64
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,6 @@ from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.commentary import (
     OracleAnswer,
     check_length,
-    commentary_answer,
 )
 from kame.server.wires.live.config import (
     KameLiveSettings,
@@ -83,23 +81,10 @@ from kame.server.wires.live.transcript import (
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
 from kame.session.commands import CommandRefused
-from kame.session.delegation import Delegate, DelegationBook, DelegationPolicy
+from kame.session.delegated import ContextItem, Delegated, DelegatedAnswers
 from kame.session.responses.source import ResponsesAnswerSource
 
 Encode = Callable[[str], Sequence[int]]
-#: Characters of appended context kept for later delegations (oldest dropped first).
-MAX_CONTEXT_CHARS = 64_000
-
-
-@dataclass(frozen=True)
-class ContextItem:
-    """An append kept as context (never spoken directly)."""
-
-    kind: AppendKind
-    text: str
-    delegation_id: str | None
-    at_ms: int
-    spoken: bool = False  #: a commentary that became an oracle answer
 
 
 @dataclass
@@ -141,16 +126,11 @@ class LiveProtocol:
         self.audio_out: LiveAudioOut | None = None
         self.user = UserTranscript()
         self.assistant = AssistantTranscript()
-        oc = self.oracle_config
-        self.policy = DelegationPolicy(info.default_delegation, min_new_words=oc.min_new_words,
-                                       max_restarts=oc.max_restarts, window_s=oc.restart_window_s)
-        self.book = DelegationBook(info.default_backchannel_words)
-        self.context: deque[ContextItem] = deque()
-        self._context_chars = 0
+        #: Who answers and when kame delegates: the session's (this protocol only translates).
+        self.answers = DelegatedAnswers(info.default_delegation, info.default_backchannel_words, encode=encode,
+                                        oracle_config=oracle_config, new_id=self.ids.delegation)
         self.usage: UsageClock | None = None
         self.responses_port = responses
-        self.responses: ResponsesAnswerSource | None = None  #: set when the session uses Responses delegation
-        self._last_utterance = -1  #: the latest user utterance the recogniser reported
         self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
         self.started_at: float | None = None
 
@@ -163,6 +143,16 @@ class LiveProtocol:
     def timeline_ms(self) -> int:
         """Now on the session timeline (never before the last user fragment)."""
         return max(self.steps * FRAME_MS, self.user.last_end_ms)
+
+    @property
+    def responses(self) -> ResponsesAnswerSource | None:
+        """The Responses answer source, when the session uses Responses delegation."""
+        return self.answers.responses
+
+    @property
+    def context(self) -> Sequence[ContextItem]:
+        """What the client appended, kept as context (the session's)."""
+        return self.answers.context
 
     def session(self) -> dict[str, Any]:
         assert self.config is not None
@@ -217,16 +207,16 @@ class LiveProtocol:
         self.started_at = now
         for item in parsed.config.history:
             role: AppendKind = "instructions" if item.role == "developer" else "thinking"
-            self._keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
+            self.answers.keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
         if parsed.config.instructions:
-            self._keep(ContextItem("instructions", parsed.config.instructions, None, 0))
+            self.answers.keep(ContextItem("instructions", parsed.config.instructions, None, 0))
         if parsed.config.responses is not None:
             if self.responses_port is None:
                 raise RuntimeError("Responses delegation offered without a way to the session side")
-            self.responses = self.responses_port.use(use_responses(
+            self.answers.responses = self.responses_port.use(use_responses(
                 self._responses_settings,
                 self.responses_port,
-                book=self.book,
+                judge=self.answers.judge,
                 encode=self.encode,
                 oracle_config=self.oracle_config,
                 history=[(h.role, h.text) for h in parsed.config.history],
@@ -234,6 +224,7 @@ class LiveProtocol:
         out.events.append(SessionStarted(self.session(), command.event_id))
         out.events.extend(parsed.infos)
         out.settings = parsed.config.kame
+        self.answers.started = True
         out.started = True
 
     def _update(self, command: Update, out: WireOut) -> None:
@@ -257,59 +248,35 @@ class LiveProtocol:
             raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
                             client_event_id=command.event_id)
         if isinstance(command, ItemCreate):
-            self.responses.item_create(command.item)
-        elif self.responses.response_create() == "new":
-            # A response the client asked for: a delegation of its own, on the conversation so far.
-            offset = self.timeline_ms
-            d = self.book.add(self.ids.delegation(), self._last_utterance, offset, 0)
-            response_id = self.responses.delegate(d.id)
-            out.events.append(DelegationCreated(d.id, offset, command.event_id, target="responses",
-                                                response_id=response_id))
+            self.answers.item_create(command.item)
+            return
+        opened = self.answers.requested(self.timeline_ms)
+        if opened is not None:
+            out.events.append(delegation_created(opened, command.event_id))
 
     def _apply_kame(self, config: LiveConfig) -> None:
-        self.policy.set_mode(config.delegation_mode(self.info))
-        self.book.backchannel_words = config.backchannel_words(self.info)
+        self.answers.configure(config.delegation_mode(self.info), config.backchannel_words(self.info))
 
     def _append(self, command: AppendContext, out: WireOut) -> None:
         check_length(command.content, command.kind, command.event_id)
-        if self.responses is not None and command.delegation_id is not None:
-            raise LiveError("invalid_value",
-                            f"session.{command.kind}.append: delegation_id must be null with Responses delegation",
-                            param="delegation_id", client_event_id=command.event_id)
-        if self.responses is not None and command.kind in ("instructions", "thinking"):
-            self.responses.note(command.kind, command.content)
-        verdict = self.book.judge(command.delegation_id, kind=command.kind)
-        now_ms = self.timeline_ms
-        end_ms = now_ms
-        spoken = False
-        if command.kind == "commentary" and verdict.speak:
-            answer = commentary_answer(command.content, self.encode, self.oracle_config, command.delegation_id)
-            if answer is not None:
-                out.answers.append(answer)
-                end_ms = now_ms + answer.steps * FRAME_MS
-                spoken = True
-        self._keep(ContextItem(command.kind, command.content, command.delegation_id, now_ms, spoken))
-        out.events.append(Appended(command.kind, now_ms, end_ms, command.event_id))
-        if command.kind == "commentary" and verdict.standing == "superseded":
+        result = self.answers.append(command.kind, command.content, command.delegation_id, self.timeline_ms)
+        if result.answer is not None:
+            out.answers.append(result.answer)
+        out.events.append(Appended(command.kind, result.at_ms, result.end_ms, command.event_id))
+        if result.unspoken == "superseded":
             out.events.append(Info(
                 "delegation_superseded",
                 f"commentary for delegation {str(command.delegation_id)[:48]} is kept as context but not spoken: "
                 "the user has spoken since (more than a backchannel) and a newer delegation is open",
                 client_event_id=command.event_id))
-        elif command.kind == "commentary" and not spoken:
+        elif result.unspoken == "nothing_to_speak":
             out.events.append(Info("nothing_to_speak", "the commentary has no speakable words; kept as context",
                                    client_event_id=command.event_id))
-
-    def _keep(self, item: ContextItem) -> None:
-        self.context.append(item)
-        self._context_chars += len(item.text)
-        while self._context_chars > MAX_CONTEXT_CHARS and len(self.context) > 1:
-            self._context_chars -= len(self.context.popleft().text)
 
     # ------------------------------------------------------------------ recogniser
     def speech_started(self, utterance: int, audio_s: float) -> list[LiveEvent]:
         self.user.speech_started(utterance, audio_s)
-        self._last_utterance = max(self._last_utterance, utterance)
+        self.answers.speech_started(utterance)
         return []
 
     def partial(self, utterance: int, audio_s: float, stable: str, now: float, *, text: str | None = None,
@@ -323,10 +290,7 @@ class LiveProtocol:
         delta = self.user.stable(utterance, stable, audio_s)
         if delta is not None:
             out.append(delta)
-            self.book.heard(utterance, len(stable.split()))
-            if self.responses is not None:
-                self.responses.partial(now, utterance, stable)
-            self._delegate(self.policy.stable(now, utterance, stable), out)
+            self._delegated(self.answers.stable(now, utterance, stable, self.timeline_ms), out)
         return out
 
     def final(self, utterance: int, audio_s: float, text: str, now: float) -> list[LiveEvent]:
@@ -334,22 +298,13 @@ class LiveProtocol:
         delta = self.user.final(utterance, text, audio_s)
         if delta is not None:
             out.append(delta)
-        self.book.heard(utterance, len(text.split()))
-        self._last_utterance = max(self._last_utterance, utterance)
-        if self.responses is not None:
-            self.responses.heard(text)
-        self._delegate(self.policy.final(now, utterance, text), out)
+        self._delegated(self.answers.final(now, utterance, text, self.timeline_ms), out)
         return out
 
-    def _delegate(self, decision: Delegate | None, out: list[LiveEvent]) -> None:
-        if decision is None or not self.started:
-            return
-        offset = self.timeline_ms
-        d = self.book.add(self.ids.delegation(), decision.utterance, offset, decision.words)
-        if self.responses is not None:
-            out.append(DelegationCreated(d.id, offset, target="responses", response_id=self.responses.delegate(d.id)))
-        else:
-            out.append(DelegationCreated(d.id, offset))
+    @staticmethod
+    def _delegated(opened: Delegated | None, out: list[LiveEvent]) -> None:
+        if opened is not None:
+            out.append(delegation_created(opened))
 
     # ------------------------------------------------------------------ engine output
     def assistant_frame(self, pcm: np.ndarray, piece: str | None, step: int, *, send_audio: bool = True) -> list[LiveEvent]:
@@ -371,9 +326,7 @@ class LiveProtocol:
         out: list[LiveEvent] = []
         if not self.started:
             return out
-        self._delegate(self.policy.poll(now), out)
-        if self.responses is not None:
-            self.responses.tick(now)
+        self._delegated(self.answers.poll(now, self.timeline_ms), out)
         if self.usage is not None:
             usage = self.usage.due(now)
             if usage is not None:
@@ -385,3 +338,11 @@ class LiveProtocol:
         if not self.started or self.usage is None:
             return []
         return closing_events(label, message, self.session(), self.usage.seconds(now), client_event_id)
+
+
+def delegation_created(opened: Delegated, client_event_id: str | None = None) -> DelegationCreated:
+    """``session.delegation.created`` of a delegation the session opened."""
+    if opened.response_id is not None:
+        return DelegationCreated(opened.delegation_id, opened.offset_ms, client_event_id, target="responses",
+                                 response_id=opened.response_id)
+    return DelegationCreated(opened.delegation_id, opened.offset_ms, client_event_id)

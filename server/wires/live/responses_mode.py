@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from kame.oracle.config import OracleConfig
 from kame.server.wires.live.events import Info, KameEvent, LiveEvent, ResponseEventOut
 from kame.session.answers import Encode
-from kame.session.delegation import DelegationBook
 from kame.session.responses.settings import ResponsesDelegationSettings
 from kame.session.responses.source import (
     Notice,
@@ -50,16 +49,12 @@ def use_responses(
     settings: Callable[[], ResponsesDelegationSettings],
     port: ResponsesPort,
     *,
-    book: DelegationBook,
+    judge: Callable[[str], tuple[bool, str]],
     encode: Encode,
     oracle_config: OracleConfig,
     history: Sequence[tuple[str, str]] = (),
 ) -> UseResponses:
-    """The command for the session's Responses answer source; its rounds are judged by the wire's delegation book."""
+    """The command for the session's Responses answer source; ``judge`` tells how its delegations stand
+    (:meth:`kame.session.delegated.DelegatedAnswers.judge`), its events go to the client as Live events."""
     send = port.send
-
-    def judge(delegation_id: str) -> tuple[bool, str]:
-        verdict = book.judge(delegation_id, kind="response")
-        return verdict.speak, verdict.standing
-
     return UseResponses(settings, lambda event: send(live_event(event)), judge, encode, oracle_config, history)
