@@ -4,8 +4,9 @@ The connection is ``AsyncOpenAI(base_url=".../v1").live.connect()``, exactly
 what a GPT-Live application opens, so every message goes through the SDK's
 own serialisation and parsing. On top of it: audio in any Live format
 (PCM16 at 24 or 16 kHz, G.711 mu-law / A-law at 8 kHz) converted from and
-to 24 kHz float32 here with soxr and audioop (the client's own conversion,
-independent of the server's), paced at real time on an absolute schedule,
+to 24 kHz float32 by :mod:`kame.pcm` (the one conversion module of kame's
+wires, clients and recorders; the tests check its formats against audioop
+and tone analysis themselves), paced at real time on an absolute schedule,
 every event kept with its arrival time, and the same stream measures as the
 other protocol clients (real-time factor, time to first audio, lateness of
 each 80 ms of output).
@@ -29,11 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import soxr
 
 from kame.client.event_session import Event, EventSession
 from kame.client.stats import FRAME, RATE, StreamStats
-from kame.pcm import float_to_g711, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
+from kame.pcm import EncodedAudioReader, stream_resampler, to_encoding
 
 AUDIO_EVENT = "session.output_audio.delta"
 
@@ -57,33 +57,20 @@ class _Codec:
     def __init__(self, fmt: Mapping[str, Any]) -> None:
         self.type = str(fmt.get("type", "audio/pcm"))
         self.rate = int(fmt.get("rate") or (RATE if self.type == "audio/pcm" else 8000))
-        # soxr's HQ filter delays 8 kHz audio by 43 ms each way; LQ (12.5 ms) keeps far more than G.711 does
-        quality = "LQ" if self.rate <= 8000 else "HQ"
-        self._up = soxr.ResampleStream(self.rate, RATE, 1, dtype="float32", quality=quality) if self.rate != RATE else None
-        self._down = soxr.ResampleStream(RATE, self.rate, 1, dtype="float32", quality=quality) if self.rate != RATE else None
-        self._odd = b""
+        self._up = stream_resampler(self.rate, RATE)
+        self._down = stream_resampler(RATE, self.rate)
+        self._reader = EncodedAudioReader(self.type)
 
     def encode(self, pcm: np.ndarray) -> bytes:
         x = np.asarray(pcm, np.float32).reshape(-1)
         if self._down is not None:
-            x = self._down.resample_chunk(x)
-        if self.type == "audio/pcmu":
-            return float_to_g711(x, "ulaw")
-        if self.type == "audio/pcma":
-            return float_to_g711(x, "alaw")
-        return float_to_pcm16_bytes(x)
+            x = self._down.push(x)
+        return to_encoding(x, self.type)
 
     def decode(self, data: bytes) -> np.ndarray:
-        if self.type == "audio/pcmu":
-            x = g711_to_float(data, "ulaw")
-        elif self.type == "audio/pcma":
-            x = g711_to_float(data, "alaw")
-        else:
-            data = self._odd + data
-            self._odd = data[len(data) - len(data) % 2:]
-            x = pcm16_to_float(data)
+        x = self._reader.read(data)
         if self._up is not None:
-            x = self._up.resample_chunk(x)
+            x = self._up.push(x)
         return x
 
     def samples_at_24k(self, data: bytes) -> float:

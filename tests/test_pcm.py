@@ -46,3 +46,29 @@ def test_audioop_module_is_importable_on_this_python() -> None:
     # stdlib up to 3.12; the audioop-lts dependency provides it from 3.13 (pyproject marker); moved here
     # from test_live_units with the G.711 conversion itself
     assert hasattr(pcm.audioop, "lin2ulaw") and hasattr(pcm.audioop, "alaw2lin")
+
+
+def test_the_reader_joins_a_sample_split_across_appends_in_every_encoding() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-0.9, 0.9, 301).astype(np.float32)
+    for encoding in ("audio/pcm", "audio/pcmu", "audio/pcma"):
+        data = pcm.to_encoding(x, encoding)
+        assert len(data) == x.size * (2 if encoding == "audio/pcm" else 1)
+        whole = pcm.EncodedAudioReader(encoding).read(data)
+        reader = pcm.EncodedAudioReader(encoding)
+        pieces = [reader.read(data[i:i + 7]) for i in range(0, len(data), 7)]  # odd cuts split samples
+        assert np.array_equal(np.concatenate(pieces), whole)
+        assert whole.size == x.size and np.max(np.abs(whole - x)) < (2e-4 if encoding == "audio/pcm" else 0.06)
+
+
+def test_stream_resampler_is_continuous_and_none_between_equal_rates() -> None:
+    assert pcm.stream_resampler(24000, 24000) is None
+    t = np.arange(24000) / 24000
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    for rate in (16000, 8000):
+        whole = pcm.StreamResampler(24000, rate)
+        one = np.concatenate([whole.push(tone), whole.flush()])
+        cut = pcm.stream_resampler(24000, rate)
+        assert cut is not None
+        parts = np.concatenate([cut.push(tone[i:i + 1000]) for i in range(0, tone.size, 1000)] + [cut.flush()])
+        assert abs(one.size - rate) <= 2 and np.allclose(parts, one, atol=1e-5)

@@ -4,9 +4,10 @@ A Live websocket carries raw mono audio in the format chosen at
 ``session.start`` (``openai/types/live/audio_format.py``): 16-bit
 little-endian PCM at 24000 or 16000 Hz, or G.711 mu-law (``audio/pcmu``) or
 A-law (``audio/pcma``) at 8000 Hz for telephony. Moshi and the ASR take
-24 kHz, so other rates go through soxr's streaming resampler (stateful:
-chunks of any size join without clicks), and G.711 through :mod:`kame.pcm`
-(``audioop``). Nothing here is hand-written DSP.
+24 kHz, so other rates go through :mod:`kame.pcm`'s streaming resampler
+(soxr, stateful: chunks of any size join without clicks), and every
+encoding through :mod:`kame.pcm` too (G.711 by ``audioop``), the module
+kame's clients use. Nothing here is hand-written DSP.
 
 Input appends may have any length, even an odd number of PCM16 bytes;
 :class:`LiveAudioIn` joins them and cuts engine frames. A muted input is
@@ -20,16 +21,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import soxr
 
 from kame.media import SAMPLE_RATE
-from kame.pcm import float_to_g711, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
+from kame.pcm import G711_RATE, EncodedAudioReader, stream_resampler, to_encoding
 from kame.server.wires.codec import FRAME_SIZE, FrameChunker
 
 ENGINE_RATE = SAMPLE_RATE
 Encoding = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 PCM_RATES = (SAMPLE_RATE, 16000)
-G711_RATE = 8000
 
 
 @dataclass(frozen=True)
@@ -60,16 +59,6 @@ class LiveAudioFormat:
 DEFAULT_FORMAT = LiveAudioFormat()
 
 
-def _resampler(in_rate: int, out_rate: int) -> soxr.ResampleStream | None:
-    """soxr's streaming resampler. Its filter delays the stream: "HQ" costs 12 ms between 24 and 16 kHz
-    but 43 ms between 24 and 8 kHz, so G.711 uses "LQ" (12.5 ms; 16-bit precision, far beyond what
-    8-bit G.711 keeps)."""
-    if in_rate == out_rate:
-        return None
-    quality = "LQ" if min(in_rate, out_rate) <= G711_RATE else "HQ"
-    return soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=quality)
-
-
 class LiveAudioIn:
     """Client audio bytes in ``fmt`` -> 24 kHz float32 frames of ``frame_size`` samples."""
 
@@ -77,33 +66,20 @@ class LiveAudioIn:
         self.format = fmt
         self.frame_size = frame_size
         self._chunker = FrameChunker(frame_size)
-        self._resample = _resampler(fmt.rate, ENGINE_RATE)
-        self._odd = b""
+        self._resample = stream_resampler(fmt.rate, ENGINE_RATE)
+        self._reader = EncodedAudioReader(fmt.type)
         self.bytes_in = 0
-
-    def _decode(self, data: bytes) -> np.ndarray:
-        if self.format.type == "audio/pcmu":
-            return g711_to_float(data, "ulaw")
-        if self.format.type == "audio/pcma":
-            return g711_to_float(data, "alaw")
-        if self._odd:
-            data = self._odd + data
-            self._odd = b""
-        if len(data) % 2:
-            self._odd = data[-1:]
-            data = data[:-1]
-        return pcm16_to_float(data)
 
     def push(self, data: bytes, *, muted: bool = False) -> list[np.ndarray]:
         """Frames completed by this append (muted: the same amount of silence)."""
         if not data:
             return []
         self.bytes_in += len(data)
-        pcm = self._decode(data)
+        pcm = self._reader.read(data)
         if muted:
             pcm = np.zeros_like(pcm)
         if self._resample is not None and pcm.size:
-            pcm = self._resample.resample_chunk(pcm, last=False)
+            pcm = self._resample.push(pcm)
         return self._chunker.push(pcm)
 
     @property
@@ -117,14 +93,10 @@ class LiveAudioOut:
 
     def __init__(self, fmt: LiveAudioFormat = DEFAULT_FORMAT) -> None:
         self.format = fmt
-        self._resample = _resampler(ENGINE_RATE, fmt.rate)
+        self._resample = stream_resampler(ENGINE_RATE, fmt.rate)
 
     def encode(self, pcm: np.ndarray) -> bytes:
         data = np.asarray(pcm, np.float32).reshape(-1)
         if self._resample is not None:
-            data = self._resample.resample_chunk(data, last=False)
-        if self.format.type == "audio/pcmu":
-            return float_to_g711(data, "ulaw")
-        if self.format.type == "audio/pcma":
-            return float_to_g711(data, "alaw")
-        return float_to_pcm16_bytes(data)
+            data = self._resample.push(data)
+        return to_encoding(data, self.format.type)
