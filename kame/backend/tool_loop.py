@@ -151,7 +151,7 @@ class RoundPlan:
 
     def resolve(self, round_no: int, calls: Sequence[ToolCall]) -> AsyncIterator[CallFinished]:
         """Run the round's calls; yield each result as it is ready (default: none is run)."""
-        return _no_results()
+        return _nothing()
 
     async def record(
         self, round_no: int, calls: Sequence[ToolCall], finished: Sequence[CallFinished], text: str
@@ -198,12 +198,8 @@ async def run_rounds(plan: RoundPlan, max_rounds: int, *, after_tools: bool = Fa
         rounds += 1
 
 
-async def _no_results() -> AsyncIterator[CallFinished]:
-    return
-    yield  # pragma: no cover - makes this an async generator
-
-
 async def _nothing() -> AsyncGenerator[Any, None]:
+    """An empty stream: the no-op default of the plan's streaming hooks."""
     return
     yield  # pragma: no cover - makes this an async generator
 

@@ -118,11 +118,6 @@ class _ClientTurn:
             self.dropped.add(self.utterance)
             self.utterance = None
 
-    def cancel_timers(self) -> None:
-        for timer in self.timers.values():
-            timer.cancel()
-        self.timers.clear()
-
 
 class Recognizer(Protocol):
     """A recogniser shared by sessions (any of :mod:`kame.asr`, the shared Kyutai STT included)."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette import status
-from starlette.websockets import WebSocket
 
 if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
@@ -60,11 +59,6 @@ async def quietly(send: Awaitable[None], timeout: float = 1.0) -> None:
     not reading."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(send, timeout)
-
-
-async def close_quietly(ws: WebSocket, code: int, reason: str, timeout: float = 1.0) -> None:
-    """Send the close frame (``reason`` trimmed to what fits in it), as :func:`quietly`."""
-    await quietly(ws.close(code=code, reason=close_reason(reason)), timeout)
 
 
 def count_end(metrics: ServerMetrics, label: str, started: float) -> float:

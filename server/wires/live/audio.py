@@ -48,10 +48,6 @@ class LiveAudioFormat:
         else:
             raise ValueError(f"unknown audio format type {self.type!r}")
 
-    @property
-    def bytes_per_sample(self) -> int:
-        return 2 if self.type == "audio/pcm" else 1
-
     def to_json(self) -> dict[str, object]:
         return {"type": self.type, "rate": self.rate}
 

@@ -138,11 +138,6 @@ def audio_item_end(
     ], item
 
 
-def response_start(response_id: str, item_id: str, previous_item_id: str | None) -> list[Event]:
-    """The four events that open a response with its single audio item."""
-    return [response_created(response_id), *audio_item_start(response_id, item_id, previous_item_id)]
-
-
 def _content_delta(etype: str, response_id: str, item_id: str, delta: str, output_index: int) -> Event:
     """A delta of an output item's one content part (audio and its transcript share the shape)."""
     return {
@@ -161,14 +156,6 @@ def audio_delta(response_id: str, item_id: str, delta: str, output_index: int = 
 
 def transcript_delta(response_id: str, item_id: str, delta: str, output_index: int = 0) -> Event:
     return _content_delta("response.output_audio_transcript.delta", response_id, item_id, delta, output_index)
-
-
-def response_end(
-    response_id: str, item_id: str, previous_item_id: str | None, transcript: str, status: str
-) -> list[Event]:
-    """The six events that close a response with its single audio item (``status``: completed or incomplete)."""
-    events, item = audio_item_end(response_id, item_id, previous_item_id, transcript, status)
-    return [*events, response_done(response_id, status, [dict(item)])]
 
 
 def silence_delta(delta: str) -> Event:
