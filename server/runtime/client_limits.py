@@ -19,6 +19,11 @@ from starlette import status
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import Fault
 
+#: The event protocols' limits (``/v1/realtime`` and ``/v1/live/sessions`` declare these): refused client
+#: events before the client is closed, and messages (any kind) in one second.
+MAX_CLIENT_ERRORS = 50
+MAX_MESSAGES_PER_S = 1000
+
 
 class ClientLimits:
     """One session's message-rate window and error count (``None``: that rule is off)."""

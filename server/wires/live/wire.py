@@ -35,6 +35,7 @@ from starlette import status
 from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
 from kame.redaction import client_safe
+from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
     AudioIn,
@@ -76,10 +77,6 @@ decode.warm_up()  # the SDK validators are built when the server starts, not dur
 
 PROTOCOL = "live"
 PATH = "/v1/live/sessions"
-#: Errors caused by a client's events before it is closed (1008), as on /v1/realtime (counted by the runtime).
-MAX_CLIENT_ERRORS = 50
-#: Messages per second (any kind) beyond which a client is closed (1008; counted by the runtime).
-MAX_MESSAGES_PER_S = 1000
 
 
 def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSettings:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kame.media import FRAME_SIZE
+from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
     AudioIn,
@@ -62,10 +63,6 @@ if TYPE_CHECKING:
 
 PROTOCOL = "realtime"
 PATH = "/v1/realtime"
-#: Errors caused by a client's events before it is closed (1008; counted by the runtime).
-MAX_CLIENT_ERRORS = 50
-#: Messages per second (any kind) beyond which a client is closed (1008; counted by the runtime).
-MAX_MESSAGES_PER_S = 1000
 #: One output frame (what ``audio_end_ms`` of a truncate counts in).
 FRAME_MS = 80
 _AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
