@@ -124,6 +124,15 @@ class ServerConfig(BaseModel):
         "so that cycles left by closed connections, and the client messages they hold, are freed within seconds "
         "instead of minutes; 0 leaves it to CPython's counters.",
     )
+    switch_interval_ms: float = Field(
+        0.5,
+        ge=0,
+        le=100,
+        description="Python's GIL switch interval (sys.setswitchinterval) set at start, in ms; 0 keeps Python's "
+        "5 ms. torch releases the GIL around each op, and while the event loop or aiortc's threads hold it the "
+        "engine thread waits up to this long per op to get it back: under 8 WebRTC calls on 2 cores 0.5 ms "
+        "took the engine's step from 124 to ~95 ms mean (docs/server.md, \"The GIL\").",
+    )
     malloc_arena_max: int = Field(
         2,
         ge=0,

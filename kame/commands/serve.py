@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
 
     # Before torch and the server's threads exist: see kame/server/app/allocator.py.
     applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
+
+    if s.switch_interval_ms > 0:
+        # Why: see ServerConfig.switch_interval_ms (the engine thread's GIL waits under WebRTC load).
+        sys.setswitchinterval(s.switch_interval_ms / 1000)
+        log.info("GIL switch interval %.2f ms", s.switch_interval_ms)
 
     from kame.server.host import choose_device
     from kame.versions import versions_line
