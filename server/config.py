@@ -125,13 +125,13 @@ class ServerConfig(BaseModel):
         "instead of minutes; 0 leaves it to CPython's counters.",
     )
     switch_interval_ms: float = Field(
-        0.5,
+        0.0,
         ge=0,
         le=100,
         description="Python's GIL switch interval (sys.setswitchinterval) set at start, in ms; 0 keeps Python's "
-        "5 ms. torch releases the GIL around each op, and while the event loop or aiortc's threads hold it the "
-        "engine thread waits up to this long per op to get it back: under 8 WebRTC calls on 2 cores 0.5 ms "
-        "took the engine's step from 124 to ~95 ms mean (docs/server.md, \"The GIL\").",
+        "5 ms. torch releases the GIL around each op, and while the event loop holds it the engine thread may "
+        "wait up to this long per op to get it back: with aiortc's codecs (8 WebRTC calls, 2 cores) 0.5 ms took "
+        "the RTF from 0.81 to 0.92; with the server's own (docs/server.md, \"Load test\") no gain was measured.",
     )
     malloc_arena_max: int = Field(
         2,
