@@ -5,15 +5,17 @@ is the websocket's (:mod:`kame.server.runtime.session`); this only moves:
 
 - **events**: data channel messages <-> the wire's JSON (sends wait in order
   until the browser's channel opens);
-- **input audio**: RTP -> aiortc's decoder thread (Opus off the event loop) ->
-  24 kHz mono -> :class:`~kame.server.webrtc.clock.InputClock`, placed by RTP
-  timestamp; the *clock* task takes one 80 ms frame every 80 ms of the
-  server's clock and hands it to the runtime as
-  :class:`~kame.server.runtime.wire.AudioIn`, concealed where nothing arrived,
-  so loss, DTX or a muted track never stall Moshi;
+- **input audio**: an Opus RTP packet -> libopus (:mod:`~kame.server.webrtc.opus`,
+  on the loop as it arrives, straight to 24 kHz mono) ->
+  :class:`~kame.server.webrtc.clock.InputClock`, placed by RTP timestamp; the
+  *clock* task takes one 80 ms frame every 80 ms of the server's clock and
+  hands it to the runtime as :class:`~kame.server.runtime.wire.AudioIn`,
+  concealed where nothing arrived, so loss, DTX or a muted track never stall
+  Moshi. G.711 (or no libopus): aiortc's decoder thread and a resampler;
 - **output audio**: the wire's PCM -> :class:`~kame.server.webrtc.clock.OutputBuffer`
-  -> :class:`OutputTrack`, 20 ms frames on its own clock, silence when nothing
-  waits (RTP flows continuously); aiortc encodes Opus in its executor;
+  -> :class:`OutputTrack`, 40 ms packets on its own clock, silence when nothing
+  waits (RTP flows continuously), Opus coded by the track itself (libopus;
+  G.711 or no libopus: aiortc's encoder in its executor);
 - **the end**: ICE and DTLS not connected within ``connect_timeout_s`` ends the
   session as ``ice_timeout``; a connection that fails (ICE consent lost) or
   closes ends it as ``client_closed``.
@@ -237,7 +239,7 @@ def _output_track_class() -> type:
     from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
     class OutputTrack(MediaStreamTrack):
-        """The assistant's audio: 20 ms frames from the output buffer, paced on the loop's clock."""
+        """The assistant's audio: 40 ms packets from the output buffer, paced on the loop's clock."""
 
         kind = "audio"
 
