@@ -184,6 +184,27 @@ def test_opus_packets_skip_aiortcs_decoder_thread_and_are_placed_across_the_time
     asyncio.run(main())
 
 
+def test_g711_calls_and_a_missing_libopus_keep_aiortcs_codecs(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        from aiortc import RTCPeerConnection
+
+        from kame.server.webrtc import transport as module
+
+        pc = RTCPeerConnection()
+        transport = WebRtcTransport(pc, call_id="c", connect_timeout_s=5)
+        sender = type("Sender", (), {"_RTCRtpSender__encoder": None})()
+        jitter = PassThroughJitter()
+        pcmu = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0 96\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:96 opus/48000/2\r\n"
+        assert not transport.use_native_opus(sender, jitter, pcmu)
+        monkeypatch.setattr(module, "libopus", lambda: None)
+        assert not transport.use_native_opus(sender, jitter, pcmu.replace(" 0 96", " 96 0"))
+        assert jitter.sink is None and sender._RTCRtpSender__encoder is None and transport.output_track.encoder is None
+        assert jitter.add(_Packet(96, 0, b"x"))[1].data == b"x"  # to aiortc's decoder, as before
+        await pc.close()
+
+    asyncio.run(main())
+
+
 def test_ephemeral_keys_expire_and_are_many_use() -> None:
     now = [1000.0]
     keys = EphemeralKeys(clock=lambda: now[0])
