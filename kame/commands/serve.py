@@ -113,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
     # Before torch and the server's threads exist: see kame/server/app/allocator.py.
     applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
 
-    if s.switch_interval_ms > 0:
-        # Why: see ServerConfig.switch_interval_ms (the engine thread's GIL waits under WebRTC load).
-        sys.setswitchinterval(s.switch_interval_ms / 1000)
+    if apply_switch_interval(s.switch_interval_ms):
         log.info("GIL switch interval %.2f ms", s.switch_interval_ms)
 
     from kame.server.host import choose_device
@@ -129,3 +127,12 @@ def run(args: argparse.Namespace) -> int:
     from kame.server.app.serving import run_server
 
     return run_server(cfg, str(device), environ=environ)
+
+
+def apply_switch_interval(ms: float) -> bool:
+    """``server.switch_interval_ms`` (why: its description, the engine thread's GIL waits under load): set
+    Python's GIL switch interval, process-wide, before the server's threads start; 0 keeps Python's."""
+    if ms <= 0:
+        return False
+    sys.setswitchinterval(ms / 1000)
+    return True
