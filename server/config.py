@@ -124,6 +124,15 @@ class ServerConfig(BaseModel):
         "so that cycles left by closed connections, and the client messages they hold, are freed within seconds "
         "instead of minutes; 0 leaves it to CPython's counters.",
     )
+    switch_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Python's GIL switch interval (sys.setswitchinterval) set at start, in ms; 0 keeps Python's "
+        "5 ms. torch releases the GIL around each op, and while the event loop holds it the engine thread may "
+        "wait up to this long per op to get it back: with aiortc's codecs (8 WebRTC calls, 2 cores) 0.5 ms took "
+        "the RTF from 0.81 to 0.92; with the server's own (docs/server.md, \"Load test\") no gain was measured.",
+    )
     malloc_arena_max: int = Field(
         2,
         ge=0,

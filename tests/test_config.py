@@ -151,3 +151,16 @@ def test_the_core_config_does_not_import_the_server() -> None:
     assert out.strip() == "[]", out
     assert issubclass(AppConfig, KameConfig)
     assert set(AppConfig.model_fields) - set(KameConfig.model_fields) == {"server", "log"}
+
+
+def test_switch_interval_ms_sets_pythons_gil_switch_interval_and_0_keeps_it() -> None:
+    from kame.commands.serve import apply_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        assert not apply_switch_interval(AppConfig().server.switch_interval_ms)
+        assert sys.getswitchinterval() == before
+        assert apply_switch_interval(0.5)
+        assert abs(sys.getswitchinterval() - 0.0005) < 1e-9
+    finally:
+        sys.setswitchinterval(before)

@@ -1,8 +1,10 @@
 """The pure parts of WebRTC calls: the input clock (jitter buffer and concealment), the output buffer, ephemeral
-keys, offer checks and the RTP flavour of the Realtime wire. No network, no torch."""
+keys, offer checks, the libopus codecs and the packet path around aiortc, and the RTP flavour of the Realtime
+wire. No network, no torch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -12,7 +14,9 @@ from kame.backend.tools import ToolSpec
 from kame.server.access.ephemeral import EphemeralKeyError, EphemeralKeys, signing_secret, ttl_seconds
 from kame.server.runtime.wire import Outgoing, Reply
 from kame.server.webrtc.clock import InputClock, OutputBuffer
+from kame.server.webrtc.opus import OpusDecoder, OpusEncoder, OpusError
 from kame.server.webrtc.sdp import OfferError, check_offer
+from kame.server.webrtc.transport import EncodedAudio, PassThroughJitter, PreEncoded, WebRtcTransport
 from kame.server.wires.realtime.rtp import RealtimeRtpWire
 from kame.server.wires.realtime.settings import ServerInfo
 from kame.session.events import AssistantFrame
@@ -123,6 +127,82 @@ def test_output_buffer_prefills_then_plays_continuously_and_is_bounded() -> None
         buf.push(np.full(F, 0.5, np.float32))
     assert buf.size <= 4 * F and buf.stats.overflow_dropped == 6 * F
     assert buf.clear() == 4 * F and buf.size == 0
+
+
+def _tone(n: int, rate: int = 24000) -> np.ndarray:
+    return (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / rate) * 32767).astype(np.int16)
+
+
+def test_libopus_codes_24_khz_mono_and_decodes_a_browsers_48_khz_packets_at_24_khz() -> None:
+    encoder, decoder = OpusEncoder(24000, 1), OpusDecoder(24000, 1)
+    packets = [encoder.encode(_tone(24000)[i:i + 960]) for i in range(0, 24000, 960)]
+    assert 80 < np.mean([len(p) for p in packets]) < 220  # ~32 kbit/s in 40 ms packets
+    pcm = np.concatenate([decoder.decode(p) for p in packets])
+    assert len(pcm) == 24000 and pcm.dtype == np.float32
+    assert abs(float(np.sqrt(np.mean(pcm[4800:] ** 2))) - 0.3 / np.sqrt(2)) < 0.05
+    browser = OpusEncoder(48000, 1)  # what a browser sends: 20 ms at 48 kHz
+    assert len(decoder.decode(browser.encode(_tone(960, 48000)))) == P
+    with pytest.raises(OpusError):
+        decoder.decode(b"\xff" * 3)
+
+
+class _Packet:
+    def __init__(self, payload_type: int, timestamp: int, data: bytes) -> None:
+        self.payload_type, self.timestamp, self._data = payload_type, timestamp, data
+
+
+def test_opus_packets_skip_aiortcs_decoder_thread_and_are_placed_across_the_timestamp_wrap() -> None:
+    """The call's Opus goes to the transport's sink, on the loop (no thread hand-off); other payload types (G.711)
+    still go to aiortc's decoder; RTP timestamps that wrap at 2**32 stay one timeline."""
+
+    async def main() -> None:
+        from aiortc import RTCPeerConnection
+
+        pc = RTCPeerConnection()
+        transport = WebRtcTransport(pc, call_id="c", connect_timeout_s=5, input_delay_s=0)
+        sender = type("Sender", (), {"_RTCRtpSender__encoder": None})()
+        jitter = PassThroughJitter()
+        answer = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96 0\r\na=rtpmap:96 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n"
+        assert transport.use_native_opus(sender, jitter, answer)
+        assert isinstance(sender._RTCRtpSender__encoder, PreEncoded) and transport.output_track.encoder is not None
+        browser = OpusEncoder(48000, 1)
+        first = (1 << 32) - 2 * 960  # the third packet's timestamp wraps to 0
+        for k in range(8):
+            assert jitter.add(_Packet(96, (first + k * 960) & 0xFFFFFFFF, browser.encode(_tone(960, 48000)))) == (
+                False, None)
+        pcmu = jitter.add(_Packet(0, 5, b"\x7f" * 160))[1]
+        assert pcmu is not None and pcmu.data == b"\x7f" * 160
+        frames = [transport.clock.take() for _ in range(2)]
+        assert transport.clock.stats.concealed == 0 and transport.clock.stats.resyncs == 0
+        assert all(float(np.sqrt(np.mean(f[480:] ** 2))) > 0.1 for f in frames)
+        transport.output.push(np.full(F, 0.2, np.float32))
+        packet = await transport.output_track.recv()
+        assert isinstance(packet, EncodedAudio) and packet.timestamp == 0 and len(packet.payload) > 10
+        assert PreEncoded().pack(packet) == ([packet.payload], 0)
+        await pc.close()
+
+    asyncio.run(main())
+
+
+def test_g711_calls_and_a_missing_libopus_keep_aiortcs_codecs(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        from aiortc import RTCPeerConnection
+
+        from kame.server.webrtc import transport as module
+
+        pc = RTCPeerConnection()
+        transport = WebRtcTransport(pc, call_id="c", connect_timeout_s=5)
+        sender = type("Sender", (), {"_RTCRtpSender__encoder": None})()
+        jitter = PassThroughJitter()
+        pcmu = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0 96\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:96 opus/48000/2\r\n"
+        assert not transport.use_native_opus(sender, jitter, pcmu)
+        monkeypatch.setattr(module, "libopus", lambda: None)
+        assert not transport.use_native_opus(sender, jitter, pcmu.replace(" 0 96", " 96 0"))
+        assert jitter.sink is None and sender._RTCRtpSender__encoder is None and transport.output_track.encoder is None
+        assert jitter.add(_Packet(96, 0, b"x"))[1].data == b"x"  # to aiortc's decoder, as before
+        await pc.close()
+
+    asyncio.run(main())
 
 
 def test_ephemeral_keys_expire_and_are_many_use() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     # Before torch and the server's threads exist: see kame/server/app/allocator.py.
     applied = tune_allocator(AllocatorSettings(s.malloc_arena_max, s.malloc_mmap_threshold_bytes), environ)
 
+    if apply_switch_interval(s.switch_interval_ms):
+        log.info("GIL switch interval %.2f ms", s.switch_interval_ms)
+
     from kame.server.host import choose_device
     from kame.versions import versions_line
 
@@ -123,3 +127,12 @@ def run(args: argparse.Namespace) -> int:
     from kame.server.app.serving import run_server
 
     return run_server(cfg, str(device), environ=environ)
+
+
+def apply_switch_interval(ms: float) -> bool:
+    """``server.switch_interval_ms`` (why: its description, the engine thread's GIL waits under load): set
+    Python's GIL switch interval, process-wide, before the server's threads start; 0 keeps Python's."""
+    if ms <= 0:
+        return False
+    sys.setswitchinterval(ms / 1000)
+    return True

@@ -358,8 +358,7 @@ async def answer_offer(state: AppState, sdp: str, call_id: str) -> tuple[WebRtcT
         if not audio:
             raise OfferError("The SDP offer has no audio media section; add an audio track or transceiver.")
         pc.addTrack(transport.output_track)
-        for t in audio:
-            use_pass_through_jitter(t.receiver)
+        jitters = [use_pass_through_jitter(t.receiver) for t in audio]
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
         local = pc.localDescription.sdp
@@ -367,8 +366,9 @@ async def answer_offer(state: AppState, sdp: str, call_id: str) -> tuple[WebRtcT
             local = with_public_address(local, cfg.webrtc_public_address)
         if "m=audio 0 " in local:
             raise OfferError("The SDP offer's audio has no codec in common with kame (Opus, PCMU or PCMA).")
-        for t in audio:
-            use_mono_opus(t.sender, local)
+        for t, jitter in zip(audio, jitters, strict=True):
+            if not transport.use_native_opus(t.sender, jitter, local):
+                use_mono_opus(t.sender, local)
     except OfferError:
         await pc.close()
         raise

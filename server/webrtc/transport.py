@@ -5,15 +5,17 @@ is the websocket's (:mod:`kame.server.runtime.session`); this only moves:
 
 - **events**: data channel messages <-> the wire's JSON (sends wait in order
   until the browser's channel opens);
-- **input audio**: RTP -> aiortc's decoder thread (Opus off the event loop) ->
-  24 kHz mono -> :class:`~kame.server.webrtc.clock.InputClock`, placed by RTP
-  timestamp; the *clock* task takes one 80 ms frame every 80 ms of the
-  server's clock and hands it to the runtime as
-  :class:`~kame.server.runtime.wire.AudioIn`, concealed where nothing arrived,
-  so loss, DTX or a muted track never stall Moshi;
+- **input audio**: an Opus RTP packet -> libopus (:mod:`~kame.server.webrtc.opus`,
+  on the loop as it arrives, straight to 24 kHz mono) ->
+  :class:`~kame.server.webrtc.clock.InputClock`, placed by RTP timestamp; the
+  *clock* task takes one 80 ms frame every 80 ms of the server's clock and
+  hands it to the runtime as :class:`~kame.server.runtime.wire.AudioIn`,
+  concealed where nothing arrived, so loss, DTX or a muted track never stall
+  Moshi. G.711 (or no libopus): aiortc's decoder thread and a resampler;
 - **output audio**: the wire's PCM -> :class:`~kame.server.webrtc.clock.OutputBuffer`
-  -> :class:`OutputTrack`, 20 ms frames on its own clock, silence when nothing
-  waits (RTP flows continuously); aiortc encodes Opus in its executor;
+  -> :class:`OutputTrack`, 40 ms packets on its own clock, silence when nothing
+  waits (RTP flows continuously), Opus coded by the track itself (libopus;
+  G.711 or no libopus: aiortc's encoder in its executor);
 - **the end**: ICE and DTLS not connected within ``connect_timeout_s`` ends the
   session as ``ice_timeout``; a connection that fails (ICE consent lost) or
   closes ends it as ``client_closed``.
@@ -41,6 +43,7 @@ from kame.pcm import float_to_pcm16
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import FROM_CHANNEL, AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer
+from kame.server.webrtc.opus import OpusDecoder, OpusEncoder, OpusError, libopus
 
 if TYPE_CHECKING:
     from aiortc import RTCDataChannel, RTCPeerConnection
@@ -56,6 +59,8 @@ EVENTS_LABEL = "oai-events"
 #: Output packets of 40 ms: two per Moshi frame, half the packets (and the per-packet Python work) of 20 ms.
 RTP_FRAME = 960
 RTP_FRAME_S = RTP_FRAME / SAMPLE_RATE
+#: Opus RTP timestamps count 48 kHz ticks whatever the audio's rate (RFC 7587).
+RTP_TICKS = 48000 // SAMPLE_RATE
 #: Messages kept for a data channel that has not opened yet (then the oldest are dropped).
 MAX_PENDING = 2000
 #: Data channel bytes buffered towards the peer before a send waits.
@@ -64,24 +69,37 @@ STATS_INTERVAL_S = 2.0
 
 
 class PassThroughJitter:
-    """aiortc's ``JitterBuffer`` interface, releasing each audio packet at once (one packet = one Opus frame)."""
+    """aiortc's ``JitterBuffer`` interface, releasing each audio packet at once (one packet = one Opus frame).
+
+    With a ``sink`` set, packets of ``payload_type`` (the call's Opus) go to it instead, on the event loop as
+    they arrive (:meth:`WebRtcTransport.use_native_opus`), and aiortc's decoder thread gets nothing: no
+    thread hand-off per packet. Other payload types (G.711) still go to aiortc's decoder.
+    """
 
     capacity = 1
 
+    def __init__(self) -> None:
+        self.sink: Callable[[int, bytes], None] | None = None
+        self.payload_type: int | None = None
+
     def add(self, packet: Any) -> tuple[bool, Any]:
+        if self.sink is not None and packet.payload_type == self.payload_type:
+            self.sink(packet.timestamp, packet._data)
+            return False, None
         from aiortc.jitterbuffer import JitterFrame
 
         return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
 
 
-def use_pass_through_jitter(receiver: Any) -> bool:
-    """Swap ``receiver``'s audio jitter buffer for :class:`PassThroughJitter` (aiortc 1.16's private slot)."""
+def use_pass_through_jitter(receiver: Any) -> PassThroughJitter | None:
+    """Swap ``receiver``'s audio jitter buffer for a :class:`PassThroughJitter` (aiortc 1.16's private slot)."""
     slot = "_RTCRtpReceiver__jitter_buffer"
     if not hasattr(receiver, slot):
         log.warning("aiortc's receiver has no %s: its own audio jitter buffer stays (higher latency after loss)", slot)
-        return False
-    setattr(receiver, slot, PassThroughJitter())
-    return True
+        return None
+    jitter = PassThroughJitter()
+    setattr(receiver, slot, jitter)
+    return jitter
 
 
 class MonoOpusEncoder:
@@ -129,14 +147,43 @@ def use_mono_opus(sender: Any, answer_sdp: str) -> bool:
 
 def negotiated_audio_codec(sdp: str) -> str | None:
     """The first codec of the first audio section of an answer (lower case), e.g. ``opus`` or ``pcmu``."""
+    found = negotiated_audio_payload(sdp)
+    return found[0] if found else None
+
+
+def negotiated_audio_payload(sdp: str) -> tuple[str, int] | None:
+    """The first codec of the first audio section of an answer (lower case) and its RTP payload type."""
     payload = None
     for line in sdp.replace("\r\n", "\n").split("\n"):
         if line.startswith("m=audio ") and payload is None:
             parts = line.split()
             payload = parts[3] if len(parts) > 3 else ""
         elif payload is not None and line.startswith(f"a=rtpmap:{payload} "):
-            return line.split(" ", 1)[1].split("/")[0].lower()
+            if not payload.isdigit():
+                return None
+            return line.split(" ", 1)[1].split("/")[0].lower(), int(payload)
     return None
+
+
+class PreEncoded:
+    """aiortc's ``Encoder`` interface for a track whose ``recv`` returns :class:`EncodedAudio` (Opus coded by
+    the track itself, inline): aiortc only packs it, with no executor hop per packet."""
+
+    def encode(self, frame: Any, force_keyframe: bool = False) -> tuple[list[bytes], int | None]:
+        raise NotImplementedError("the track sends pre-encoded audio")
+
+    def pack(self, packet: EncodedAudio) -> tuple[list[bytes], int]:
+        return [packet.payload], packet.timestamp
+
+
+class EncodedAudio:
+    """One Opus packet from :class:`OutputTrack` and its RTP timestamp (48 kHz ticks from 0)."""
+
+    __slots__ = ("payload", "timestamp")
+
+    def __init__(self, payload: bytes, timestamp: int) -> None:
+        self.payload = payload
+        self.timestamp = timestamp
 
 
 class DecoderTo24k:
@@ -192,13 +239,15 @@ def _output_track_class() -> type:
     from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
     class OutputTrack(MediaStreamTrack):
-        """The assistant's audio: 20 ms frames from the output buffer, paced on the loop's clock."""
+        """The assistant's audio: 40 ms packets from the output buffer, paced on the loop's clock."""
 
         kind = "audio"
 
         def __init__(self, buffer: OutputBuffer) -> None:
             super().__init__()
             self.buffer = buffer
+            #: set for an Opus call when libopus loads: recv codes the packet itself (:class:`PreEncoded`)
+            self.encoder: OpusEncoder | None = None
             self._start: float | None = None
             self._n = 0
             self.late_restarts = 0
@@ -219,6 +268,11 @@ def _output_track_class() -> type:
                 self.late_restarts += 1
                 self._start = now - self._n * RTP_FRAME_S
             pcm = self.buffer.take()
+            if self.encoder is not None:
+                payload = self.encoder.encode(float_to_pcm16(pcm))
+                packet = EncodedAudio(payload, self._n * RTP_FRAME * RTP_TICKS)
+                self._n += 1
+                return packet
             ints = float_to_pcm16(pcm).reshape(1, -1)
             frame = av.AudioFrame.from_ndarray(ints, format="s16", layout="mono")
             frame.sample_rate = SAMPLE_RATE
@@ -267,9 +321,46 @@ class WebRtcTransport:
         self._reported = {"concealed": 0, "late": 0, "resyncs": 0, "underruns": 0, "cleared": 0, "lost_in": 0}
         self.ended_reason: str | None = None
         self.channel_allows: Callable[[str | bytes], bool] | None = None
+        self._opus_in: OpusDecoder | None = None
+        self._ts0: int | None = None  # the first Opus packet's RTP timestamp: position 0
+        self.opus_errors = 0
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
+
+    # ------------------------------------------------------------------ codecs
+    def use_native_opus(self, sender: Any, jitter: PassThroughJitter | None, answer_sdp: str) -> bool:
+        """For an Opus call, when libopus loads (:mod:`~kame.server.webrtc.opus`): input packets are decoded
+        on the loop as they arrive (``jitter``'s sink) straight to 24 kHz, and the output track codes its
+        own packets (``sender`` packs them). Else (G.711, no libopus) aiortc's codecs stay."""
+        found = negotiated_audio_payload(answer_sdp)
+        slot = "_RTCRtpSender__encoder"
+        if found is None or found[0] != "opus" or libopus() is None or not hasattr(sender, slot):
+            return False
+        self.output_track.encoder = OpusEncoder(SAMPLE_RATE, 1, bitrate=32000)
+        setattr(sender, slot, PreEncoded())
+        if jitter is not None and self._opus_in is None:  # the first audio section only (the one played)
+            self._opus_in = OpusDecoder(SAMPLE_RATE, 1)
+            jitter.payload_type = found[1]
+            jitter.sink = self._on_opus
+        return True
+
+    def _on_opus(self, timestamp: int, payload: bytes) -> None:
+        """One Opus packet (on the loop, as it arrives) -> 24 kHz samples placed by its RTP timestamp."""
+        if self._closed or self._opus_in is None:
+            return
+        if self._ts0 is None:
+            self._ts0 = timestamp
+        delta = (timestamp - self._ts0) & 0xFFFFFFFF  # RTP timestamps wrap at 2**32
+        if delta >= 1 << 31:  # reordered before the first packet
+            delta -= 1 << 32
+        try:
+            pcm = self._opus_in.decode(payload) if payload else None
+        except OpusError:
+            self.opus_errors += 1  # a corrupt packet: its stretch is concealed by the clock
+            return
+        if pcm is not None:
+            self.clock.push(delta // RTP_TICKS, pcm)
 
     # ------------------------------------------------------------------ peer events
     def _on_datachannel(self, channel: RTCDataChannel) -> None:

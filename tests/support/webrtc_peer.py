@@ -43,6 +43,8 @@ class SpeechTrack(MediaStreamTrack):
         self._n = 0
         self._start: float | None = None
         self.sent = 0
+        #: set by ``new_peer(mono=True)``: recv codes its own Opus packets (the bench's many peers, cheaper)
+        self.encoder: Any = None
 
     def feed(self, pcm: np.ndarray) -> None:
         """Append audio to say next (from where the track is now)."""
@@ -73,11 +75,15 @@ class SpeechTrack(MediaStreamTrack):
             if len(chunk) < FRAME:
                 chunk = np.concatenate([chunk, np.zeros(FRAME - len(chunk), np.float32)])
             ints = (np.clip(chunk, -1, 1) * 32767).astype(np.int16).reshape(1, -1)
+            self.sent += 1
+            if self.encoder is not None:
+                from kame.server.webrtc.transport import EncodedAudio
+
+                return EncodedAudio(self.encoder.encode(ints.reshape(-1)), n * FRAME)
             frame = av.AudioFrame.from_ndarray(ints, format="s16", layout="mono")
             frame.sample_rate = RATE
             frame.pts = n * FRAME
             frame.time_base = fractions.Fraction(1, RATE)
-            self.sent += 1
             return frame
 
 
@@ -95,6 +101,7 @@ class CallClient:
     location: str | None = None
     answer_status: int | None = None
     _reader: asyncio.Task[Any] | None = None
+    _jitter: Any = None  # mono peers: the receiver's PassThroughJitter, its sink set once the answer is in
 
     def types(self) -> list[str]:
         return [e.get("type", "?") for e in self.events]
@@ -167,11 +174,39 @@ async def new_peer(track: SpeechTrack | None = None, *, mono: bool = False) -> t
 
     offer = await pc.createOffer()
     await pc.setLocalDescription(offer)
-    if mono:  # mono Opus at 32 kbit/s, cheaper than aiortc's stereo 96 kbit/s (the bench's many peers)
-        from kame.server.webrtc.transport import MonoOpusEncoder
+    if mono:  # the bench's many peers: mono Opus at 32 kbit/s, coded inline, as the server does (see _use_libopus)
+        from kame.server.webrtc.opus import OpusEncoder, libopus
+        from kame.server.webrtc.transport import MonoOpusEncoder, PreEncoded, use_pass_through_jitter
 
-        sender._RTCRtpSender__encoder = MonoOpusEncoder(rate=RATE, frame=FRAME)  # type: ignore[attr-defined]
+        if libopus() is not None:
+            track.encoder = OpusEncoder(RATE, 1, bitrate=32000)
+            sender._RTCRtpSender__encoder = PreEncoded()  # type: ignore[attr-defined]
+            client._jitter = use_pass_through_jitter(next(t.receiver for t in pc.getTransceivers() if t.sender is sender))
+        else:
+            sender._RTCRtpSender__encoder = MonoOpusEncoder(rate=RATE, frame=FRAME)  # type: ignore[attr-defined]
     return client, pc.localDescription.sdp
+
+
+def _use_libopus(client: CallClient, answer_sdp: str) -> None:
+    """A mono peer records the server's Opus as its packets arrive, decoded by libopus at 48 kHz mono on the
+    loop: the same audio and arrival times as aiortc's decoder thread (48 kHz stereo, averaged here), without
+    a thread hand-off and a numpy conversion per packet, so the bench's 8 peers take less of the machine they
+    share with the server."""
+    from kame.server.webrtc.opus import OpusDecoder
+    from kame.server.webrtc.transport import negotiated_audio_payload
+
+    found = negotiated_audio_payload(answer_sdp)
+    if client._jitter is None or found is None or found[0] != "opus":
+        return
+    decoder = OpusDecoder(RATE, 1)
+
+    def sink(timestamp: int, payload: bytes) -> None:
+        if payload:
+            client.audio.append(decoder.decode(payload))
+            client.audio_t.append(time.monotonic())
+
+    client._jitter.payload_type = found[1]
+    client._jitter.sink = sink
 
 
 async def start_call(base_url: str, *, token: str | None = None, track: SpeechTrack | None = None,
@@ -200,6 +235,7 @@ async def start_call(base_url: str, *, token: str | None = None, track: SpeechTr
         client.location = r.text
         return client
     client.location = r.headers.get("location")
+    _use_libopus(client, r.text)
     await pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
     return client
 
