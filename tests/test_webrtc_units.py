@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from kame.backend.tools import ToolSpec
 from kame.server.access.ephemeral import EphemeralKeyError, EphemeralKeys, signing_secret, ttl_seconds
 from kame.server.runtime.wire import Outgoing, Reply
 from kame.server.webrtc.clock import InputClock, OutputBuffer
+from kame.server.webrtc.codec_worker import CodecWorker, codec_worker
 from kame.server.webrtc.opus import OpusDecoder, OpusEncoder, OpusError
 from kame.server.webrtc.sdp import OfferError, check_offer
 from kame.server.webrtc.transport import EncodedAudio, PassThroughJitter, PreEncoded, WebRtcTransport
@@ -152,8 +155,9 @@ class _Packet:
 
 
 def test_opus_packets_skip_aiortcs_decoder_thread_and_are_placed_across_the_timestamp_wrap() -> None:
-    """The call's Opus goes to the transport's sink, on the loop (no thread hand-off); other payload types (G.711)
-    still go to aiortc's decoder; RTP timestamps that wrap at 2**32 stay one timeline."""
+    """The call's Opus goes to the transport's sink and is decoded by the codec thread, off the loop (no decoder
+    thread of aiortc's); other payload types (G.711) still go to aiortc's decoder; RTP timestamps that wrap at
+    2**32 stay one timeline."""
 
     async def main() -> None:
         from aiortc import RTCPeerConnection
@@ -166,13 +170,20 @@ def test_opus_packets_skip_aiortcs_decoder_thread_and_are_placed_across_the_time
         assert transport.use_native_opus(sender, jitter, answer)
         assert isinstance(sender._RTCRtpSender__encoder, PreEncoded) and transport.output_track.encoder is not None
         browser = OpusEncoder(48000, 1)
+        jobs_before = codec_worker().jobs_run
         first = (1 << 32) - 2 * 960  # the third packet's timestamp wraps to 0
         for k in range(8):
             assert jitter.add(_Packet(96, (first + k * 960) & 0xFFFFFFFF, browser.encode(_tone(960, 48000)))) == (
                 False, None)
         pcmu = jitter.add(_Packet(0, 5, b"\x7f" * 160))[1]
         assert pcmu is not None and pcmu.data == b"\x7f" * 160
-        frames = [transport.clock.take() for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while len(transport._decoded) < 8 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the codec thread decodes in batches
+        worker = codec_worker()
+        assert worker._thread is not None and worker._thread.ident != threading.get_ident()
+        assert codec_worker().jobs_run >= jobs_before + 8
+        frames = [transport.input_frame() for _ in range(2)]
         assert transport.clock.stats.concealed == 0 and transport.clock.stats.resyncs == 0
         assert all(float(np.sqrt(np.mean(f[480:] ** 2))) > 0.1 for f in frames)
         transport.output.push(np.full(F, 0.2, np.float32))
@@ -180,6 +191,32 @@ def test_opus_packets_skip_aiortcs_decoder_thread_and_are_placed_across_the_time
         assert isinstance(packet, EncodedAudio) and packet.timestamp == 0 and len(packet.payload) > 10
         assert PreEncoded().pack(packet) == ([packet.payload], 0)
         await pc.close()
+
+    asyncio.run(main())
+
+
+def test_the_codec_worker_runs_jobs_in_order_in_batches_off_the_loop() -> None:
+    """Many jobs queued at once run in a few batches on one thread (not one wake-up each), in order; a failing
+    job fails only its own future."""
+
+    async def main() -> None:
+        worker = CodecWorker(batch_s=0.02)
+        ran: list[tuple[int, int]] = []
+
+        def job(k: int) -> int:
+            ran.append((k, threading.get_ident()))
+            if k == 13:
+                raise ValueError("corrupt packet")
+            return k * k
+
+        futures = [worker.run(job, k) for k in range(50)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert [k for k, _ in ran] == list(range(50))
+        assert {t for _, t in ran} == {worker._thread.ident} != {threading.get_ident()}  # type: ignore[union-attr]
+        assert results[12] == 144 and isinstance(results[13], ValueError) and results[49] == 49 * 49
+        assert worker.batches <= 3  # 50 jobs queued within one batch window
+        worker.submit(job, 13)  # a fire-and-forget job that fails is logged; the worker goes on
+        assert await worker.run(job, 7) == 49
 
     asyncio.run(main())
 

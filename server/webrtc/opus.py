@@ -1,4 +1,4 @@
-"""libopus through ctypes: decode and encode a call's Opus audio on the event loop, at 24 kHz mono.
+"""libopus through ctypes: decode and encode a call's Opus audio at 24 kHz mono (on the codec thread).
 
 Why not aiortc's codecs: with 8 calls on the CPU demo, aiortc's path costs
 more in Python and thread hand-offs than in Opus itself. Every 20 ms input
@@ -10,8 +10,8 @@ back. Those ~10 GIL hand-offs per packet, 600 packets a second, are what
 slowed the engine thread (a py-spy profile: the decoder threads' wake-ups
 alone ~20 % of the samples). libopus decodes natively at 24 kHz (no
 resampler) in ~20 us a packet, and ctypes releases the GIL during the call,
-so decoding and encoding inline, on the loop that received or produces the
-packet, is the cheapest place for them.
+so the cost left is the hand-offs: one thread codes for every call, in
+batches (:mod:`~kame.server.webrtc.codec_worker`), off the event loop.
 
 The library is the one PyAV's wheel bundles (``av.libs/libopus-*.so*``, so
 the server needs no extra package), else the system's ``libopus``;

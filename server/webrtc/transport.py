@@ -6,7 +6,8 @@ is the websocket's (:mod:`kame.server.runtime.session`); this only moves:
 - **events**: data channel messages <-> the wire's JSON (sends wait in order
   until the browser's channel opens);
 - **input audio**: an Opus RTP packet -> libopus (:mod:`~kame.server.webrtc.opus`,
-  on the loop as it arrives, straight to 24 kHz mono) ->
+  straight to 24 kHz mono, on the process's one codec thread,
+  :mod:`~kame.server.webrtc.codec_worker`, never on the loop) ->
   :class:`~kame.server.webrtc.clock.InputClock`, placed by RTP timestamp; the
   *clock* task takes one 80 ms frame every 80 ms of the server's clock and
   hands it to the runtime as :class:`~kame.server.runtime.wire.AudioIn`,
@@ -14,8 +15,8 @@ is the websocket's (:mod:`kame.server.runtime.session`); this only moves:
   Moshi. G.711 (or no libopus): aiortc's decoder thread and a resampler;
 - **output audio**: the wire's PCM -> :class:`~kame.server.webrtc.clock.OutputBuffer`
   -> :class:`OutputTrack`, 40 ms packets on its own clock, silence when nothing
-  waits (RTP flows continuously), Opus coded by the track itself (libopus;
-  G.711 or no libopus: aiortc's encoder in its executor);
+  waits (RTP flows continuously), Opus coded for the track by the codec thread
+  (libopus; G.711 or no libopus: aiortc's encoder in its executor);
 - **the end**: ICE and DTLS not connected within ``connect_timeout_s`` ends the
   session as ``ice_timeout``; a connection that fails (ICE consent lost) or
   closes ends it as ``client_closed``.
@@ -43,6 +44,7 @@ from kame.pcm import float_to_pcm16
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import FROM_CHANNEL, AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer
+from kame.server.webrtc.codec_worker import codec_worker
 from kame.server.webrtc.opus import OpusDecoder, OpusEncoder, OpusError, libopus
 
 if TYPE_CHECKING:
@@ -166,8 +168,8 @@ def negotiated_audio_payload(sdp: str) -> tuple[str, int] | None:
 
 
 class PreEncoded:
-    """aiortc's ``Encoder`` interface for a track whose ``recv`` returns :class:`EncodedAudio` (Opus coded by
-    the track itself, inline): aiortc only packs it, with no executor hop per packet."""
+    """aiortc's ``Encoder`` interface for a track whose ``recv`` returns :class:`EncodedAudio` (Opus coded for
+    the track by the codec thread, batched): aiortc only packs it, with no executor hop per packet."""
 
     def encode(self, frame: Any, force_keyframe: bool = False) -> tuple[list[bytes], int | None]:
         raise NotImplementedError("the track sends pre-encoded audio")
@@ -268,8 +270,8 @@ def _output_track_class() -> type:
                 self.late_restarts += 1
                 self._start = now - self._n * RTP_FRAME_S
             pcm = self.buffer.take()
-            if self.encoder is not None:
-                payload = self.encoder.encode(float_to_pcm16(pcm))
+            if self.encoder is not None:  # coded off the loop, batched with every call's (codec_worker)
+                payload = await codec_worker().run(self.encoder.encode, float_to_pcm16(pcm))
                 packet = EncodedAudio(payload, self._n * RTP_FRAME * RTP_TICKS)
                 self._n += 1
                 return packet
@@ -321,7 +323,9 @@ class WebRtcTransport:
         self._reported = {"concealed": 0, "late": 0, "resyncs": 0, "underruns": 0, "cleared": 0, "lost_in": 0}
         self.ended_reason: str | None = None
         self.channel_allows: Callable[[str | bytes], bool] | None = None
-        self._opus_in: OpusDecoder | None = None
+        self._opus_in: OpusDecoder | None = None  #: used only by the codec worker's thread
+        #: (position, samples) the codec worker decoded, for the loop's clock (appended there, drained here)
+        self._decoded: deque[tuple[int, np.ndarray]] = deque()
         self._ts0: int | None = None  # the first Opus packet's RTP timestamp: position 0
         self.opus_errors = 0
         pc.on("datachannel", self._on_datachannel)
@@ -330,9 +334,9 @@ class WebRtcTransport:
 
     # ------------------------------------------------------------------ codecs
     def use_native_opus(self, sender: Any, jitter: PassThroughJitter | None, answer_sdp: str) -> bool:
-        """For an Opus call, when libopus loads (:mod:`~kame.server.webrtc.opus`): input packets are decoded
-        on the loop as they arrive (``jitter``'s sink) straight to 24 kHz, and the output track codes its
-        own packets (``sender`` packs them). Else (G.711, no libopus) aiortc's codecs stay."""
+        """For an Opus call, when libopus loads (:mod:`~kame.server.webrtc.opus`): input packets go from
+        ``jitter``'s sink to the codec thread, decoded straight to 24 kHz, and the output track has its packets
+        coded there too (``sender`` packs them). Else (G.711, no libopus) aiortc's codecs stay."""
         found = negotiated_audio_payload(answer_sdp)
         slot = "_RTCRtpSender__encoder"
         if found is None or found[0] != "opus" or libopus() is None or not hasattr(sender, slot):
@@ -346,21 +350,33 @@ class WebRtcTransport:
         return True
 
     def _on_opus(self, timestamp: int, payload: bytes) -> None:
-        """One Opus packet (on the loop, as it arrives) -> 24 kHz samples placed by its RTP timestamp."""
-        if self._closed or self._opus_in is None:
+        """One Opus packet (on the loop, as it arrives): its place on the timeline from its RTP timestamp, and
+        its decoding to the codec worker (:mod:`~kame.server.webrtc.codec_worker`)."""
+        if self._closed or self._opus_in is None or not payload:
             return
         if self._ts0 is None:
             self._ts0 = timestamp
         delta = (timestamp - self._ts0) & 0xFFFFFFFF  # RTP timestamps wrap at 2**32
         if delta >= 1 << 31:  # reordered before the first packet
             delta -= 1 << 32
+        codec_worker().submit(self._decode, self._opus_in, delta // RTP_TICKS, payload)
+
+    def _decode(self, decoder: OpusDecoder, position: int, payload: bytes) -> None:
+        """On the codec worker's thread: one packet -> 24 kHz samples for the clock."""
         try:
-            pcm = self._opus_in.decode(payload) if payload else None
+            pcm = decoder.decode(payload)
         except OpusError:
             self.opus_errors += 1  # a corrupt packet: its stretch is concealed by the clock
             return
-        if pcm is not None:
-            self.clock.push(delta // RTP_TICKS, pcm)
+        self._decoded.append((position, pcm))
+
+    def input_frame(self) -> np.ndarray:
+        """The next 80 ms input frame of the server's clock, with every packet decoded so far placed first."""
+        decoded = self._decoded
+        while decoded:
+            position, pcm = decoded.popleft()
+            self.clock.push(position, pcm)
+        return self.clock.take()
 
     # ------------------------------------------------------------------ peer events
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
@@ -497,7 +513,7 @@ class WebRtcTransport:
                 await asyncio.sleep(target - now)
             elif now - target > 1.0:  # the loop stalled for a second: go on from now (the pacer absorbs less)
                 start, n = now, 0
-            self._incoming.put_nowait(AudioIn([self.clock.take()]))
+            self._incoming.put_nowait(AudioIn([self.input_frame()]))
 
     async def _input_loop(self) -> None:
         """Decoded RTP frames (24 kHz mono, from aiortc's decoder thread) -> placed on the sender's timeline."""
