@@ -170,7 +170,7 @@ class LinearEchoCanceller:
         self._fg = _Fdaf(self.partitions, self.bins)
         self._bg = _Fdaf(self.partitions, self.bins)
         self._p = self._prior()
-        self._psi = np.zeros(self.bins)
+        self._psi: np.ndarray = np.zeros(self.bins)
         self._e_mic = self._e_fg = self._e_bg = 0.0
         self._wins = 0
         self._fg_bad = 0
