@@ -171,6 +171,8 @@ class LinearEchoCanceller:
         self._bg = _Fdaf(self.partitions, self.bins)
         self._p = self._prior()
         self._psi: np.ndarray = np.zeros(self.bins)
+        self._e_model = 0.0
+        self._e_left = 1e-12
         self._e_mic = self._e_fg = self._e_bg = 0.0
         self._wins = 0
         self._fg_bad = 0
@@ -186,6 +188,16 @@ class LinearEchoCanceller:
         shape = 10 ** (-6 * t / s.prior_rt60_s)
         total = s.prior_scale * self.delays.echo_return_loss()
         return np.repeat((total * shape / shape.sum())[:, None], self.bins, axis=1)
+
+    @property
+    def expected_erle_db(self) -> float:
+        """The echo return loss enhancement the Kalman filter expects of itself (dB; 0 before a delay is
+        known): the power of the echo it models over the power its state variance says is left. It comes
+        from the reference and the filter alone, so the user's voice neither raises nor lowers it; the
+        loudspeaker's distortion, which no linear filter models, is not in it."""
+        if self._offset is None:
+            return 0.0
+        return float(10 * np.log10(max(self._e_model, 1e-12) / max(self._e_left, 1e-12)))
 
     @property
     def delay(self) -> int | None:
@@ -237,7 +249,13 @@ class LinearEchoCanceller:
         # floor: a quiet band (or the start, when the history is still empty) gets no huge step;
         # -90 dBFS of reference per sample, in the FFT's units
         floor = 2 * b * 1e-9
-        gain = self._p / (np.sum(x2 * self._p, axis=0) + 2 * self._psi + floor)
+        xpx = np.sum(x2 * self._p, axis=0)
+        gain = self._p / (xpx + 2 * self._psi + floor)
+        # the filter's own view of how much echo it removes: the echo it models over the echo its
+        # coefficient uncertainty leaves (both from the reference alone, so the near end does not count)
+        y = np.einsum("pk,pk->k", self._bg.w, self._x)
+        self._e_model = 0.9 * self._e_model + float(np.sum(y.real**2 + y.imag**2))
+        self._e_left = 0.9 * self._e_left + float(np.sum(xpx))
         g = np.fft.irfft(np.conj(self._x) * (gain * err), 2 * b, axis=1)
         g[:, b:] = 0.0  # keep each partition causal and b long (the constrained update)
         self._bg.w += np.fft.rfft(g, axis=1)

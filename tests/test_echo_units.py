@@ -253,6 +253,7 @@ def test_the_kalman_pre_canceller_converges_within_a_second_of_finding_the_delay
 
     frame = RATE // 100
     lin = LinearEchoCanceller(RATE, frame)
+    assert lin.expected_erle_db == 0.0  # no delay known, nothing expected
     delay, tail = int(0.2 * RATE), int(0.2 * RATE)
     ir = np.zeros(delay + tail)
     ir[delay] = 0.5
@@ -268,6 +269,7 @@ def test_the_kalman_pre_canceller_converges_within_a_second_of_finding_the_delay
     assert lin.delay is not None and abs(lin.delay - delay) <= lin.margin
     assert erle(2.5, 3.0) >= 25
     assert erle(5.5, 6.0) >= 45
+    assert lin.expected_erle_db >= 10  # its own estimate from the Kalman state (conservative: the process noise)
 
 
 def test_the_kalman_prior_follows_a_decaying_room_and_the_measured_echo_level() -> None:
@@ -287,3 +289,37 @@ def test_the_kalman_prior_follows_a_decaying_room_and_the_measured_echo_level() 
     assert abs(float(prior[:, 0].sum()) / (s.prior_scale * 0.0625) - 1) < 0.1
     per_partition_db = 10 * np.log10(prior[0, 0] / prior[1, 0])
     assert abs(per_partition_db - 60 * frame / RATE / s.prior_rt60_s) < 1e-6
+
+
+def test_while_the_user_speaks_the_pre_cancellers_output_is_blended_in_once_it_has_converged() -> None:
+    """The floor under the suppressor: with the user speaking, a quarter of the pre-canceller's own output
+    (-12 dB) goes out with the other three quarters from AEC3-after-it, but only once the pre-canceller expects to remove
+    6 dB or more; where only the assistant speaks none of it does."""
+    from kame.echo import _Mix
+
+    size = RATE // 100
+    rng = np.random.default_rng(1)
+    mic = (0.1 * rng.standard_normal(size)).astype(np.float32)
+    quiet = (1e-4 * rng.standard_normal(size)).astype(np.float32)
+    lin_residual = (0.01 * rng.standard_normal(size)).astype(np.float32)
+    voice = (0.08 * rng.standard_normal(size)).astype(np.float32)
+    suppressed = (0.1 * voice).astype(np.float32)  # AEC3 after the pre-canceller takes 20 dB of the voice
+
+    def talk(mix: _Mix, erle_db: float) -> np.ndarray:
+        for _ in range(50):  # the assistant alone: nothing of the linear output goes out
+            out = mix.frame(mic, quiet, quiet, lin_residual, erle_db)
+        assert np.array_equal(out, quiet)
+        for _ in range(10):  # the user speaks; AEC3 on the microphone lets half through
+            out = mix.frame(mic + voice, 0.5 * voice, suppressed, voice + lin_residual, erle_db)
+        return out
+
+    out = talk(_Mix(), 3.0)  # not converged: its output is mostly echo, none of it
+    assert np.array_equal(out, suppressed)
+    mix = _Mix()
+    out = talk(mix, 12.0)
+    a = mix.voice_floor
+    assert abs(a - 0.251) < 1e-3  # -12 dB
+    assert np.allclose(out, (1 - a) * suppressed + a * (voice + lin_residual), atol=1e-6)
+    for _ in range(mix.hold + 10):  # the user stopped: back to AEC3 alone, no linear output
+        out = mix.frame(mic, quiet, quiet, lin_residual, 12.0)
+    assert np.array_equal(out, quiet)
