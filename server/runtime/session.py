@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from starlette.websockets import WebSocket
 
     from kame.server.config import ServerConfig
+    from kame.server.runtime.aec import SessionEchoCanceller
     from kame.server.runtime.recording import SessionRecorder
     from kame.server.telemetry.logs import SessionLogger
     from kame.server.telemetry.metrics import ServerMetrics
@@ -97,6 +98,8 @@ class SessionRuntime:
         log: SessionLogger,
         input_buffer_s: float = 0.0,
         new_recorder: NewRecorder | None = None,
+        echo_canceller: bool = False,
+        sample_rate: int = 24000,
     ) -> None:
         self.transport = as_transport(ws)
         self.wire = wire
@@ -129,6 +132,14 @@ class SessionRuntime:
         self.frames_in = 0
         self.frames_out = 0
         self.frames_dropped = 0
+        #: EXPERIMENTAL (server/runtime/aec.py): the session's echo canceller, None when off
+        self.aec: SessionEchoCanceller | None = None
+        if echo_canceller:
+            from kame.server.runtime.aec import SessionEchoCanceller
+
+            self.aec = SessionEchoCanceller(sample_rate, metrics.aec_seconds.observe)
+            metrics.aec_sessions.inc()
+            log.info("echo canceller on (experimental)")
 
     @property
     def protocol(self) -> str:
@@ -165,6 +176,8 @@ class SessionRuntime:
         try:
             await self._run()
         finally:
+            if self.aec is not None:
+                self.aec.close()
             self.done.set()
 
     async def _run(self) -> None:
@@ -418,6 +431,14 @@ class SessionRuntime:
     def _feed(self, frame: np.ndarray) -> None:
         if self.pipeline is None:
             return
+        if self.aec is not None:  # the echo removed on the canceller's thread, then fed in order
+            self.aec.near(frame, self._feed_clean)
+            return
+        self._feed_clean(frame)
+
+    def _feed_clean(self, frame: np.ndarray) -> None:
+        if self.pipeline is None:
+            return
         self.frames_in += 1
         self.pipeline.feed(frame)
         if self.recorder is not None:
@@ -521,6 +542,8 @@ class SessionRuntime:
         if not send_audio:
             self.frames_dropped += 1
             self.metrics.frames_dropped.labels(direction="out").inc()
+        elif self.aec is not None:
+            self.aec.far(frame.pcm)  # the reference: only what the client is sent
         for out in self.wire.frame(frame, index, send_audio):
             if isinstance(out, ConversationIn):
                 self._conversation(out)
