@@ -36,6 +36,15 @@ linear pre-canceller, :mod:`kame.echo_linear`, then AEC3: ``EchoCanceller``'s de
   5 points.
 
 Targets with AEC on: ERLE >= 25 dB, no false turn, recall within 10 points of the echo-free run.
+
+``--network``: the server's path (the experimental server canceller, ``asr.echo_canceller``). The
+canceller runs on the server, its reference is the audio the server sent, and between the two lie
+the network both ways and the client's jitter buffer: the delay from a reference frame to its echo
+in the audio that comes back starts at each condition's ``--delays`` value and moves in steps of
+20 ms (a jitter buffer growing or shrinking: 20 ms of silence played, or 20 ms skipped) every 0.5 to
+1.5 s, at random, within 40-250 ms; and the client's sound card runs on its own clock, so what comes
+back is resampled by ``--drift-ppm`` (+N ppm in one condition, -N in the next). The room's response
+then adds no delay of its own. The variants, metrics and targets are the same.
 """
 
 from __future__ import annotations
@@ -160,6 +169,8 @@ class Row:
     first_false_turn_s: float | None
     recall: float
     rtf: float
+    drift_ppm: float = 0.0  #: --network: the client's clock error
+    network_ms: str = ""  #: --network: the range the delay moved in
 
 
 class Whisper:
@@ -242,6 +253,66 @@ def run_condition(sc: Scene, ir: np.ndarray | None, variant: str, seed: int, ns:
     return mic_all, np.concatenate(sent_parts), cpu / (mic_all.size / RATE)
 
 
+def network_delays(n: int, start_ms: int, seed: int, lo_ms: int = 40, hi_ms: int = 250,
+                   step_ms: int = 20) -> np.ndarray:
+    """The delay (samples) from the server sending sample i to the client playing it, for every sample: a
+    random walk of ``step_ms`` steps every 0.5-1.5 s within ``lo_ms``-``hi_ms``, from ``start_ms``."""
+    rng = np.random.default_rng(seed)
+    d = np.empty(n, np.int64)
+    at, ms = 0, int(np.clip(start_ms, lo_ms, hi_ms))
+    while at < n:
+        length = int(rng.uniform(0.5, 1.5) * RATE)
+        d[at : at + length] = ms * RATE // 1000
+        at += length
+        ms = int(np.clip(ms + step_ms * rng.choice((-1, 1)), lo_ms, hi_ms))
+    return d
+
+
+def network_played(sent: np.ndarray, delays: np.ndarray) -> np.ndarray:
+    """What the client plays: ``sent`` delayed by ``delays``; where the delay grows the jitter buffer plays
+    silence, where it shrinks the samples in between are skipped (never played twice)."""
+    src = np.arange(sent.size) - delays
+    newest = np.maximum.accumulate(np.concatenate([[-1], src[:-1]]))
+    ok = (src >= 0) & (src > newest)
+    out = np.zeros(sent.size, np.float32)
+    out[ok] = sent[src[ok]]
+    return out
+
+
+def drifted(x: np.ndarray, ppm: float) -> np.ndarray:
+    """``x`` as captured by a sound card whose clock runs ``ppm`` fast (resampled), cut or padded to its length."""
+    import soxr
+
+    y = soxr.resample(x.astype(np.float32), RATE, RATE * (1 + ppm * 1e-6)).astype(np.float32)
+    return np.pad(y, (0, max(0, x.size - y.size)))[: x.size]
+
+
+def run_network_condition(sc: Scene, ir: np.ndarray, delays: np.ndarray, ppm: float, variant: str, seed: int,
+                          ns: bool = True, hpf: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The server's path: (what reaches the server, its echo alone, what the canceller feeds Moshi and the ASR,
+    the canceller's CPU time per second of audio). The canceller's reference is what the server sent."""
+    rng = np.random.default_rng(seed)
+    noise = (rng.standard_normal(sc.far.size) * 10 ** (-55 / 20)).astype(np.float32)
+    played = speaker_nonlinearity(network_played(sc.far, delays))
+    echo_client = np.convolve(played, ir)[: played.size].astype(np.float32)
+    echo = drifted(echo_client, ppm)
+    mic_all = np.clip(drifted(sc.user, ppm) + echo + noise, -1, 1).astype(np.float32)
+    canceller = make_canceller(variant, ns, hpf)
+    cpu = 0.0
+    sent_parts = []
+    for i in range(0, sc.far.size - FRAME + 1, FRAME):
+        mic = mic_all[i : i + FRAME]
+        out = mic
+        if canceller is not None:
+            t0 = time.process_time()
+            canceller.far(sc.far[i : i + FRAME])  # the reference: what the server sent
+            out = canceller.near(mic)
+            cpu += time.process_time() - t0
+        sent_parts.append(out)
+    sent = np.concatenate(sent_parts)
+    return mic_all[: sent.size], echo[: sent.size], sent, cpu / (sent.size / RATE)
+
+
 def parse_list(text: str, kind: type) -> list:
     return [kind(v) for v in text.split(",") if v.strip()]
 
@@ -301,6 +372,11 @@ def main() -> int:
     ap.add_argument("--delays", default="40,250", help="delays in ms, comma-separated")
     ap.add_argument("--levels", default="-6,-12", help="echo levels in dB under what the speaker plays")
     ap.add_argument("--variants", default="off,aec3,linear+aec3", help=f"any of {', '.join(VARIANTS)}")
+    ap.add_argument("--network", action="store_true",
+                    help="the server's path: a network delay that moves in 20 ms steps within 40-250 ms "
+                    "(from each --delays value) and clock drift (--drift-ppm)")
+    ap.add_argument("--drift-ppm", type=float, default=100.0, help="with --network: the client's clock error, "
+                    "+ in one condition and - in the next")
     ap.add_argument("--no-ns", action="store_true", help="AEC3 variants without the module's noise suppression")
     ap.add_argument("--no-hpf", action="store_true", help="AEC3 variants without its high-pass filter")
     ap.add_argument("--plot", nargs="?", type=Path, const=ROOT / "docs" / "echo_bench.png", default=None,
@@ -335,34 +411,45 @@ def main() -> int:
     trace: dict[str, np.ndarray] = {}
     trace_name = ""
     worst = float("inf")  # the plot's trace: the condition where a canceller left the most echo
+    cond_index = 0
     for room in rooms:
         base = room_ir(room)
         for delay in delays:
             for level in levels:
-                ir = np.concatenate([np.zeros(int(delay * RATE / 1000)), base])
+                ir = np.concatenate([np.zeros(0 if args.network else int(delay * RATE / 1000)), base])
                 # scale the response so that the echo is `level` dB under what the speaker plays
                 played = speaker_nonlinearity(sc.far)
                 gain = 10 ** ((level - (db(np.convolve(played, ir)[: played.size]) - db(played))) / 20)
                 ir = (ir * gain).astype(np.float32)
                 cond: dict[str, np.ndarray] = {}
                 cond_erle = float("inf")
+                cond_index += 1
+                ppm = args.drift_ppm * (1 if cond_index % 2 else -1)
+                net = network_delays(sc.far.size, delay, seed=cond_index) if args.network else None
                 for variant in variants:
-                    mic, sent, rtf = run_condition(sc, ir, variant, seed=1, ns=ns, hpf=hpf)
+                    if net is not None:
+                        mic, echo, sent, rtf = run_network_condition(sc, ir, net, ppm, variant, seed=1, ns=ns, hpf=hpf)
+                    else:
+                        mic, sent, rtf = run_condition(sc, ir, variant, seed=1, ns=ns, hpf=hpf)
+                        echo = mic - sc.user[: mic.size]
                     w = slice(2 * RATE, sc.user_start)
-                    echo = mic - sc.user[: mic.size]
                     erle = db(echo[w]) - db(sent[w])
                     false = [t for t in turn_starts(sent)
                              if any(s.start / RATE <= t - 0.1 < s.stop / RATE for s in sc.far_only())]
                     hyp = whisper.text(sent[dt])
                     row = Row(room.name, delay, level, variant, round(erle, 1), round(len(false) / far_only_s * 60, 1),
-                              false[0] if false else None, round(content_recall(USER_TEXT, hyp), 2), round(rtf, 3))
+                              false[0] if false else None, round(content_recall(USER_TEXT, hyp), 2), round(rtf, 3),
+                              ppm if net is not None else 0.0,
+                              f"{net.min() * 1000 // RATE}-{net.max() * 1000 // RATE}" if net is not None else "")
                     rows.append(row)
                     if not cond:
                         cond["microphone echo"] = envelope_db(echo)
                     if variant != "off":  # (off sends the microphone: its echo is the line above)
                         cond[f"sent ({variant})"] = envelope_db(sent)
                         cond_erle = min(cond_erle, erle)
-                    print(f"{room.name} | {delay} ms | {level:.0f} dB | {variant}: ERLE {row.erle_db} dB, "
+                    where = (f"network from {delay} ms ({net.min() * 1000 // RATE}-{net.max() * 1000 // RATE} ms), "
+                             f"{ppm:+.0f} ppm" if net is not None else f"{delay} ms")
+                    print(f"{room.name} | {where} | {level:.0f} dB | {variant}: ERLE {row.erle_db} dB, "
                           f"false turns {len(false)} {false}, recall {row.recall} ({hyp!r}), CPU x RT {row.rtf}", flush=True)
                 if cond_erle <= worst or not trace:
                     worst, trace = cond_erle, cond
@@ -377,7 +464,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         first = f" ({r.first_false_turn_s:.2f} s)" if r.first_false_turn_s is not None else ""
-        print(f"| {r.room} | {r.delay_ms} ms | {r.echo_db:.0f} dB | {r.variant} | {r.erle_db:.1f} dB | "
+        net_note = f" (network {r.network_ms} ms, {r.drift_ppm:+.0f} ppm)" if r.network_ms else ""
+        print(f"| {r.room} | {r.delay_ms} ms{net_note} | {r.echo_db:.0f} dB | {r.variant} | {r.erle_db:.1f} dB | "
               f"{r.false_turns_per_min:.1f}{first} | {r.recall:.2f} | {r.rtf:.3f} |")
     for v in variants:
         if v == "off":
