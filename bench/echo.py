@@ -375,6 +375,7 @@ def main() -> int:
     ap.add_argument("--network", action="store_true",
                     help="the server's path: a network delay that moves in 20 ms steps within 40-250 ms "
                     "(from each --delays value) and clock drift (--drift-ppm)")
+    ap.add_argument("--step-ms", type=int, default=20, help="with --network: the delay's steps (0: it stays put)")
     ap.add_argument("--drift-ppm", type=float, default=100.0, help="with --network: the client's clock error, "
                     "+ in one condition and - in the next")
     ap.add_argument("--no-ns", action="store_true", help="AEC3 variants without the module's noise suppression")
@@ -425,7 +426,7 @@ def main() -> int:
                 cond_erle = float("inf")
                 cond_index += 1
                 ppm = args.drift_ppm * (1 if cond_index % 2 else -1)
-                net = network_delays(sc.far.size, delay, seed=cond_index) if args.network else None
+                net = network_delays(sc.far.size, delay, seed=cond_index, step_ms=args.step_ms) if args.network else None
                 for variant in variants:
                     if net is not None:
                         mic, echo, sent, rtf = run_network_condition(sc, ir, net, ppm, variant, seed=1, ns=ns, hpf=hpf)

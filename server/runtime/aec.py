@@ -8,62 +8,48 @@ feeds Moshi and the ASR, with the PCM of the output frames the runtime actually 
 send queue as its reference (a frame dropped for a lagging client was never played, so it is no
 reference either). AEC3's delay estimator follows the unknown, varying network plus playback delay.
 
-Why a worker thread: the canceller costs 0.08-0.15 x real time on the CPU demo's cores (6-12 ms per
-80 ms frame); on the event loop that is up to ~100 ms of every 80 ms with 8 sessions, which would
-delay every session's sends. Each session has one worker thread, so its reference and microphone
-blocks keep their order (the canceller is not thread-safe and pairs them in order); the cleaned
-frame comes back to the loop with ``call_soon_threadsafe``. The livekit module runs outside the GIL.
+It costs 5.8 ms of CPU per 80 ms frame (reference and microphone) on the CPU demo's cores, and it
+runs in a worker process per session (:mod:`kame.echo_worker` says why not a thread, nor the loop).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kame.echo import EchoCanceller
+from kame.echo_worker import EchoWorker
 
 
 class SessionEchoCanceller:
-    """One session's canceller and its worker thread: ``far`` for what was sent, ``near`` for what came in."""
+    """One session's canceller: ``far`` for what was sent, ``near`` for what came in (back through ``done``)."""
 
     def __init__(self, sample_rate: int, observe_s: Callable[[float], None] | None = None) -> None:
-        self._canceller = EchoCanceller(sample_rate)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kame-aec")
+        self.sample_rate = sample_rate
         self._observe = observe_s
-        self.frames = 0
-        self.cpu_s = 0.0  #: the canceller's thread CPU time (far and near), for the per-frame cost
+        self._worker: EchoWorker | None = None
+        self._done: Callable[[np.ndarray], None] | None = None
 
-    def _timed(self, work: Callable[[], np.ndarray | None]) -> np.ndarray | None:
-        t0 = time.thread_time()
-        out = work()
-        took = time.thread_time() - t0
-        self.cpu_s += took
-        if self._observe is not None:
-            self._observe(took)
-        return out
+    def start(self, done: Callable[[np.ndarray], None], on_exit: Callable[[], None] | None = None) -> None:
+        """Start the worker (from the session's event loop); cleaned frames go to ``done`` in order."""
+        self._worker = EchoWorker(self.sample_rate, asyncio.get_running_loop(), done, observe_s=self._observe,
+                                  on_exit=on_exit)
+
+    @property
+    def frames(self) -> int:
+        return self._worker.frames if self._worker is not None else 0
 
     def far(self, pcm: np.ndarray) -> None:
-        """An output frame just queued for the client: the reference its echo will be made of."""
-        block = np.array(pcm, np.float32, copy=True).reshape(-1)
-        self._pool.submit(self._timed, lambda: self._canceller.far(block))
+        """An output frame just queued for the client."""
+        if self._worker is not None:
+            self._worker.far(pcm)
 
-    def near(self, pcm: np.ndarray, done: Callable[[np.ndarray], None]) -> None:
-        """A frame of the client's audio; ``done`` gets it with the echo removed, on the event loop, in order."""
-        loop = asyncio.get_running_loop()
-        block = np.asarray(pcm, np.float32).reshape(-1)
-
-        def work() -> None:
-            out = self._timed(lambda: self._canceller.near(block))
-            self.frames += 1
-            if out is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(done, out)
-
-        self._pool.submit(work)
+    def near(self, pcm: np.ndarray) -> None:
+        """A frame of the client's audio."""
+        if self._worker is not None:
+            self._worker.near(pcm)
 
     def close(self) -> None:
-        """Stop the worker; frames still waiting are dropped (the session is over)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.close()

@@ -173,6 +173,8 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ main
     async def run(self) -> None:
+        if self.aec is not None:
+            self.aec.start(self._feed_clean, self._aec_died)
         try:
             await self._run()
         finally:
@@ -431,10 +433,16 @@ class SessionRuntime:
     def _feed(self, frame: np.ndarray) -> None:
         if self.pipeline is None:
             return
-        if self.aec is not None:  # the echo removed on the canceller's thread, then fed in order
-            self.aec.near(frame, self._feed_clean)
+        if self.aec is not None:  # the echo removed in the canceller's process, then fed in order
+            self.aec.near(frame)
             return
         self._feed_clean(frame)
+
+    def _aec_died(self) -> None:
+        """The canceller's process ended under a live session: its audio goes on, uncancelled."""
+        if self.aec is not None and not self.done.is_set():
+            self.log.error("echo canceller process ended: the session goes on without it")
+            self.aec = None
 
     def _feed_clean(self, frame: np.ndarray) -> None:
         if self.pipeline is None:
