@@ -256,7 +256,8 @@ def run_condition(sc: Scene, ir: np.ndarray | None, variant: str, seed: int, ns:
 def network_delays(n: int, start_ms: int, seed: int, lo_ms: int = 40, hi_ms: int = 250,
                    step_ms: int = 20) -> np.ndarray:
     """The delay (samples) from the server sending sample i to the client playing it, for every sample: a
-    random walk of ``step_ms`` steps every 0.5-1.5 s within ``lo_ms``-``hi_ms``, from ``start_ms``."""
+    random walk of ``step_ms`` steps every 0.5-1.5 s within ``lo_ms``-``hi_ms`` (every step a whole
+    ``step_ms``: at a bound the walk turns back), from ``start_ms``."""
     rng = np.random.default_rng(seed)
     d = np.empty(n, np.int64)
     at, ms = 0, int(np.clip(start_ms, lo_ms, hi_ms))
@@ -264,7 +265,8 @@ def network_delays(n: int, start_ms: int, seed: int, lo_ms: int = 40, hi_ms: int
         length = int(rng.uniform(0.5, 1.5) * RATE)
         d[at : at + length] = ms * RATE // 1000
         at += length
-        ms = int(np.clip(ms + step_ms * rng.choice((-1, 1)), lo_ms, hi_ms))
+        step = step_ms * int(rng.choice((-1, 1)))
+        ms = ms + step if lo_ms <= ms + step <= hi_ms else ms - step  # at a bound it turns back
     return d
 
 

@@ -95,19 +95,6 @@ class WhisperConfig(BaseModel):
     )
 
 
-class EchoCancellerConfig(BaseModel):
-    """EXPERIMENTAL: the server's per-session acoustic echo canceller (server/runtime/aec.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(
-        False,
-        description="EXPERIMENTAL. Every session's input goes through kame.echo.EchoCanceller (linear "
-        "pre-canceller + WebRTC AEC3) with the audio sent to that client as the reference, before Moshi and "
-        "the ASR hear it. Off by default: browsers and kame mic cancel echo themselves.",
-    )
-
-
 class EchoGuardConfig(BaseModel):
     """The echo guard (kame.asr.echo_guard): no user turn for speech that only repeats the assistant's words."""
 
@@ -191,10 +178,6 @@ class AsrConfig(BaseModel):
     )
     turn: TurnConfig = Field(default_factory=TurnConfig, description="Voice activity detection and end of turn.")
     whisper: WhisperConfig = Field(default_factory=WhisperConfig, description="Whisper-only decoding settings.")
-    echo_canceller: EchoCancellerConfig = Field(
-        default_factory=EchoCancellerConfig,
-        description="EXPERIMENTAL: a per-session acoustic echo canceller on the server.",
-    )
     echo_guard: EchoGuardConfig = Field(
         default_factory=EchoGuardConfig,
         description="No user turn (nor barge-in) for speech that only repeats what the assistant just said.",

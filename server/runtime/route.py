@@ -95,8 +95,6 @@ async def run_session(state: AppState, transport: WebSocket | Transport, wire: W
         log=log,
         input_buffer_s=input_buffer_s,
         new_recorder=new_recorder,
-        echo_canceller=state.cfg.asr.echo_canceller.enabled,
-        sample_rate=host.sample_rate,
     )
     if started is not None:
         started(runtime)

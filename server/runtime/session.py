@@ -64,7 +64,6 @@ if TYPE_CHECKING:
     from starlette.websockets import WebSocket
 
     from kame.server.config import ServerConfig
-    from kame.server.runtime.aec import SessionEchoCanceller
     from kame.server.runtime.recording import SessionRecorder
     from kame.server.telemetry.logs import SessionLogger
     from kame.server.telemetry.metrics import ServerMetrics
@@ -98,8 +97,6 @@ class SessionRuntime:
         log: SessionLogger,
         input_buffer_s: float = 0.0,
         new_recorder: NewRecorder | None = None,
-        echo_canceller: bool = False,
-        sample_rate: int = 24000,
     ) -> None:
         self.transport = as_transport(ws)
         self.wire = wire
@@ -132,14 +129,6 @@ class SessionRuntime:
         self.frames_in = 0
         self.frames_out = 0
         self.frames_dropped = 0
-        #: EXPERIMENTAL (server/runtime/aec.py): the session's echo canceller, None when off
-        self.aec: SessionEchoCanceller | None = None
-        if echo_canceller:
-            from kame.server.runtime.aec import SessionEchoCanceller
-
-            self.aec = SessionEchoCanceller(sample_rate, metrics.aec_seconds.observe)
-            metrics.aec_sessions.inc()
-            log.info("echo canceller on (experimental)")
 
     @property
     def protocol(self) -> str:
@@ -173,13 +162,9 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ main
     async def run(self) -> None:
-        if self.aec is not None:
-            self.aec.start(self._feed_clean, self._aec_died)
         try:
             await self._run()
         finally:
-            if self.aec is not None:
-                self.aec.close()
             self.done.set()
 
     async def _run(self) -> None:
@@ -433,20 +418,6 @@ class SessionRuntime:
     def _feed(self, frame: np.ndarray) -> None:
         if self.pipeline is None:
             return
-        if self.aec is not None:  # the echo removed in the canceller's process, then fed in order
-            self.aec.near(frame)
-            return
-        self._feed_clean(frame)
-
-    def _aec_died(self) -> None:
-        """The canceller's process ended under a live session: its audio goes on, uncancelled."""
-        if self.aec is not None and not self.done.is_set():
-            self.log.error("echo canceller process ended: the session goes on without it")
-            self.aec = None
-
-    def _feed_clean(self, frame: np.ndarray) -> None:
-        if self.pipeline is None:
-            return
         self.frames_in += 1
         self.pipeline.feed(frame)
         if self.recorder is not None:
@@ -550,8 +521,6 @@ class SessionRuntime:
         if not send_audio:
             self.frames_dropped += 1
             self.metrics.frames_dropped.labels(direction="out").inc()
-        elif self.aec is not None:
-            self.aec.far(frame.pcm)  # the reference: only what the client is sent
         for out in self.wire.frame(frame, index, send_audio):
             if isinstance(out, ConversationIn):
                 self._conversation(out)

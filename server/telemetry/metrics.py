@@ -119,17 +119,6 @@ class ServerMetrics:
             ["verdict"],
             registry=r,
         )
-        self.aec_sessions = Counter(
-            "kame_aec_sessions",
-            "Sessions started with the server's echo canceller on (EXPERIMENTAL, asr.echo_canceller).",
-            registry=r,
-        )
-        self.aec_seconds = Histogram(
-            "kame_aec_seconds",
-            "CPU time of the server's echo canceller per call (one 80 ms reference or microphone frame).",
-            buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.04, 0.08),
-            registry=r,
-        )
 
         self.tool_calls = Counter(
             "kame_tool_calls",
