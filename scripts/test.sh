@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: install everything (venv, Python and Debian
 # packages) from scratch if needed, check style and types (scripts/lint.sh: ruff, mypy),
-# then run the whole test suite (one process, or TEST_WORKERS pytest-xdist workers; the 15 slowest
-# tests listed).
+# then run the whole test suite (TEST_WORKERS pytest-xdist workers, default 4, or one process with
+# TEST_WORKERS=0; the 15 slowest tests listed).
 # Extra arguments go to pytest.
 #
 # Each step is a `phase NAME COMMAND...`: timed, reported, and listed in the final summary line
@@ -41,28 +41,18 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
-# The tests: in one process by default (TEST_WORKERS=0: two workers still flake once a run under each
-# other's load), or in TEST_WORKERS pytest-xdist workers (the files sharing a server on one worker, so
-# that it starts once; the others a file at a time: tests/conftest.py's scheduler), then the tests marked `alone` (timing under a load they make
-# themselves) with nothing else running. The last part's summary counts the server processes of both.
+# The tests: in TEST_WORKERS pytest-xdist workers (default 4; 0: one process). Under xdist the tests
+# that share a server run on one worker, so that it starts once (tests/support/scheduling.py), the
+# others a file at a time; the tests marked `alone` (timing under a load they make themselves) run
+# last, on one worker, once every other worker has finished (tests/support/xdist_alone.py). Four
+# workers on two cores: most tests wait on real-time sessions, not on the CPU.
 run_tests() {
-    local workers=${TEST_WORKERS:-0} starts status alone_status
+    local workers=${TEST_WORKERS:-4}
     if [ "$workers" = "0" ]; then
         .venv/bin/python -m pytest -ra --durations=15 "$@"
-        return
+    else
+        .venv/bin/python -m pytest -ra --durations=15 -n "$workers" "$@"
     fi
-    starts=$(mktemp /tmp/kame-test-starts.XXXXXX)
-    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=15 -n "$workers" \
-        -m "not alone" "$@"
-    status=$?
-    echo "test.sh: the tests marked alone, with nothing else running:"
-    PYTEST_KAME_STARTS_FILE=$starts .venv/bin/python -m pytest -ra --durations=5 -m alone "$@"
-    alone_status=$?
-    rm -f "$starts"
-    [ $alone_status -eq 5 ] && alone_status=0  # none selected (a run of other files)
-    [ $status -eq 5 ] && status=0  # none selected outside the alone ones
-    [ $status -ne 0 ] && return $status
-    return $alone_status
 }
 
 phase tests "" run_tests "$@"

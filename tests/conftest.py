@@ -39,7 +39,7 @@ import pytest
 
 from tests.support import moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
-from tests.support.scheduling import group_of_files
+from tests.support.scheduling import scope_of_tests
 from tests.support.servers import (
     BROWSER,
     LIFECYCLE,
@@ -62,12 +62,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MAX_SERVERS = 8
 SUBJECT = "server_process_subject"
 #: Tests whose assertion is timing under a load they make themselves (another worker's load would blur
-#: it): scripts/test.sh runs them after the parallel part, alone (``-m alone``).
+#: it): under xdist they run last, on one worker, once the others have finished (tests/support/xdist_alone.py).
 ALONE = "alone"
 _STARTS_KEY = "kame_server_starts"
-#: The test command's parts (parallel, then alone) add their server starts here, so the last part's
-#: summary covers the whole run (scripts/test.sh sets it).
-STARTS_FILE = os.environ.get("PYTEST_KAME_STARTS_FILE")
 #: The files that take longest (a run's ``--durations``), collected first, so that pytest-xdist
 #: (tests/support/scheduling.py) starts them early and a run does not end waiting on one of them. Order only.
 SLOW_FIRST = (
@@ -81,8 +78,8 @@ SLOW_FIRST = (
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{ALONE}: the test asserts timing under a load it makes itself; scripts/test.sh runs it "
-        "after the parallel part, with nothing else running"
+        "markers", f"{ALONE}: the test asserts timing under a load it makes itself; under xdist it runs "
+        "last, on one worker, with nothing else running"
     )
     config.addinivalue_line(
         "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
@@ -91,20 +88,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist, the files that share a server run on one worker (tests/support/scheduling.py),
-    so that each shared server starts once per run; the other files go one at a time to a free worker."""
-    from xdist.scheduler import LoadScopeScheduling
+    """Under pytest-xdist, the tests that share a server run on one worker (tests/support/scheduling.py),
+    so that each shared server starts once per run; the other files go one at a time to a free worker;
+    the tests marked ``alone`` run last, on one worker, with nothing else running (tests/support/xdist_alone.py)."""
+    from tests.support.xdist_alone import AloneLastScheduling
 
-    groups = group_of_files(Path(__file__).parent, [*SHARED, "demo"])
-    config.option.loadscopereorder = False  # keep the collection's order: the slowest files first (SLOW_FIRST)
-
-    class ServerGroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            group = groups.get(path.rsplit("/", 1)[-1])
-            return f"servers:{group}" if group else path
-
-    return ServerGroupScheduling(config, log)
+    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, [*SHARED, "demo"], ALONE))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -157,11 +146,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     if getattr(config, "workeroutput", None) is not None:
         return
     starts = list(moshi_client.SERVER_STARTS)
-    if STARTS_FILE:
-        path = Path(STARTS_FILE)
-        earlier = [moshi_client.ServerStart(**s) for s in json.loads(path.read_text() or "[]")] if path.exists() else []
-        path.write_text(json.dumps([dataclasses.asdict(s) for s in earlier + starts]))
-        starts = earlier + starts
     counted = [s for s in starts if not s.requested_by.startswith("subject ")]
     subject = [s for s in starts if s.requested_by.startswith("subject ")]
     tr = terminalreporter

@@ -16,7 +16,7 @@ import torch
 from kame.errors import CheckpointError
 from kame.frontend.checkpoint import resolve_checkpoint
 from kame.frontend.config import FrontendConfig
-from kame.frontend.loading import load_lm, load_mimi
+from kame.frontend.loading import _no_init_on_meta, load_lm, load_mimi
 from kame.frontend.models import load_frontend
 from kame.frontend.tiny import make_tiny_checkpoint
 
@@ -438,3 +438,31 @@ def test_make_tiny_checkpoint_command_writes_the_release_layout(tmp_path: Path) 
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr
     assert any(".in_projs.0." in k for k in _keys(tmp_path / "split" / "model.safetensors"))
+
+
+def test_the_empty_lm_is_built_without_initialising_meta_tensors() -> None:
+    """Initialising a meta tensor only cost time: its first ``normal_`` imports ``torch._dynamo``.
+    Other tensors are initialised as before, and the functions are restored after."""
+    original = torch.nn.init.normal_
+    with _no_init_on_meta():
+        real = torch.nn.init.normal_(torch.zeros(4000), mean=5.0)
+        meta = torch.empty(3, device="meta")
+        assert torch.nn.init.normal_(meta) is meta
+        assert torch.nn.init.uniform_(meta) is meta
+    assert abs(float(real.mean()) - 5.0) < 0.2
+    assert torch.nn.init.normal_ is original
+
+
+def test_loading_a_checkpoint_does_not_import_torch_dynamo(tiny_kame_ckpt: Path) -> None:
+    """A fresh process (as a server start): loading the model leaves ``torch._dynamo`` unimported,
+    about 1.2 s of CPU a start with torch.compile off."""
+    code = (
+        "import sys, torch\n"
+        "from kame.frontend.config import FrontendConfig\nfrom kame.frontend.models import load_frontend\n"
+        f"load_frontend(FrontendConfig(checkpoint={str(tiny_kame_ckpt)!r}), torch.device('cpu'))\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NO_TORCH_COMPILE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout

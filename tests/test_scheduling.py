@@ -1,12 +1,16 @@
-"""The xdist grouping (tests/support/scheduling.py): the files sharing a server, even through a third
-file, travel together; files without one stay alone; every shared server of conftest.py is seen."""
+"""The xdist grouping (tests/support/scheduling.py): the tests sharing a server, even through a third
+test, travel together; files without one stay alone; every shared server of conftest.py is seen."""
 
 from __future__ import annotations
 
 import ast
+import json
+import textwrap
 from pathlib import Path
 
-from tests.support.scheduling import group_of_files, server_fixtures, server_groups, servers_of
+import pytest
+
+from tests.support.scheduling import marked_tests, scope_of_tests, server_fixtures, server_groups, servers_by_test
 from tests.support.servers import SHARED
 
 TESTS = Path(__file__).resolve().parent
@@ -31,8 +35,8 @@ def test_files_sharing_a_server_even_transitively_form_one_group() -> None:
 def test_a_fixture_is_found_as_an_argument_or_by_name_but_not_inside_another_word() -> None:
     pattern = server_fixtures(["demo", "browser"])
     source = "def test_x(demo_server):\n    request.getfixturevalue('browser_server')\n    my_demo_server_url = 1\n"
-    assert servers_of(source, pattern) == frozenset({"demo_server", "browser_server"})
-    assert servers_of("def test_y(nondemo_server): ...", pattern) == frozenset()
+    assert servers_by_test(source, pattern).of("test_x") == frozenset({"demo_server", "browser_server"})
+    assert servers_by_test("def test_y(nondemo_server): ...", pattern).of("test_y") == frozenset()
 
 
 def test_every_session_server_fixture_of_conftest_is_grouped() -> None:
@@ -45,7 +49,148 @@ def test_every_session_server_fixture_of_conftest_is_grouped() -> None:
     assert defined == {f"{name}_server" for name in [*SHARED, "demo"]}
 
 
-def test_the_real_tree_groups_the_browser_and_demo_files() -> None:
-    groups = group_of_files(TESTS, [*SHARED, "demo"])
-    assert groups["test_browser.py"] == groups["test_eval_duplex_e2e.py"] == groups["test_eval_e2e.py"]
-    assert "test_engine.py" not in groups  # asks for no shared server
+def test_the_real_tree_groups_tests_by_the_server_each_asks_for() -> None:
+    """A file whose tests use two servers, each test one, no longer ties those servers' groups together
+    (test_eval_duplex_e2e.py: the CPU demo for most, the browser server for one)."""
+    scope = scope_of_tests(TESTS, [*SHARED, "demo"])
+    duplex = "tests/test_eval_duplex_e2e.py"
+    assert scope(f"{duplex}::test_smoke_chat_turn_taking") == scope("tests/test_eval_e2e.py::test_eval_records_judges_and_summarizes")
+    assert scope(f"{duplex}::test_refused_session_is_retried") == scope("tests/test_browser.py::test_voice_conversation_in_chromium")
+    assert scope(f"{duplex}::test_smoke_chat_turn_taking") == "servers:demo_server"
+    assert scope(f"{duplex}::test_refused_session_is_retried") == "servers:browser_server"
+    assert scope(f"{duplex}::test_generated_set_is_reproducible") == duplex  # asks for no shared server
+    assert scope("tests/test_engine.py::test_fifo_reset_queues_start_with_first_word_and_bounds") == "tests/test_engine.py"
+    assert scope("tests/test_live_server.py::test_audio_formats_both_ways[pcm16k]") == "servers:secured_server"
+
+
+def test_a_test_asks_through_its_files_fixtures_and_autouse_ones() -> None:
+    pattern = server_fixtures(["demo", "browser", "secured"])
+    source = textwrap.dedent('''
+        import pytest
+
+        @pytest.fixture
+        def server(demo_server):
+            return demo_server
+
+        @pytest.fixture
+        def client(server, tmp_path):
+            return server
+
+        @pytest.fixture(autouse=True)
+        def _quiet(monkeypatch):
+            pass
+
+        def helper(request):
+            return request.getfixturevalue("secured_server")
+
+        def test_a(client): ...
+
+        def test_b(browser_server, tmp_path): ...
+
+        def test_c(request):
+            request.getfixturevalue("browser_server")
+            text = "demo_server"
+
+        class TestD:
+            def test_e(self, server): ...
+    ''')
+    found = servers_by_test(source, pattern)
+    assert found.whole == {"secured_server"}  # a helper's: every test gets it
+    assert found.of("test_a") == {"demo_server", "secured_server"}
+    assert found.of("test_b") == found.of("test_c") == {"browser_server", "secured_server"}
+    assert found.of("TestD::test_e") == {"demo_server", "secured_server"}
+
+
+_SUITE_CONFTEST = '''
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+import pytest
+
+from tests.support.scheduling import scope_of_tests
+
+LOG = Path(__file__).parent / "log.jsonl"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: timing under its own load")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from tests.support.xdist_alone import AloneLastScheduling
+
+    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, ["shared"], "alone"))
+
+
+def record(name, start):
+    with LOG.open("a") as f:
+        f.write(json.dumps({"name": name, "pid": os.getpid(), "start": start, "end": time.time()}) + "\\n")
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    record("shared_server started", time.time())
+    return "server"
+
+
+@pytest.fixture
+def timed(request):
+    t0 = time.time()
+    yield
+    record(request.node.name, t0)
+'''
+
+_SUITE = {
+    "test_a.py": '''
+import time
+import pytest
+
+def test_a1(shared_server, timed):
+    time.sleep(0.5)
+
+@pytest.mark.alone
+def test_a_alone(shared_server, timed):
+    time.sleep(0.2)
+''',
+    "test_b.py": "import time\n" + "".join(f"\ndef test_b{i}(timed):\n    time.sleep(0.4)\n" for i in range(5)),
+    "test_c.py": '''
+import time
+import pytest
+
+pytestmark = pytest.mark.alone
+
+def test_c_alone(timed):
+    time.sleep(0.2)
+''',
+}
+
+
+def test_alone_tests_run_last_on_the_worker_that_has_their_server(pytester: pytest.Pytester,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real two-worker xdist run of a small suite: the ``alone`` tests start only after every other
+    test ended, one after another on one worker, the one whose shared server is already up (started once)."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS.parent))
+    pytester.makeconftest(_SUITE_CONFTEST)
+    for name, source in _SUITE.items():
+        pytester.makepyfile(**{name[:-3]: source})
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8)
+    log = [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
+    by_name = {e["name"]: e for e in log}
+    alone = sorted((by_name["test_a_alone"], by_name["test_c_alone"]), key=lambda e: e["start"])
+    others = [e for e in log if e["name"].startswith("test_") and "alone" not in e["name"]]
+    assert len(others) == 6 and len({e["pid"] for e in others}) == 2  # both workers had work
+    assert alone[0]["start"] >= max(e["end"] for e in others), log
+    assert alone[1]["start"] >= alone[0]["end"]
+    assert [e["name"] for e in log].count("shared_server started") == 1, log
+    assert by_name["test_a_alone"]["pid"] == by_name["test_c_alone"]["pid"] == by_name["test_a1"]["pid"]
+
+
+def test_alone_marks_are_read_from_the_tree() -> None:
+    source = "import pytest\n@pytest.mark.alone\ndef test_x(): ...\ndef test_y(): ...\n" \
+             "@pytest.mark.alone\nclass TestZ:\n    def test_w(self): ...\n"
+    assert marked_tests(source, "alone") == {"test_x", "TestZ::test_w"}
+    assert marked_tests("import pytest\npytestmark = [pytest.mark.alone]\ndef test_v(): ...\n", "alone") == {"test_v"}
+    assert marked_tests(source, "slow") == frozenset()

@@ -12,7 +12,9 @@ is the loaded model plus the largest single tensor of the file.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,41 @@ def _moved(value: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tor
     return value
 
 
+#: ``torch.nn.init`` functions the modules' ``reset_parameters`` call.
+_INIT_FUNCTIONS = (
+    "normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+    "xavier_normal_", "ones_", "zeros_", "constant_",
+)
+
+
+@contextlib.contextmanager
+def _no_init_on_meta() -> Iterator[None]:
+    """Skip ``torch.nn.init`` on meta tensors while the empty LM is built.
+
+    A meta tensor holds no values, so initialising one does nothing useful, but the first ``normal_``
+    on one goes through ``torch._refs`` and imports ``torch._dynamo``: about 1.2 s of CPU in every
+    process that loads a model (each server start), for a module that is never used with
+    ``torch.compile`` off. Any other tensor is initialised as before, so a thread building a real
+    module meanwhile is unaffected; a nested or concurrent use restores to wrappers that behave the same.
+    """
+    originals = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+
+    def skipping(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.wraps(original)
+        def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return tensor if tensor.is_meta else original(tensor, *args, **kwargs)
+
+        return init
+
+    for name, original in originals.items():
+        setattr(torch.nn.init, name, skipping(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.nn.init, name, original)
+
+
 def load_lm(files: CheckpointFiles, device: str | torch.device, dtype: torch.dtype) -> LoadedLM:
     """The LM with weights loaded, plus its oracle table (own or copied from text_emb).
 
@@ -121,7 +158,8 @@ def load_lm(files: CheckpointFiles, device: str | torch.device, dtype: torch.dty
     if files.lm_weights.suffix not in (".safetensors", ".sft", ".sfts"):
         raise CheckpointError(f"checkpoint file {files.lm_weights}: only safetensors LM weights are supported")
     try:
-        lm = loaders.get_moshi_lm(None, lm_kwargs=files.lm_kwargs, device=torch.device("meta"), dtype=dtype)
+        with _no_init_on_meta():
+            lm = loaders.get_moshi_lm(None, lm_kwargs=files.lm_kwargs, device=torch.device("meta"), dtype=dtype)
     except TypeError as exc:
         raise CheckpointError(f"checkpoint {files.source}: config.json has an invalid LM setting ({exc})") from None
     expected = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
