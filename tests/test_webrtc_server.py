@@ -71,11 +71,11 @@ def test_a_call_with_an_ephemeral_key_speaks_and_hears_over_rtp(server: ServerPr
             answer = await call.wait_for(lambda e: e["type"] == "kame.backend.answer" or
                                          e["type"].startswith("kame.oracle"), 20)
             await call.wait_for(lambda e: e["type"] == "output_audio_buffer.stopped", 30)
-            return call, created, final, answer
+            return call, created, final, answer, track
         finally:
             await call.close()
 
-    call, created, final, answer = asyncio.run(main())
+    call, created, final, answer, track = asyncio.run(main())
     assert created["session"]["kame"]["backend"] == "beta"  # the key's session is the starting one
     assert "france" in final["transcript"].lower()
     types = call.types()
@@ -86,7 +86,11 @@ def test_a_call_with_an_ephemeral_key_speaks_and_hears_over_rtp(server: ServerPr
     created_at = types.index("response.created")
     assert types.index("output_audio_buffer.started") > created_at
     pcm = call.pcm()
-    assert len(pcm) > 48000 * 3, "the assistant's RTP audio flows continuously"
+    # the call can be over in 3.0 s of audio on an idle machine: what flows continuously is audio for the
+    # whole call (its span of arrival), and at least the length of what was sent
+    span = call.audio_t[-1] - call.audio_t[0]
+    assert len(pcm) / 48000 >= max(0.8 * span, len(track.pcm) / 48000), ("the assistant's RTP audio flows continuously",
+                                                                       len(pcm), span)
     assert float(np.sqrt(np.mean(pcm**2))) > 1e-3, "the assistant's audio is not silence"
     wait_sessions(server, 0)
 

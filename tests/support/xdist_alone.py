@@ -69,9 +69,10 @@ class AloneFirstScheduling(LoadScopeScheduling):
             for scope in reserved:
                 if scope in self.workqueue:
                     super()._assign_work_unit(runner)
-            if node is runner or not self.workqueue:
+            if node is runner:
                 return
-        super()._assign_work_unit(node)
+        if self.workqueue:  # the runner took the last units: nothing left for this worker's first round
+            super()._assign_work_unit(node)
 
 
 def lower_priority() -> None:
