@@ -45,8 +45,10 @@ class AloneFirstScheduling(LoadScopeScheduling):
 
     def __init__(self, config: pytest.Config, log: Any, scope: Callable[[str], str]) -> None:
         super().__init__(config, log)
+        config.option.loadscopereorder = False  # keep the collection's order: the slowest files first (conftest.py)
         self._scope = scope
         self._reserved: list[str] = []  # the runner's units, in order: alone ones, then their servers'
+        self._runner: WorkerController | None = None
 
     def _split_scope(self, nodeid: str) -> str:
         return self._scope(nodeid)
@@ -60,8 +62,10 @@ class AloneFirstScheduling(LoadScopeScheduling):
         super().schedule()
 
     def _assign_work_unit(self, node: WorkerController) -> None:
+        if node is self._runner and self._pending_of(self.assigned_work[node]) > 2:
+            return  # xdist's first round: the runner has its reserved units; it asks again when they run low
         if self._reserved:
-            runner = next((n for n in self.nodes if n.gateway.id == RUNNER), self.nodes[0])
+            runner = self._runner = next((n for n in self.nodes if n.gateway.id == RUNNER), self.nodes[0])
             reserved, self._reserved = self._reserved, []
             for scope in reversed(reserved):  # to the front of the queue, in order
                 if scope in self.workqueue:
