@@ -44,9 +44,9 @@ phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # The tests: in TEST_WORKERS pytest-xdist workers (default 3; 0: one process). Under xdist the tests
 # that share a server run on one worker, so that it starts once (tests/support/scheduling.py), the
 # others a file at a time; the tests marked `alone` (timing under a load they make themselves) run
-# first, on one worker, while the other workers run at the lowest CPU priority (nice 19), which that
-# worker then joins (tests/support/xdist_alone.py). Three workers on two cores: most tests wait on
-# real-time sessions; a fourth overloads the machine (a real-time Live test fell behind, twice).
+# last, on one worker, once every other worker has finished (tests/support/xdist_alone.py). Three
+# workers on two cores: most tests wait on real-time sessions; a fourth overloads the machine (a
+# real-time Live test fell behind, in two runs of two).
 run_tests() {
     local workers=${TEST_WORKERS:-3}
     if [ "$workers" = "0" ]; then

@@ -62,8 +62,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MAX_SERVERS = 8
 SUBJECT = "server_process_subject"
 #: Tests whose assertion is timing under a load they make themselves (another worker's load would blur
-#: it): under xdist they run first, on one worker, while the others run at the lowest CPU priority
-#: (tests/support/xdist_alone.py).
+#: it): under xdist they run last, on one worker, once the others have finished (tests/support/xdist_alone.py).
 ALONE = "alone"
 _STARTS_KEY = "kame_server_starts"
 #: The files that take longest (a run's ``--durations``), collected first, so that pytest-xdist
@@ -80,7 +79,7 @@ SLOW_FIRST = (
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{ALONE}: the test asserts timing under a load it makes itself; under xdist it runs "
-        "first, on one worker, while the others run at the lowest CPU priority"
+        "last, on one worker, with nothing else running"
     )
     config.addinivalue_line(
         "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
@@ -91,34 +90,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist, the tests that share a server run on one worker (tests/support/scheduling.py),
     so that each shared server starts once per run; the other files go one at a time to a free worker;
-    the tests marked ``alone`` run first, on one worker, while the others yield the CPU to them
-    (tests/support/xdist_alone.py)."""
-    from tests.support.xdist_alone import AloneFirstScheduling
+    the tests marked ``alone`` run last, on one worker, with nothing else running (tests/support/xdist_alone.py)."""
+    from tests.support.xdist_alone import AloneLastScheduling
 
-    return AloneFirstScheduling(config, log, scope_of_tests(Path(__file__).parent, [*SHARED, "demo"], ALONE))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """An xdist worker other than the alone tests' runner lowers its CPU priority when the run has alone
-    tests (tests/support/xdist_alone.py); without any, every worker stays as it was started."""
-    worker = getattr(session.config, "workerinput", {}).get("workerid")
-    if worker is None or not any(item.get_closest_marker(ALONE) for item in session.items):
-        return
-    from tests.support import xdist_alone
-
-    if worker != xdist_alone.RUNNER:
-        xdist_alone.lower_priority()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    try:
-        return (yield)
-    finally:
-        if getattr(item.config, "workerinput", None) is not None:
-            from tests.support.xdist_alone import AloneTests
-
-            AloneTests(ALONE).after(item, nextitem)
+    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, [*SHARED, "demo"], ALONE))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

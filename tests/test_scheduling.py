@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -120,32 +119,14 @@ def pytest_configure(config):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    from tests.support.xdist_alone import AloneFirstScheduling
+    from tests.support.xdist_alone import AloneLastScheduling
 
-    return AloneFirstScheduling(config, log, scope_of_tests(Path(__file__).parent, ["shared"], "alone"))
+    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, ["shared"], "alone"))
 
 
 def record(name, start):
     with LOG.open("a") as f:
-        f.write(json.dumps({"name": name, "pid": os.getpid(), "start": start, "end": time.time(),
-                            "nice": os.getpriority(os.PRIO_PROCESS, 0)}) + "\\n")
-
-
-def pytest_collection_finish(session):
-    from tests.conftest import pytest_collection_finish as ours
-
-    ours(session)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    from tests.support.xdist_alone import AloneTests
-
-    try:
-        return (yield)
-    finally:
-        if getattr(item.config, "workerinput", None) is not None:
-            AloneTests("alone").after(item, nextitem)
+        f.write(json.dumps({"name": name, "pid": os.getpid(), "start": start, "end": time.time()}) + "\\n")
 
 
 @pytest.fixture(scope="session")
@@ -186,32 +167,25 @@ def test_c_alone(timed):
 }
 
 
-def test_alone_tests_run_first_on_one_worker_while_the_others_yield_the_cpu(pytester: pytest.Pytester,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real two-worker xdist run of a small suite: the ``alone`` tests run first on one worker, one after
-    another, at the run's priority, with the tests of their shared server after them there (it starts
-    once); the other worker runs meanwhile at the lowest priority, and so does the first one afterwards."""
+def test_alone_tests_run_last_on_the_worker_that_has_their_server(pytester: pytest.Pytester,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real two-worker xdist run of a small suite: the ``alone`` tests start only after every other
+    test ended, one after another on one worker, the one whose shared server is already up (started once)."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS.parent))
-    base = os.getpriority(os.PRIO_PROCESS, 0)
     pytester.makeconftest(_SUITE_CONFTEST)
     for name, source in _SUITE.items():
         pytester.makepyfile(**{name[:-3]: source})
     result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=8)
     log = [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
-    tests = sorted((e for e in log if e["name"].startswith("test_")), key=lambda e: e["start"])
-    alone = [e for e in tests if "alone" in e["name"]]
-    runner = alone[0]["pid"]
-    assert [e["pid"] for e in alone] == [runner, runner] and alone[1]["start"] >= alone[0]["end"]
-    on_runner = [e for e in tests if e["pid"] == runner]
-    assert [e["name"] for e in on_runner[:2]] == [e["name"] for e in alone]  # first there
-    assert "test_a1" in [e["name"] for e in on_runner]  # the shared server's other test, on the same worker
+    by_name = {e["name"]: e for e in log}
+    alone = sorted((by_name["test_a_alone"], by_name["test_c_alone"]), key=lambda e: e["start"])
+    others = [e for e in log if e["name"].startswith("test_") and "alone" not in e["name"]]
+    assert len(others) == 6 and len({e["pid"] for e in others}) == 2  # both workers had work
+    assert alone[0]["start"] >= max(e["end"] for e in others), log
+    assert alone[1]["start"] >= alone[0]["end"]
     assert [e["name"] for e in log].count("shared_server started") == 1, log
-    assert {e["nice"] for e in alone} == {base}
-    others = [e for e in tests if e["pid"] != runner]
-    assert others and {e["nice"] for e in others} == {19}
-    assert others[0]["start"] < alone[-1]["end"]  # meanwhile, not after
-    assert {e["nice"] for e in on_runner[2:]} == {19}
+    assert by_name["test_a_alone"]["pid"] == by_name["test_c_alone"]["pid"] == by_name["test_a1"]["pid"]
 
 
 def test_alone_marks_are_read_from_the_tree() -> None:

@@ -1,31 +1,24 @@
-"""The pytest-xdist scheduling of the test command: units by shared server, and the ``alone`` tests first
-on one worker while every other process of the run yields the CPU to them.
+"""The pytest-xdist scheduler of the test command: units by shared server, and the ``alone`` tests last,
+on one worker, once every other worker has finished.
 
 Units come from ``tests.support.scheduling.scope_of_tests``: every test asking for one shared server
 (transitively) is one unit, so the server starts once per run; other tests are a unit per file.
 
-A test marked ``alone`` asserts timing under a load it makes itself, which another worker's load at
-the same priority would blur. Waiting for the other workers to finish first would leave most of the
-machine idle for the minute those tests take (they are real time, a quarter of the two cores), so:
+A test marked ``alone`` asserts timing under a load it makes itself, which another worker's load would
+blur. Its unit (``alone:<unit>``) is held back from the queue. The worker that ran (or will run) the
+held tests' own server group is their *runner*, so that their shared server is the one already started,
+not a second process; without one, the first worker to run out of work. Once the queue is empty, the
+other workers are shut down (they finish what they hold and exit); when the runner is the last worker
+left, it gets the held units, one after another. Only this scheduler's part of the run differs from
+xdist's ``LoadScopeScheduling``; a run of one process (``-n 0``) runs the tests in collection order.
 
-- the *runner* (worker ``gw0``) gets the ``alone:`` units first, then the units of the shared servers
-  they ask for (that server starts once, on the runner); the other workers take the rest of the queue
-  from the start, as in xdist's ``LoadScopeScheduling``;
-- every other worker runs at the lowest CPU priority (``nice`` 19, inherited by the servers and
-  browsers it starts), so the kernel gives the alone tests the CPU whenever they want it
-  (``lower_priority``, from conftest.py's ``pytest_configure``);
-- once its last alone test is done, the runner lowers itself and its children to the same priority
-  (``AloneTests.after``), so that from then on every worker shares the CPU as equals.
-
-Lowering a priority needs no privilege; raising one back would, so the order is what it is. A run of
-one process (``-n 0``) runs the tests in collection order, at the priority it was given.
+Why a worker waits with one test: xdist runs a worker's last queued test only once it knows what comes
+next (more tests, or shutdown), for the fixtures' teardown. So "done" below is "at most one pending".
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,87 +27,89 @@ from xdist.workermanage import WorkerController
 
 from tests.support.scheduling import ALONE_PREFIX
 
-#: The worker that runs the alone tests.
-RUNNER = "gw0"
-#: The priority of everything else while they run, and of everything after.
-LOW_PRIORITY = 19
 
-
-class AloneFirstScheduling(LoadScopeScheduling):
-    """``LoadScopeScheduling`` by ``scope``; the ``alone:`` units and their servers' units go to ``RUNNER`` first."""
+class AloneLastScheduling(LoadScopeScheduling):
+    """``LoadScopeScheduling`` by ``scope``, with the ``alone:`` units run last on one worker."""
 
     def __init__(self, config: pytest.Config, log: Any, scope: Callable[[str], str]) -> None:
         super().__init__(config, log)
-        config.option.loadscopereorder = False  # keep the collection's order: the slowest files first (conftest.py)
         self._scope = scope
-        self._reserved: list[str] = []  # the runner's units, in order: alone ones, then their servers'
-        self._runner: WorkerController | None = None
+        self.held: dict[str, dict[str, bool]] = {}
+        self.runner: WorkerController | None = None
+        self._wanted: set[str] = set()  # the server groups of the held units: their worker runs them
 
     def _split_scope(self, nodeid: str) -> str:
         return self._scope(nodeid)
 
     def schedule(self) -> None:
-        if self.collection is None and self.collection_is_completed and self._check_nodes_have_same_collection():
-            scopes = dict.fromkeys(self._scope(n) for n in next(iter(self.registered_collections.values())))
-            alone = [s for s in scopes if s.startswith(ALONE_PREFIX)]
-            servers = {s[len(ALONE_PREFIX):] for s in alone} & {s for s in scopes if s.startswith("servers:")}
-            self._reserved = alone + [s for s in scopes if s in servers]
-        super().schedule()
+        """Queue the units (the held ones apart) and give every worker its first; later calls (a worker
+        added) reschedule, as in xdist."""
+        assert self.collection_is_completed
+        if self.collection is not None:
+            for node in self.nodes:
+                self._reschedule(node)
+            return
+        if not self._check_nodes_have_same_collection():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = list(next(iter(self.registered_collections.values())))
+        for nodeid in self.collection:
+            scope = self._scope(nodeid)
+            queue = self.held if scope.startswith(ALONE_PREFIX) else self.workqueue
+            queue.setdefault(scope, {})[nodeid] = False
+        if not self.workqueue:  # only held tests selected: nothing to wait for
+            self.workqueue.update(self.held)
+            self.held.clear()
+        self._wanted = {s[len(ALONE_PREFIX):] for s in self.held if s.startswith(ALONE_PREFIX + "servers:")}
+        for _ in range(len(self.nodes) - max(1, len(self.workqueue))):  # more workers than units
+            unused, _work = self.assigned_work.popitem()
+            unused.shutdown()
+        for node in self.nodes:
+            if self.workqueue:
+                self._assign_work_unit(node)
+        for node in self.nodes:
+            self._reschedule(node)
 
     def _assign_work_unit(self, node: WorkerController) -> None:
-        if node is self._runner and self._pending_of(self.assigned_work[node]) > 2:
-            return  # xdist's first round: the runner has its reserved units; it asks again when they run low
-        if self._reserved:
-            runner = self._runner = next((n for n in self.nodes if n.gateway.id == RUNNER), self.nodes[0])
-            reserved, self._reserved = self._reserved, []
-            for scope in reversed(reserved):  # to the front of the queue, in order
-                if scope in self.workqueue:
-                    self.workqueue.move_to_end(scope, last=False)
-            for scope in reserved:
-                if scope in self.workqueue:
-                    super()._assign_work_unit(runner)
-            if node is runner:
-                return
-        if self.workqueue:  # the runner took the last units: nothing left for this worker's first round
-            super()._assign_work_unit(node)
+        if self.workqueue and next(iter(self.workqueue)) in self._wanted and self.runner is None:
+            self.runner = node
+        super()._assign_work_unit(node)
 
+    @property
+    def tests_finished(self) -> bool:
+        return not self.held and super().tests_finished
 
-def lower_priority() -> None:
-    """This process and what it starts from now on: the lowest CPU priority."""
-    current = os.getpriority(os.PRIO_PROCESS, 0)
-    if current < LOW_PRIORITY:
-        os.nice(LOW_PRIORITY - current)
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.held) or super().has_pending
 
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), so that servers started by the runner follow it."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            kids = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            continue
-        found += [int(k) for k in kids]
-        todo += [int(k) for k in kids]
-    return found
-
-
-class AloneTests:
-    """The runner's side: after its last alone test, lower itself and its children to ``LOW_PRIORITY``."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def after(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
-        if item.get_closest_marker(self.marker) is None:
+    def _reschedule(self, node: WorkerController) -> None:
+        if not self.held or self.workqueue:
+            super()._reschedule(node)
             return
-        if nextitem is not None and nextitem.get_closest_marker(self.marker) is not None:
+        if node.shutting_down:
             return
-        for pid in _children(os.getpid()):
-            try:
-                os.setpriority(os.PRIO_PROCESS, pid, max(LOW_PRIORITY, os.getpriority(os.PRIO_PROCESS, pid)))
-            except OSError:  # it ended meanwhile
-                pass
-        lower_priority()
+        if self.runner is None or self.runner not in self.assigned_work:
+            self.runner = node
+        if node is not self.runner:
+            node.shutdown()  # it runs what it holds, then ends; remove_node() follows
+            return
+        self._release_if_alone()
+
+    def remove_node(self, node: WorkerController) -> str | None:
+        crashed = super().remove_node(node)
+        if self.held and not self.workqueue:
+            if self.runner is node or self.runner not in self.assigned_work:
+                self.runner = next(iter(self.assigned_work), None)
+            self._release_if_alone()
+        return crashed
+
+    def _release_if_alone(self) -> None:
+        """Hand the held units to the runner once it is the only worker left and holds at most one test."""
+        runner = self.runner
+        if runner is None or list(self.assigned_work) != [runner] or self._pending_of(self.assigned_work[runner]) > 1:
+            return
+        held, self.held = self.held, {}
+        for scope, unit in held.items():
+            self.workqueue[scope] = unit
+            super()._assign_work_unit(runner)
