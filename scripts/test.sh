@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: install everything (venv, Python and Debian
 # packages) from scratch if needed, check style and types (scripts/lint.sh: ruff, mypy),
-# then run the whole test suite (TEST_WORKERS pytest-xdist workers, default 3, or one process with
-# TEST_WORKERS=0; the 15 slowest tests listed).
+# then run the whole test suite (one process, or TEST_WORKERS pytest-xdist workers; the 15 slowest
+# tests listed).
 # Extra arguments go to pytest.
 #
 # Each step is a `phase NAME COMMAND...`: timed, reported, and listed in the final summary line
@@ -41,14 +41,14 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
-# The tests: in TEST_WORKERS pytest-xdist workers (default 3; 0: one process). Under xdist the tests
+# The tests: in one process by default, or in TEST_WORKERS pytest-xdist workers. Under xdist the tests
 # that share a server run on one worker, so that it starts once (tests/support/scheduling.py), the
 # others a file at a time; the tests marked `alone` (timing under a load they make themselves) run
-# last, on one worker, once every other worker has finished (tests/support/xdist_alone.py). Three
-# workers on two cores: most tests wait on real-time sessions; a fourth overloads the machine (a
-# real-time Live test fell behind, in two runs of two).
+# last, on one worker, once every other worker has finished (tests/support/xdist_alone.py).
+# One process stays the default: on the 2-core machine three workers take 375-455 s but saturate the CPU
+# (the suite is 620-780 core-seconds), and then real-time tests fail in about half the runs (issue 23's notes).
 run_tests() {
-    local workers=${TEST_WORKERS:-3}
+    local workers=${TEST_WORKERS:-0}
     if [ "$workers" = "0" ]; then
         .venv/bin/python -m pytest -ra --durations=15 "$@"
     else
