@@ -49,6 +49,8 @@ phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # (the suite is 620-780 core-seconds), and then real-time tests fail in about half the runs (issue 23's notes).
 run_tests() {
     local workers=${TEST_WORKERS:-0}
+    # One thread per numeric library (tests/conftest.py says why): set before the interpreter starts.
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     if [ "$workers" = "0" ]; then
         .venv/bin/python -m pytest -ra --durations=15 "$@"
     else

@@ -220,6 +220,7 @@ def test_every_ignored_and_refused_field(server: ServerProcess) -> None:
         for _, event, _ in refused_events:
             await c.conn.send(event)
         await sender
+        await c.drain_output(5.0, until_complete=True)  # the frames in flight, before the close ends them
         await c.close_session()
         await c.close()
         return c

@@ -98,6 +98,8 @@ class ServerProcess:
         base = {k: v for k, v in os.environ.items() if not k.startswith("KAME_")}
         base.update(
             {
+                # One Whisper thread: see OMP_NUM_THREADS in tests/conftest.py (many servers, two cores).
+                "KAME_ASR__WHISPER__CPU_THREADS": "1",
                 "KAME_CACHE_DIR": str(cache_dir),
                 "NO_TORCH_COMPILE": "1",
                 "HF_HUB_OFFLINE": "1",
