@@ -34,7 +34,9 @@ def server(openai_server: ServerProcess) -> ServerProcess:
 
 
 def test_a_call_relayed_through_coturn(server: ServerProcess, coturn: Turn) -> None:
-    question = synthesize("What is the capital of France?")
+    # Not "What is the capital of France?": over 32 kb/s Opus, tiny.en hears "... capital and friends" in 5 of 16
+    # alignments of the speech; this question's "France" in all 16.
+    question = synthesize("Which city is the capital of France?")
 
     async def main() -> tuple[Any, str]:
         import soxr
