@@ -58,7 +58,7 @@ from tests.support.vllm_like_server import running_vllm_like_server
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One thread per numeric library in this process and every process it starts (servers, ``kame mic``): up to
-# seven servers and three workers share two cores, and OpenBLAS's, libgomp's and torch's idle threads
+# seven servers and four workers share two cores, and OpenBLAS's, libgomp's and torch's idle threads
 # spin-wait for work. Measured on the 2-core machine, two speaking sessions of 20 s on the CPU demo: server
 # 29-30 core-s with the defaults, 25 with OMP_NUM_THREADS=1, 18-20 with it and one Whisper thread
 # (tests/support/moshi_client.py), with frame lateness p99 52 ms instead of 91-106 ms.
