@@ -303,6 +303,9 @@ def test_kame_mic_gives_up_after_its_retries(fleet: tuple[HAProxy, list[ServerPr
     assert out.count("reconnecting in") == 2 and "gave up after 2 retries" in err, (out, err)
 
 
+# the page's retries (0.25 s doubling to 8 s, 8 of them) against HAProxy's checks, with every slot held: another
+# worker's load stretched the call from 10 s to 20-34 s and, once in four four-worker runs, past its 20 s wait
+@pytest.mark.alone
 def test_browser_page_retries_while_no_replica_has_room(fleet: tuple[HAProxy, list[ServerProcess]], question_wav: Path) -> None:
     """The browser page through HAProxy with every slot taken: the handshake gets HAProxy's 503 (the
     browser only sees a failed websocket), the page asks /ready (503 too), says so and retries with
