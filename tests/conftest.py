@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import moshi_client
+from tests.support import gc_pauses, moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
 from tests.support.scheduling import scope_of_tests
 from tests.support.servers import (
@@ -92,6 +92,23 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
         "the servers it starts are not counted against the limit of shared and own servers"
     )
+
+
+def pytest_collection(session: pytest.Session) -> None:
+    gc_pauses.collection_started()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Full garbage collections between tests, not during one (tests/support/gc_pauses.py says why)."""
+    gc_pauses.collection_finished()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        gc_pauses.test_finished()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -1,5 +1,6 @@
 """The suite's layout rules (issue 23): no test file imports another test file, helpers live in
-tests/support/, and no bench puts tests/ itself on sys.path."""
+tests/support/, and no bench puts tests/ itself on sys.path; and the test process collects its garbage
+between tests (tests/support/gc_pauses.py)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,13 @@ def test_support_modules_are_imported_from_the_package() -> None:
         if (bad := [m for m in imported_modules(path) if m.split(".")[0] in support])
     }
     assert offenders == {}, f"import them as tests.support.X: {offenders}"
+
+
+def test_what_earlier_tests_left_is_frozen_so_collections_here_stay_short() -> None:
+    """The collection's imports and what earlier tests kept are in the permanent generation: a full
+    collection during this test walks only this test's objects (tests/support/gc_pauses.py)."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    assert frozen > 20_000, frozen  # pytest and the test files' imports alone (about 45,000 for this file)
+    assert len(gc.get_objects()) < frozen / 10, (len(gc.get_objects()), frozen)
