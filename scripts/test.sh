@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: install everything (venv, Python and Debian
 # packages) from scratch if needed, check style and types (scripts/lint.sh: ruff, mypy),
-# then run the whole test suite (one process, or TEST_WORKERS pytest-xdist workers; the 15 slowest tests
-# listed).
+# then run the whole test suite (TEST_WORKERS pytest-xdist workers, 4 by default, 0 for one process; the 15
+# slowest tests listed).
 # Extra arguments go to pytest.
 #
 # Each step is a `phase NAME COMMAND...`: timed, reported, and listed in the final summary line
@@ -41,14 +41,13 @@ export PYTEST_KAME_ARTIFACTS=${PYTEST_KAME_ARTIFACTS:-$PWD/artifacts}
 
 phase install "installation failed" ./scripts/install.sh --test
 phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
-# The tests: in one process by default, or in TEST_WORKERS pytest-xdist workers. Under xdist the tests that
-# share a server run on one worker, so that it starts once (tests/support/scheduling.py), the others a file at
-# a time; the tests marked `alone` (timing under a load they make themselves) run last, on one worker, once
-# every other worker has finished (tests/support/xdist_alone.py). One process stays the default: on the
-# 2-core machine four workers take 344-402 s instead of about 900 s, but timing tests failed under their load
-# in 4 of 5 fresh-clone CI runs, each time a different one (README "The two commands", issue 23's notes).
+# The tests: in TEST_WORKERS pytest-xdist workers (4 by default; 0: one process). Under xdist the tests that
+# share a server run on one worker, so that it starts once (tests/support/scheduling.py), the others a file
+# at a time; the tests marked `alone` (timing under a load they make themselves) run last, on one worker,
+# once every other worker has finished (tests/support/xdist_alone.py). On the 2-core machine four workers
+# take 340-400 s, one process about 900 s (README "The two commands").
 run_tests() {
-    local workers=${TEST_WORKERS:-0}
+    local workers=${TEST_WORKERS:-4}
     # One thread per numeric library (tests/conftest.py says why): set before the interpreter starts.
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     if [ "$workers" = "0" ]; then

@@ -7,7 +7,7 @@ A test that changes a server's state (signals, drains, breakers, tight limits) s
 
 On a shared server a test reads metric deltas, never absolute counters, and picks out its own
 sessions (recordings, health) rather than "the first" or "all". Each starts once per run: in one
-process, and under pytest-xdist (``TEST_WORKERS=4``) too, where the tests sharing a server
+process (``TEST_WORKERS=0``), and under pytest-xdist (the test command's four workers) too, where the tests sharing a server
 (transitively) all run on one worker (tests/support/scheduling.py).
 """
 
