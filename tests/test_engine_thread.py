@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from pathlib import Path
 
@@ -177,6 +179,52 @@ def test_step_failure_ends_the_slots_not_the_engine(tiny_kame_ckpt: Path) -> Non
         asyncio.run(main())
     finally:
         eng.stop()
+
+
+def test_an_engine_that_falls_behind_drops_only_what_is_beyond_its_buffer(tiny_kame_ckpt: Path) -> None:
+    """Input waiting beyond ``max_buffer_s`` (2 s, 25 frames) costs the oldest frames over it, not the whole
+    remainder that a tick left as one piece: 30 frames waiting keep their last 25."""
+    eng = make_engine(tiny_kame_ckpt, 1)
+    gate = threading.Semaphore(0)
+    tick = eng.core.tick
+
+    def gated(frames: dict[int, np.ndarray]) -> dict[int, SlotOutput]:
+        gate.acquire()
+        return tick(frames)
+
+    eng.core.tick = gated  # type: ignore[method-assign]
+    try:
+
+        async def main() -> tuple[int, list[int]]:
+            s = AsyncSlot(eng)
+            await s.attach()
+            assert s.slot is not None
+            frames = [np.full(1920, i / 100, np.float32) for i in range(40)]
+            for f in frames[:10]:  # the first tick takes frame 0 and waits at the gate; nine wait behind it
+                s.feed(f)
+            await asyncio.sleep(0.2)
+            gate.release()  # tick 0 ends; the next one takes frame 1 and leaves 2-9 as one piece
+            await asyncio.wait_for(s.outputs.get(), 5)
+            await asyncio.sleep(0.2)
+            for f in frames[10:32]:  # 8 + 22 = 30 frames wait: 5 over the buffer
+                s.feed(f)
+            dropped = eng.dropped_samples(s.slot)
+            for _ in range(40):
+                gate.release()
+            steps: list[int] = []
+            with contextlib.suppress(asyncio.TimeoutError):  # fewer than 26: the assertion below says which
+                while len(steps) < 26:
+                    steps.append((await asyncio.wait_for(s.outputs.get(), 3)).step)
+            s.detach()
+            return dropped, steps
+
+        dropped, steps = asyncio.run(main())
+    finally:
+        for _ in range(4):
+            gate.release()
+        eng.stop()
+    assert dropped == 5 * 1920  # frames 2-6, not the 8 frames of the joined remainder
+    assert steps == list(range(1, 27))  # frame 1, then the 25 newest: every one of them stepped
 
 
 def test_feed_never_blocks_on_the_model(tiny_kame_ckpt: Path) -> None:

@@ -214,13 +214,29 @@ class EngineThread:
             io.buffer.append(data)
             io.buffered += data.size
             io.last_feed_t = time.monotonic()
-            while io.buffered > self.max_buffer_samples and len(io.buffer) > 1:
-                old = io.buffer.pop(0)
-                io.buffered -= old.size
-                io.dropped_samples += old.size
+            if io.buffered > self.max_buffer_samples:
+                self._drop_oldest(io)
             if io.first_ready_t is None and io.buffered >= self.frame_size:
                 io.first_ready_t = io.last_feed_t
             self._wake.notify_all()
+
+    def _drop_oldest(self, io: _SlotIO) -> None:
+        """Under the lock: drop the oldest whole frames beyond ``max_buffer_s``, and no more. After a tick the
+        slot's remainder is one joined piece (``_take_frames``), so dropping whole pieces would throw away up
+        to ``max_buffer_s`` of audio at once when the engine falls just behind it (seen on a loaded machine:
+        1.92 s of a session's input gone in one go)."""
+        excess = io.buffered - self.max_buffer_samples
+        drop = min(io.buffered, -(-excess // self.frame_size) * self.frame_size)
+        io.buffered -= drop
+        io.dropped_samples += drop
+        while drop > 0:
+            head = io.buffer[0]
+            if head.size <= drop:
+                io.buffer.pop(0)
+                drop -= head.size
+            else:
+                io.buffer[0] = head[drop:]
+                drop = 0
 
     def dropped_samples(self, slot: int) -> int:
         with self._lock:
