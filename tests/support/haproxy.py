@@ -235,11 +235,17 @@ class StreamingClient:
 _LOG_LINE = re.compile(r"\b127\.0\.0\.1:(\d+) \[[^\]]+\] kame kame/(\S+) ")
 
 
-def attribute_replicas(lb: HAProxy, clients: Sequence[StreamingClient]) -> None:
-    """Set each session's ``replica`` from HAProxy's log (written when a connection ends)."""
-    by_port: dict[int, str] = {}
-    for m in _LOG_LINE.finditer(lb.logs()):
-        by_port[int(m.group(1))] = m.group(2)
+def attribute_replicas(lb: HAProxy, clients: Sequence[StreamingClient], wait_s: float = 5.0) -> None:
+    """Set each session's ``replica`` from HAProxy's log. HAProxy writes a connection's line once both of
+    its sides have closed, which on a loaded machine may come a while after the client's close returned:
+    wait (at most ``wait_s``) until every session has its line; one still without a line stays ``?``."""
+    ports = {s.local_port for c in clients for s in c.sessions}
+    deadline = time.monotonic() + wait_s
+    while True:
+        by_port = {int(m.group(1)): m.group(2) for m in _LOG_LINE.finditer(lb.logs())}
+        if ports <= by_port.keys() or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     for c in clients:
         for s in c.sessions:
             s.replica = by_port.get(s.local_port, "?")
