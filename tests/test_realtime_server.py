@@ -207,6 +207,8 @@ def test_token_query_and_subprotocol_and_refusals(server: ServerProcess) -> None
 
 
 def test_session_update_errors_and_reset_keep_the_session(server: ServerProcess) -> None:
+    at_reset: list[float] = []  # audio sent and received when the reset was acknowledged
+
     async def main() -> RealtimeClient:
         c = await RealtimeClient.connect(rt_url(server), token=TOKEN)
         assert await c.wait_for_type("session.created", 10)
@@ -219,8 +221,9 @@ def test_session_update_errors_and_reset_keep_the_session(server: ServerProcess)
         n = len(c.events)
         await c.send_event({"type": "kame.session.reset"})
         assert await c.wait_for_type("kame.session.reset", 5, start=n)
+        at_reset.extend((c.stats.audio_sent_s, c.stats.audio_received_s))
         await sender
-        await c.drain_output(1.0, until_complete=True)
+        await c.drain_output(2.0, until_complete=True)
         await c.close()
         return c
 
@@ -233,6 +236,9 @@ def test_session_update_errors_and_reset_keep_the_session(server: ServerProcess)
     updated = c.of_type("session.updated")
     assert len(updated) == 1 and updated[0]["session"]["kame"]["oracle_policy"] == "freeze_when_speaking"
     assert updated[0]["session"]["kame"]["backend"] == "alpha"  # the failed update changed nothing
-    # the stream went on through the reset: output kept coming for the whole input
-    assert c.stats.audio_received_s >= 0.8 * c.stats.audio_sent_s
+    # the stream went on through the reset: output kept coming for all the input sent after it. (Input the
+    # engine had not stepped when the reset came belongs to the old state and goes with it: a few frames on
+    # a loaded machine, so the whole session's input is not the measure.)
+    sent_after, received_after = c.stats.audio_sent_s - at_reset[0], c.stats.audio_received_s - at_reset[1]
+    assert sent_after > 1.0 and received_after >= 0.8 * sent_after, (sent_after, received_after)
     assert c.close_code == 1000
