@@ -266,13 +266,19 @@ def test_reconnect_rules_in_chromium(server: ServerProcess, browser: Browser) ->
             {code: 1006, opened: false, readyStatus: null},
             {code: 1008, reason: "unauthorized", opened: true},
             {code: 1000, opened: true},
+            {code: 1006, opened: false, readyStatus: 200},
+            {code: 1006, opened: false, readyStatus: 200, previous: "no_room"},
+            {code: 1006, opened: false, readyStatus: 200, previous: "busy"},
+            {code: 1006, opened: false, readyStatus: 200, previous: "draining"},
           ].map((c) => m.retryKind(c));
           const delays = [1, 2, 3, 4, 5, 6, 7, 8].map((n) => [m.backoffDelayS(m.BACKOFF, n, 0), m.backoffDelayS(m.BACKOFF, n, 0.999)]);
           return {kinds, delays, attempts: m.BACKOFF.attempts, text: m.retryText("draining", 0.3, 1, 8, true)};
         }""")
     finally:
         ctx.close()
-    assert r["kinds"] == ["busy", "starting", "draining", "no_room", None, None, None]
+    # a failed handshake while /ready says 200 is retried only right after refusals for room (a slot freed
+    # between the refusal and the probe: seen through HAProxy), never on its own
+    assert r["kinds"] == ["busy", "starting", "draining", "no_room", None, None, None, None, "room_freed", "room_freed", None]
     policy = Backoff()
     assert r["attempts"] == policy.attempts
     for n, (top, low) in enumerate(r["delays"], 1):

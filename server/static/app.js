@@ -113,8 +113,9 @@ let lastTurn = null;
 const requests = new Map(); // request id -> {backend, turn, arrivedAt}
 let downNotice = false;
 // Reconnecting (reconnect.js): failed tries in a row, the pending timer, whether a conversation had
-// started (a reconnect then starts a new one). window.kame.reconnects counts reconnects made.
-const retry = { failures: 0, timer: null, started: false };
+// started (a reconnect then starts a new one), why the last try failed (retryKind's `previous`).
+// window.kame.reconnects counts reconnects made.
+const retry = { failures: 0, timer: null, started: false, lastKind: null };
 
 // ------------------------------------------------------------------ notices and state
 function notice(kind, text) {
@@ -376,6 +377,7 @@ function stopRetrying() {
   retry.timer = null;
   retry.failures = 0;
   retry.started = false;
+  retry.lastKind = null;
 }
 
 async function disconnect() {
@@ -402,11 +404,13 @@ async function onClose({ code, reason, opened }) {
   io.stop().catch(() => {}); // the microphone is released while no conversation runs
   const handshakeFailed = !opened && code === 1006;
   setPhase(handshakeFailed ? "waiting" : "idle", handshakeFailed ? "Reconnecting…" : "Disconnected", handshakeFailed ? "busy" : "idle");
-  const kind = retryKind({ code, reason: reason || "", opened, readyStatus: handshakeFailed ? await readyStatus() : null });
+  const kind = retryKind({ code, reason: reason || "", opened, readyStatus: handshakeFailed ? await readyStatus() : null,
+                          previous: retry.lastKind });
   const cancelled = handshakeFailed && kame.phase === "idle"; // Cancel pressed during the /ready probe
   if (cancelled) return;
   if (kind !== null && retry.failures < BACKOFF.attempts) {
     retry.failures += 1;
+    retry.lastKind = kind;
     const delay = backoffDelayS(BACKOFF, retry.failures, Math.random());
     setPhase("waiting", "Reconnecting…", "busy");
     notice("warn", retryText(kind, delay, retry.failures, BACKOFF.attempts, retry.started));
@@ -626,6 +630,7 @@ function onSessionCreated(session) {
     } else clearNotice();
   }
   retry.failures = 0;
+  retry.lastKind = null;
   retry.started = true;
   panes.clear(); // a new session is a new conversation
   if (Object.keys(fields).length) sendUpdate(fields, { label: "your settings" });

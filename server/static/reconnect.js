@@ -19,13 +19,20 @@ export function backoffDelayS(policy, retry, draw) {
 const RETRY_CLOSE = { 1001: "draining", 1012: "restarting", 1013: "busy" };
 const RETRY_HTTP = [502, 503, 504];
 
-// "draining", "restarting", "busy", "starting", "no_room" or null (not worth a retry).
-export function retryKind({ code, reason = "", opened, readyStatus = null }) {
+// "draining", "restarting", "busy", "starting", "no_room", "room_freed" or null (not worth a retry).
+// `previous`: the kind of the failed try just before this one (null on a first try). A handshake that
+// fails while /ready answers 200 is no refusal on its own (a proxy that blocks websockets looks the
+// same), but right after refusals for room it is a slot that freed between the refusal and the probe
+// (seen through HAProxy): the next try may get in.
+export function retryKind({ code, reason = "", opened, readyStatus = null, previous = null }) {
   if (code === 1013 && reason.startsWith("server starting")) return "starting";
   if (RETRY_CLOSE[code]) return RETRY_CLOSE[code];
   if (!opened && RETRY_HTTP.includes(readyStatus)) return "no_room";
+  if (!opened && readyStatus === 200 && ROOM_REFUSALS.includes(previous)) return "room_freed";
   return null;
 }
+
+const ROOM_REFUSALS = ["busy", "no_room", "room_freed"];
 
 const WHY = {
   draining: "The server is shutting down for an update.",
@@ -33,6 +40,7 @@ const WHY = {
   busy: "The server is full: every conversation slot is taken.",
   starting: "The server is still loading its models.",
   no_room: "No server has room right now.",
+  room_freed: "A server just made room.",
 };
 
 export function retryText(kind, delayS, retry, attempts, started) {
