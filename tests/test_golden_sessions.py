@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +54,10 @@ from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCall
 
 #: The Realtime session's first request, which the back-end never answers (the client cancels it).
 STORY = "Tell me a long story."
+#: The answer after the client's function output waits for this: the Realtime scenario's response.create
+#: comes first (tests/test_golden_sessions.py::test_realtime; set everywhere else).
+ANSWER_RELEASE = threading.Event()
+ANSWER_RELEASE.set()
 
 
 async def llm_heard(llm: LlmServer, count: int, timeout: float = 10.0) -> None:
@@ -73,7 +78,8 @@ def respond(rec: RecordedRequest) -> Reply:
         return Reply(text="It is probably mild outside.")
     if last.get("role") == "tool":
         result = json.loads(last.get("content") or "{}")
-        return Reply(text=f"It is {result.get('sky', 'unknown')} and {result.get('temp_c', 0)} degrees in Paris.")
+        return Reply(text=f"It is {result.get('sky', 'unknown')} and {result.get('temp_c', 0)} degrees in Paris.",
+                     release=ANSWER_RELEASE)
     return Reply(text="Let me check.", tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})])
 
 
@@ -280,13 +286,22 @@ def test_realtime(server: GoldenServer, script: None, llm: LlmServer) -> None:
                           "item": {"type": "function_call_output", "call_id": call["call_id"],
                                    "output": json.dumps({"sky": "sunny", "temp_c": 21})}})
             # the tool loop reports the call finished from its own task, so a response.create sent at once
-            # races it (CI saw both orders): the scenario waits for it, to be one log
+            # races it (CI saw both orders): the scenario waits for it, to be one log; and the back-end's
+            # answer waits for the response it creates (a loaded CI machine once let the answer's oracle
+            # events come first)
             await s.until(lambda m: m.get("type") == "kame.tool.call_finished")
             await s.send({"type": "response.create", "event_id": "create-2", "response": {"metadata": {"step": "answer"}}})
+            await s.until(lambda m: m.get("type") == "response.created"
+                          and m["response"].get("metadata") == {"step": "answer"})
+            ANSWER_RELEASE.set()
             await s.until(lambda m: m.get("type") == "kame.backend.done" and "sunny" in m.get("text", ""))
             return s
 
-    s = asyncio.run(main())
+    ANSWER_RELEASE.clear()
+    try:
+        s = asyncio.run(main())
+    finally:
+        ANSWER_RELEASE.set()
     events = s.json()
     end = next(i for i, m in enumerate(events) if m.get("type") == "kame.backend.done" and "sunny" in m.get("text", ""))
     n = Normaliser()

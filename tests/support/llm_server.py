@@ -68,6 +68,9 @@ class Reply:
     chunk_delay_s: float = 0.0
     hang_before_headers: bool = False
     hang_after_chunks: int | None = None
+    #: The reply waits (before its headers) until the test sets this: a scenario that must see its own
+    #: event before the back-end answers (a race the client would otherwise lose on a loaded machine).
+    release: threading.Event | None = None
     status: int = 200
     error_message: str = "scripted error"
     echo_auth_in_error: bool = False  # put the received Authorization header in the error text
@@ -372,6 +375,8 @@ class LlmServer:
                           gone: asyncio.Future[bytes]) -> None:
         reply = self._pick_reply(rec)
         rec.reply = reply
+        while reply.release is not None and not reply.release.is_set():
+            await self._wait_or_gone(gone, 0.01)
         await self._wait_or_gone(gone, None if reply.hang_before_headers else reply.headers_delay_s)
         if reply.status != 200:
             message = reply.error_message
