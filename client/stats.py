@@ -22,6 +22,8 @@ from kame.stats import percentile  # noqa: F401  (re-exported to the clients and
 
 RATE = SAMPLE_RATE
 FRAME = FRAME_SIZE
+#: How long ``send_pcm`` waits, after a send found the connection closed, for the receiver to take the close.
+CLOSE_SEEN_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -120,6 +122,11 @@ class AudioSessionBase:
                     await asyncio.sleep(delay)
             counted = await self._send_piece(pcm[i : i + chunk], chunk)
             if counted is None:
+                # The send found the connection closed before the receiver took the close: wait for it,
+                # so that a caller checking ``closed`` (and the close code) after this early return sees
+                # the server's close, not an open session (kame mic once skipped a 1001 reconnect so).
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.closed.wait(), CLOSE_SEEN_TIMEOUT_S)
                 break
             self.stats.samples_sent += counted
             sent += counted

@@ -146,3 +146,41 @@ def test_other_refusals_fail_at_once_and_retries_run_out() -> None:
     assert isinstance(result, OSError)
     result, said, slept = run_attempts([FakeSession(1013, "full")] * 4, Backoff(attempts=3))
     assert isinstance(result, GaveUp) and len(slept) == 3 and "giving up" in said[-1]
+
+
+def test_a_send_cut_short_by_the_server_returns_once_the_close_is_known() -> None:
+    """``send_pcm`` that stops because the connection closed under a send returns only once the receiver
+    has the close (``closed`` set, the code read): a caller deciding whether to reconnect reads 1001, not
+    an open session. Here the receiver takes the close 0.3 s after the send failed (on a loaded machine it
+    came after the sender noticed: kame mic then skipped its reconnect)."""
+    import numpy as np
+
+    from kame.client.stats import FRAME, AudioSessionBase, StreamStats
+
+    class Session(AudioSessionBase):
+        def __init__(self) -> None:
+            self.stats = StreamStats()
+            self.closed = asyncio.Event()
+            self.close_code: int | None = None
+            self.pieces = 0
+
+        async def _send_piece(self, piece: np.ndarray, chunk: int) -> int | None:
+            self.pieces += 1
+            if self.pieces < 3:
+                return piece.size
+            # the connection is gone (the protocol clients' send_raw caught websockets' ConnectionClosed)
+            asyncio.get_running_loop().call_later(0.3, self._receiver_takes_the_close)
+            return None
+
+        def _receiver_takes_the_close(self) -> None:
+            self.close_code = 1001
+            self.closed.set()
+
+    async def main() -> tuple[int, bool, int | None]:
+        s = Session()
+        sent = await s.send_pcm(np.zeros(10 * FRAME, np.float32), realtime=False)
+        return sent, s.closed.is_set(), s.close_code
+
+    sent, closed, code = asyncio.run(main())
+    assert sent == 2 * FRAME
+    assert closed and code == 1001
