@@ -39,7 +39,8 @@ ENV_ALIASES: dict[str, str] = {
     "KAME_AUTH_TOKEN": "server.auth_token",
     "KAME_CHECKPOINT": "frontend.checkpoint",
 }
-#: KAME_ variables that are not settings of this model (read elsewhere).
+#: KAME_ variables that are not settings of this model (read elsewhere: the project's own scripts, tests and
+#: compose files). A kame command run where one is set (``KAME_VENVS=... ./scripts/test.sh``) must not warn.
 ENV_NOT_SETTINGS = frozenset(
     {
         "KAME_CONFIG",  # path of the YAML file
@@ -50,6 +51,13 @@ ENV_NOT_SETTINGS = frozenset(
         "KAME_TORCH_INDEX",
         "KAME_PYTHON",
         "KAME_VENV_SYSTEM_SITE",
+        "KAME_LINT_PYTHON",  # scripts/lint.sh
+        "KAME_VENVS",  # scripts/test_frameworks.sh: where the frameworks' virtualenvs live
+        "KAME_IMAGE_CACHE",  # scripts/test_image.sh
+        "KAME_IMAGE_DOCKER",
+        "KAME_UPDATE_GOLDEN",  # tests/support/golden.py: rewrite the golden logs
+        "KAME_IMAGE",  # deploy/docker-compose.cpu.yml, read by docker-compose on the host
+        "KAME_PORT_HOST",
     }
 )
 SECRET_MASK = "***"

@@ -121,6 +121,36 @@ def test_names_without_double_underscore_that_are_no_setting_warn_once(caplog: p
     assert not any("10.0.0.1" in w for w in warned)  # values are never logged
 
 
+def test_the_projects_own_environment_variables_are_no_warning() -> None:
+    """Every KAME_ name the project's scripts, tests and compose files read is a setting, an alias or a
+    listed non-setting: ``KAME_VENVS=... ./scripts/test.sh`` once made every kame command print a warning
+    line (and the one-line-error CLI tests fail)."""
+    import re
+
+    from kame.config import ignored_env_names
+
+    shell = re.compile(r"\$\{?(KAME_[A-Z0-9_]+)")
+    python = re.compile(r"(?:environ\.get\(|getenv\(|_ENV\s*=\s*)\s*\"(KAME_[A-Z0-9_]+)\"")
+    files = [
+        *ROOT.glob("scripts/*.sh"), *ROOT.glob(".ci/*"), *ROOT.glob("*.yml"), *ROOT.glob("deploy/**/*.yml"),
+        *ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("scripts/*.py"),
+    ]
+    read: set[str] = set()
+    for f in files:
+        text = f.read_text()
+        read |= set((shell if f.suffix != ".py" else python).findall(text))
+    assert {"KAME_VENVS", "KAME_IMAGE_CACHE", "KAME_UPDATE_GOLDEN", "KAME_PORT_HOST", "KAME_TORCH_SPEC"} <= read
+    assert ignored_env_names(dict.fromkeys(read, "x"), AppConfig) == []
+
+
+def test_cli_is_quiet_under_the_test_commands_variables(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "KAME_VENVS": str(tmp_path), "KAME_UPDATE_GOLDEN": "0", "KAME_IMAGE_DOCKER": "docker"}
+    bad = write(tmp_path, "server:\n  port: -5\n")
+    res = subprocess.run([sys.executable, "-m", "kame.cli", "config", "show", "--config", str(bad)],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+
+
 def test_setting_paths_are_checked_below_the_top_level() -> None:
     from kame.config import setting_exists
 
