@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,8 +126,6 @@ def test_the_projects_own_environment_variables_are_no_warning() -> None:
     """Every KAME_ name the project's scripts, tests and compose files read is a setting, an alias or a
     listed non-setting: ``KAME_VENVS=... ./scripts/test.sh`` once made every kame command print a warning
     line (and the one-line-error CLI tests fail)."""
-    import re
-
     from kame.config import ignored_env_names
 
     shell = re.compile(r"\$\{?(KAME_[A-Z0-9_]+)")
