@@ -147,32 +147,37 @@ def test_score_only_turn_taking_known_answers(tmp_path: Path, capsys: pytest.Cap
     _sample(root, "2", lab, words(("sure", 2.0, 2.3), ("thing", 2.3, 3.3)))  # 1.3 s: take-over, latency 0
     _sample(root, "3", lab, words(("mm", 4.0, 4.2)))  # no take-over
     _sample(root, "4", lab, [])  # silent output: no take-over
+    _sample(root, "6", lab, words(("x", 1.0, 2.0)), in_rate=48000)  # any input rate (48 kHz): take-over, latency 0
     # bad folders: each one sentence, skipped
     _sample(root, "5", None, words(("x", 1.0, 2.0)))  # missing label
-    _sample(root, "6", lab, words(("x", 1.0, 2.0)), in_rate=24000)  # wrong sample rate
     _sample(root, "7", lab, words(("x", 1.0, 2.0)), out_pcm=np.zeros(0, np.float32))  # empty output
     _sample(root, "8", lab, None)  # no output at all
     (root / "9").mkdir()  # empty folder
+    before = sorted(p.name for p in root.iterdir())
     rc = kame_main(["eval", "duplex", str(root), "--task", "smooth_turn_taking", "--score-only"])
     assert rc == 0
-    doc = json.loads((root / "results.json").read_text())
+    # kame's own files go beside the data folder, named for the run; the data folder gains nothing
+    results = tmp_path / "smooth_turn_taking.kame-oracle-on"
+    assert sorted(p.name for p in root.iterdir()) == before and all(p.is_dir() for p in root.iterdir())
+    doc = json.loads((results / "results.json").read_text())
     row = doc["rows"][0]
-    assert row["samples"] == 4 and row["tor"] == pytest.approx(0.5)
-    assert row["latency_mean_s"] == pytest.approx(0.25)  # (0.5 + 0) / 2
+    assert row["samples"] == 5 and row["tor"] == pytest.approx(0.6)
+    assert row["latency_mean_s"] == pytest.approx(0.1667)  # (0.5 + 0 + 0) / 3
     per = {s["sample"]: s for s in row["per_sample"]}
     assert per["1"]["latency_s"] == pytest.approx(0.5) and per["2"]["latency_s"] == 0.0
     assert not per["3"]["take_over"] and not per["4"]["take_over"]
+    assert per["6"]["take_over"] and per["6"]["latency_s"] == 0.0  # the 48 kHz input's sample, scored
     assert row["dataset"] == "smooth_turn_taking" and row["alignment"] == "arrival" and row["wire"] == "recorded"
     skipped = doc["skipped"]
-    assert len(skipped) == 5, skipped
+    assert len(skipped) == 4, skipped
     text = "\n".join(skipped)
-    for needle in ("sample 5: no turn_taking.json", "sample 6: input.wav is 24000 Hz", "sample 7: output.wav is empty",
+    for needle in ("sample 5: no turn_taking.json", "sample 7: output.wav is empty",
                    "sample 8: no output.json", "sample 9: no input.wav"):
         assert needle in text
     assert all(s.count(".") <= 1 and "\n" not in s for s in skipped)
-    md = (root / "results.md").read_text()
+    md = (results / "results.md").read_text()
     assert "| smooth_turn_taking | smooth_turn_taking |" in md and "not shown" in md and "Moshi" not in md
-    assert (root / "results.png").stat().st_size > 5000
+    assert (results / "results.png").stat().st_size > 5000
     out = capsys.readouterr().out
     assert "sample 7: output.wav is empty" in out
 
@@ -182,8 +187,8 @@ def test_published_figures_only_beside_released_data(tmp_path: Path) -> None:
     lab = ("turn_taking.json", [{"timestamp": [2.0, 6.0]}])
     _sample(root, "1", lab, words(("yes", 2.1, 3.5)))
     assert kame_main(["eval", "duplex", str(root), "--task", "smooth_turn_taking", "--score-only",
-                      "--dataset", "released-v1-candor"]) == 0
-    md = (root / "results.md").read_text()
+                      "--dataset", "released-v1-candor", "--results", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "results.md").read_text()
     assert "| Moshi | 0.985 / 0.980 | 0.941 | 0.265 s | 1.000 | 0.765 | 0.257 s |" in md
     assert "| PersonaPlex |" in md and "released-v1-candor" in md
 
@@ -194,8 +199,9 @@ def test_interruption_and_backchannel_folders(tmp_path: Path) -> None:
     _sample(root, "1", lab, words(("bikes", 1.0, 1.5), ("were", 1.5, 2.0), ("invented", 2.0, 2.8),
                                   ("it", 4.3, 4.5), ("is", 4.5, 4.7), ("noon", 4.7, 5.4)))
     _sample(root, "2", lab, words(("bikes", 1.0, 1.5), ("were", 1.5, 2.0), ("invented", 2.0, 3.5)))
-    assert kame_main(["eval", "duplex", str(root), "--task", "user_interruption", "--score-only"]) == 0
-    row = json.loads((root / "results.json").read_text())["rows"][0]
+    assert kame_main(["eval", "duplex", str(root), "--task", "user_interruption", "--score-only",
+                      "--results", str(tmp_path / "ri")]) == 0
+    row = json.loads((tmp_path / "ri" / "results.json").read_text())["rows"][0]
     assert row["tor"] == 0.5 and row["latency_mean_s"] == pytest.approx(0.3)
     assert row["per_sample"][0]["text"] == "it is noon"
     bc = tmp_path / "backchannel"
@@ -207,8 +213,8 @@ def test_interruption_and_backchannel_folders(tmp_path: Path) -> None:
     human = tmp_path / "human.json"
     human.write_text(json.dumps({"0": [0.0] * 10 + [1.0] * 3 + [0.0] * 37}))
     assert kame_main(["eval", "duplex", str(bc), "--task", "backchannel", "--score-only",
-                      "--human-timing", str(human), "--vad", "energy"]) == 0
-    row = json.loads((bc / "results.json").read_text())["rows"][0]
+                      "--human-timing", str(human), "--vad", "energy", "--results", str(tmp_path / "rb")]) == 0
+    row = json.loads((tmp_path / "rb" / "results.json").read_text())["rows"][0]
     s = row["per_sample"][0]
     assert row["tor"] == 0.0 and s["backchannels"] == 2 and s["frequency_hz"] == pytest.approx(0.2)
     assert 0.0 < s["jsd"] < 1.0
