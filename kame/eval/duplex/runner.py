@@ -278,9 +278,9 @@ async def run_variant(cfg: DuplexConfig, variant: Variant, samples: Sequence[Sam
                 sc.extra.update(await cfg.behaviour.label(transcripts))
         sc.extra.update(facts.get(s.name, {}))
         scores.append(sc)
-    row = {"variant": variant.name, "settings": dict(variant.settings), "task": cfg.task, "dataset": cfg.dataset,
-           "asr": cfg.asr_name, "alignment": cfg.alignment,
-           "wire": "recorded" if cfg.score_only or cfg.target is None else cfg.target.wire}
+    row: dict[str, Any] = {"variant": variant.name, "settings": dict(variant.settings), "task": cfg.task,
+                           "dataset": cfg.dataset, "asr": cfg.asr_name, "alignment": cfg.alignment,
+                           "wire": "recorded" if cfg.score_only or cfg.target is None else cfg.target.wire}
     if is_v15(cfg.task):
         per = [{"sample": s.name, "words": s.words, "text": s.text, **s.extra} for s in scores]
         row.update(**aggregate_v15(per), per_sample=per, wall_s=round(time.monotonic() - t0, 2))
