@@ -18,12 +18,12 @@ import wave
 from pathlib import Path
 
 import pytest
-import soxr
 
 from kame.cli import main as kame_main
 from kame.eval.duplex.relevance import RelevanceJudge
 from kame.eval.duplex.samples import read_wav, write_wav
 from kame.eval.judge import Judge, JudgeConfig
+from tests.support.duplex_sets import generate_set, make_v15_set, sample_dirs
 from tests.support.llm_server import LlmServer, Reply
 from tests.support.moshi_client import ServerProcess
 
@@ -40,9 +40,7 @@ def server(demo_server: ServerProcess) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("duplex-set")
-    assert kame_main(["eval", "duplex", str(root), "--generate", "--per-task", "4", "--seed", "3"]) == 0
-    return root
+    return generate_set(tmp_path_factory.mktemp("duplex-set"))
 
 
 @pytest.fixture(autouse=True)
@@ -55,24 +53,20 @@ def _frames(path: Path) -> tuple[int, int]:
         return w.getnframes(), w.getframerate()
 
 
-def _sample_dirs(task_dir: Path) -> list[Path]:
-    return sorted(d for d in task_dir.iterdir() if d.is_dir())
-
-
 def test_generated_set_is_reproducible(generated: Path, tmp_path: Path) -> None:
     """Sample n depends only on the seed (not on the count): the first two of a second, smaller set are the
     module's first two, byte for byte. Other tests of this file write their outputs into the module's sample
     folders (as the benchmark's clients do) and may run first on this worker: only inputs are compared."""
     assert kame_main(["eval", "duplex", str(tmp_path), "--generate", "--per-task", "2", "--seed", "3"]) == 0
     for task in ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel"):
-        again = _sample_dirs(tmp_path / task)
+        again = sample_dirs(tmp_path / task)
         assert [d.name for d in again] == ["001", "002"]
         for d in again:
             assert (d / "input.wav").read_bytes() == (generated / task / d.name / "input.wav").read_bytes()
             assert _frames(d / "input.wav")[1] == 16000
-    voices = {json.loads((d / "meta.json").read_text())["voice"] for d in _sample_dirs(generated / "backchannel")}
+    voices = {json.loads((d / "meta.json").read_text())["voice"] for d in sample_dirs(generated / "backchannel")}
     rates = {json.loads((d / "meta.json").read_text())["wpm"] for t in ("pause_handling", "user_interruption")
-             for d in _sample_dirs(generated / t)}
+             for d in sample_dirs(generated / t)}
     assert len(voices) >= 2 and len(rates) >= 2
     lab = json.loads((generated / "user_interruption" / "001" / "interrupt.json").read_text())[0]
     assert lab["interrupt"] and lab["context"] and lab["timestamp"][0] < lab["timestamp"][1]
@@ -86,12 +80,12 @@ def test_smoke_chat_turn_taking(server: ServerProcess, generated: Path, tmp_path
                     "--concurrency", "4"])
     wall = time.monotonic() - t0
     assert rc == 0
-    longest = max(_frames(d / "input.wav")[0] / 16000 for d in _sample_dirs(data))
+    longest = max(_frames(d / "input.wav")[0] / 16000 for d in sample_dirs(data))
     assert wall < longest + 60, wall  # 4 at once: about one sample's length, plus ASR
     # the data folder holds its sample folders only; each gained exactly what the benchmark's inference and ASR
     # steps write (output.wav, output.json); kame's results are beside it, named for the run
     assert all(p.is_dir() for p in data.iterdir())
-    for d in _sample_dirs(data):
+    for d in sample_dirs(data):
         assert sorted(p.name for p in d.iterdir()) == ["input.wav", "meta.json", "output.json", "output.wav",
                                                        "turn_taking.json"]
         n_in, _ = _frames(d / "input.wav")
@@ -140,26 +134,6 @@ def test_realtime_oracle_on_and_off(server: ServerProcess, generated: Path, tmp_
     assert [e for e in on if e["type"] == "kame.oracle.reset"]
 
 
-def make_v15_set(generated: Path, root: Path, names: tuple[str, ...] = ("001",), seconds: float = 3.5) -> Path:
-    """v1.5 samples in the benchmark's layout, from generated turn-taking inputs cut to ``seconds``:
-    ``clean_input.wav`` the question alone, ``input.wav`` the same with 1 s of another voice over it (at
-    48 kHz: any rate is taken), ``metadata.json`` the overlap's span."""
-    other, _ = read_wav(generated / "pause_handling" / "001" / "input.wav")
-    for name in names:
-        clean, rate = read_wav(generated / "smooth_turn_taking" / name / "input.wav")
-        clean = clean[: round(seconds * rate)]
-        noisy = clean.copy()
-        a, b = rate, 2 * rate
-        noisy[a:b] += 0.8 * other[rate // 2 : rate // 2 + b - a]
-        d = root / name
-        d.mkdir(parents=True)
-        write_wav(d / "clean_input.wav", clean, rate)
-        write_wav(d / "input.wav", soxr.resample(noisy, rate, 48000), 48000)
-        (d / "metadata.json").write_text(json.dumps({"context_text": "a question", "current_turn_text": "other talk",
-                                                     "timestamps": [1.0, 2.0]}))
-    return root
-
-
 def test_v15_both_runs_and_behaviour(server: ServerProcess, generated: Path, tmp_path: Path) -> None:
     """A v1.5 folder as the benchmark ships it: each sample runs twice (input.wav and clean_input.wav, both
     sessions at once), gains exactly the files its inference and ASR steps write, and is labelled by the
@@ -174,7 +148,7 @@ def test_v15_both_runs_and_behaviour(server: ServerProcess, generated: Path, tmp
     finally:
         llm.stop()
     assert rc == 0
-    for d in _sample_dirs(data):
+    for d in sample_dirs(data):
         assert sorted(p.name for p in d.iterdir()) == [
             "clean_input.json", "clean_input.wav", "clean_output.json", "clean_output.wav", "input.json",
             "input.wav", "metadata.json", "output.json", "output.wav"]

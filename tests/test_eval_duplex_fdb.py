@@ -36,12 +36,17 @@ import pytest
 from kame.eval.duplex.client import Target
 from kame.eval.duplex.runner import DuplexConfig, Variant, run_duplex
 from kame.eval.duplex.words import Word
+from tests.support.duplex_sets import generate_set, make_v15_set
 from tests.support.llm_server import LlmServer, Reply
 from tests.support.moshi_client import ServerProcess
-from tests.test_eval_duplex_e2e import generated, make_v15_set  # noqa: F401 - the module's generated set
 
 FDB_DIR = os.environ.get("FDB_DIR")
 pytestmark = pytest.mark.skipif(not FDB_DIR, reason="FDB_DIR (a checkout of Full-Duplex-Bench) is not set")
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_set(tmp_path_factory.mktemp("duplex-set"))
 
 
 class FixedAsr:
@@ -88,7 +93,7 @@ def record(server: ServerProcess, task: str, data: Path, results: Path) -> dict:
     return dict(doc["rows"][0])
 
 
-def test_benchmark_scripts_score_kame_folders(demo_server: ServerProcess, generated: Path,  # noqa: F811
+def test_benchmark_scripts_score_kame_folders(demo_server: ServerProcess, generated: Path,
                                                tmp_path: Path) -> None:
     llm = LlmServer(["gpt-4-turbo", "gpt-4o-2024-08-06"]).start()
     try:
