@@ -1,13 +1,16 @@
 """A failing test whose traceback holds a frame without a line number is reported as a failure.
 
 Python 3.11 computes ``tb_lineno`` from the code object's location table and gives ``None`` where the
-instruction at ``tb_lasti`` has no location: code compiled without one, frames that C extensions make up
-(Cython's traceback entries on 3.11 carry their line on the frame, not in the table), artificial
-instructions an asynchronous exception (a signal handler, e.g. pytest-timeout's) can stop at. pytest
-subtracts 1 from it to format the entry and the whole session ends in an INTERNALERROR that hides the
-failure. :func:`fill_lines` gives such an entry the line of the nearest located instruction before it
-(else the code's first line), and :func:`lineless_frames` names the frames it mended, which the report
-adds as a section so that the frame can be found.
+instruction at ``tb_lasti`` has no location. The compiler leaves some instructions without one, among them
+loop back-edges (``JUMP_BACKWARD``), and a signal handler runs at a back-edge's check for pending work: an
+exception it raises is recorded at that instruction. The case met here: pytest-timeout's SIGALRM handler
+(``timeout = 300``) raising while ``subprocess.Popen._communicate`` (``subprocess.run`` reading espeak-ng's
+output in ``kame eval duplex --generate``) sat at the end of its ``for key, events in ready:`` loop, an
+instruction without a line. Code compiled without locations and frames made up by C extensions give the
+same. pytest subtracts 1 from the ``None`` to format the entry, and the session ends in an INTERNALERROR
+that hides the failure. :func:`fill_lines` gives such an entry the line of the nearest located
+instruction before it (else the code's first line), and :func:`lineless_frames` names the frames it
+mended, which the report adds as a section.
 """
 
 from __future__ import annotations
