@@ -33,9 +33,12 @@ RUN pkgs=""; \
 
 # Non-root user; models and generated files live on a volume.
 RUN useradd --create-home --uid 10001 kame
+# Kernels torch.compile built (inductor, Triton) stay on the volume: a restart loads them instead of compiling.
 ENV HOME=/home/kame \
     HF_HOME=/data/huggingface \
-    KAME_CACHE_DIR=/data/kame
+    KAME_CACHE_DIR=/data/kame \
+    TORCHINDUCTOR_CACHE_DIR=/data/torchinductor \
+    TRITON_CACHE_DIR=/data/triton
 RUN mkdir -p /data /opt/kame && chown -R kame:kame /data /opt/kame
 VOLUME ["/data"]
 
