@@ -133,7 +133,7 @@ def test_separate_stt_steps_once_per_period_for_eight_sessions(stt_ckpt: Path) -
     try:
         streams = [rec.open_stream() for _ in range(8)]
         rng = np.random.default_rng(0)
-        periods = 20
+        periods = 15
         t0 = time.monotonic() + 0.05
         for p in range(periods):
             for i, s in enumerate(streams):
@@ -194,8 +194,8 @@ def test_engine_and_separate_stt_are_never_inside_moshi_at_once(
         streams = [rec.open_stream(), rec.open_stream()]
         rng = np.random.default_rng(1)
         for s in streams:
-            s.feed((0.1 * rng.standard_normal(FRAME_SIZE * 25)).astype(np.float32))  # a backlog: steps at once
-        for _ in range(25):
+            s.feed((0.1 * rng.standard_normal(FRAME_SIZE * 15)).astype(np.float32))  # a backlog: steps at once
+        for _ in range(15):
             core.tick({0: (0.1 * rng.standard_normal(FRAME_SIZE)).astype(np.float32)})
         for s in streams:
             s.close()

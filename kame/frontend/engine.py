@@ -125,7 +125,7 @@ class EngineCore:
         self.mode = MoshiMode(compile=resolve_compile(cfg.compile, self.device.type), cuda_graphs=cfg.cuda_graphs)
         if self.mode.compile:
             make_kernels_compilable()
-        self._compile_guard = self._no_compile_context()
+        self._compile_guard = self._gate()
         self.stt = stt
         if stt is not None:
             stt.mode = self.mode  # stepped inside this engine's calls: one mode for both
@@ -157,7 +157,7 @@ class EngineCore:
             self.lm_gen.streaming_forever(self.batch_size)
 
     # ------------------------------------------------------------------ set-up helpers
-    def _no_compile_context(self) -> Any:
+    def _gate(self) -> Any:
         """The context every model call runs in: alone in moshi, with this engine's :class:`MoshiMode`.
 
         ``frontend.compile`` decides whether moshi's kernels compile and
