@@ -247,9 +247,12 @@ class KyutaiRecognizer(Recognizer):
             with self._lock:
                 if self._stop:
                     return
-                for slot in self._attach_pending:
-                    self.core.attach(slot)
-                self._attach_pending.clear()
+                attach, self._attach_pending = self._attach_pending, set()
+            for slot in attach:  # a model call: outside the lock open_stream takes in the event loop
+                self.core.attach(slot)
+            with self._lock:
+                if self._attach_pending:  # opened meanwhile: attach it before any step
+                    continue
                 self._finish_closed()
                 self._pull()
                 wait = wait_before_step(time.monotonic(), self._last_step, self._ready())
