@@ -248,6 +248,7 @@ class ModelHost:
         from kame.asr.kyutai_shared import SharedKyutaiAsr, same_mimi
         from kame.frontend.checkpoint import resolve_checkpoint
         from kame.frontend.loading import load_mimi, resolve_device
+        from kame.frontend.moshi_gate import MoshiMode, resolve_compile
 
         assert self.models is not None
         files = resolve_checkpoint(asr_cfg.model or DEFAULT_MODEL)
@@ -255,7 +256,9 @@ class ModelHost:
             log.info("ASR: Kyutai STT runs its own engine (other device or other Mimi)")
             return None
         log.info("ASR: Kyutai STT %s shares the front-end engine (one Mimi encode per frame)", files.source)
-        stt = SttCore(files, device, self.max_sessions, dtype=self.cfg.frontend.dtype, own_mimi=False)
+        fcfg = self.cfg.frontend
+        mode = MoshiMode(compile=resolve_compile(fcfg.compile, device.type), cuda_graphs=fcfg.cuda_graphs)
+        stt = SttCore(files, device, self.max_sessions, dtype=fcfg.dtype, own_mimi=False, mode=mode)
         self.models.mimi = load_mimi(self.models.files, device, 32)
         self.recognizer = SharedKyutaiAsr(
             asr_cfg, stt.piece_of, delay_frames=stt.delay_frames, prefix_frames=stt.silence_prefix_frames
