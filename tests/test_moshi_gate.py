@@ -145,9 +145,10 @@ def test_separate_stt_steps_once_per_period_for_eight_sessions(stt_ckpt: Path) -
         while sum(stepped) < 8 * periods and time.monotonic() < deadline:
             time.sleep(0.02)
         assert sum(stepped) == 8 * periods  # no frame lost
-        # the prefix of this tiny STT is empty, so after the first step the steps come once per period
-        assert len(stepped) <= periods + 3, f"{len(stepped)} steps for {periods} periods: {stepped}"
-        assert np.mean(stepped) >= 6
+        # the prefix of this tiny STT is empty: the steps come once per period, a few more where a late frame
+        # made a backlog to catch up (a step per arrival: 3-8 times as many, each with 1-2 frames)
+        assert len(stepped) <= 1.5 * periods, f"{len(stepped)} steps for {periods} periods: {stepped}"
+        assert np.mean(stepped) >= 5
         for s in streams:
             s.close()
     finally:
