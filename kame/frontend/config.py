@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kame.media import FRAME_S
 
@@ -41,7 +41,14 @@ class FrontendConfig(BaseModel):
     cuda_graphs: bool = Field(
         True,
         description="Use moshi's CUDA graphs on GPU for every step of the front-end engine "
-        "(and a Kyutai STT sharing it); false turns them off.",
+        "(and a Kyutai STT, shared or on its own engine); false turns them off.",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile of moshi's kernels for the front-end engine and a Kyutai STT "
+        "(CUDA: Triton, needs gcc and the Python headers; CPU: inductor, needs g++); auto = on for CUDA, "
+        "off on CPU. Decides whatever NO_TORCH_COMPILE held; a failure to compile at warm-up is logged and "
+        "the server runs eager.",
     )
     oracle_idle: Literal["auto", "pad", "zero"] = Field(
         "auto",
@@ -64,3 +71,11 @@ class FrontendConfig(BaseModel):
         "1 avoids OpenMP spin contention with the server's other threads.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``on``/``off`` as a boolean."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
