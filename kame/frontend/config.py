@@ -33,6 +33,16 @@ class FrontendConfig(BaseModel):
         description="Hub repo id or local directory (a local directory wins over a Hub id).",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    lora_weights: str | None = Field(
+        None,
+        description="LoRA adapters (safetensors; local path or hf://OWNER/REPO/FILE) for a checkpoint whose "
+        "config.json sets lora (moshi-finetune's output); overrides its lora_name (kame serve --lora-weight).",
+    )
+    fuse_lora: bool = Field(
+        True,
+        description="Fuse the LoRA adapters into the weights at load (as KAME's and moshi's servers do); false keeps "
+        "them as separate layers (kame serve --no-fuse-lora): more memory and compute a step.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
+from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint, resolve_lora_file
 from kame.frontend.config import FrontendConfig
 from kame.frontend.loading import (
     lm_num_codebooks,
@@ -72,7 +72,8 @@ def load_frontend(
     """Resolve ``cfg.checkpoint`` (``tiny:SEED`` in ``cache_dir``, local dir or Hub id) and load its three parts."""
     files = resolve_checkpoint(cfg.checkpoint, cfg.revision, cache_dir=cache_dir)
     dtype = resolve_dtype(cfg.dtype, device)
-    loaded = load_lm(files, device, dtype)
+    lora = resolve_lora_file(cfg.lora_weights) if cfg.lora_weights else None
+    loaded = load_lm(files, device, dtype, lora_weights=lora, fuse_lora=cfg.fuse_lora)
     mimi = load_mimi(files, device, mimi_codebooks or lm_num_codebooks(files))
     return FrontendModels(
         files=files,

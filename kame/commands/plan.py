@@ -1,0 +1,93 @@
+"""``kame plan``: the configured models' memory before anything is loaded, and how many sessions fit a card."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+NAME = "plan"
+HELP = "Print the configured models' parameters, weight and KV-cache bytes, and the largest batch a GPU holds."
+
+#: The card assumed when none is named and none is present: an 80 GB H100 / A100.
+DEFAULT_GPU_GIB = 80.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-memory-gib", type=float, default=None, metavar="G",
+                   help="Memory of the card to plan for (default: this machine's GPU, else 80).")
+    p.add_argument("--json", action="store_true", help="One JSON object instead of text.")
+
+
+def _card_gib(asked: float | None) -> tuple[float, str]:
+    if asked is not None:
+        return asked, "given"
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.mem_get_info()[1] / 1024**3, f"this machine's {torch.cuda.get_device_name()}"
+    return DEFAULT_GPU_GIB, "assumed (no GPU here; --gpu-memory-gib G)"
+
+
+def run(args: argparse.Namespace) -> int:
+    from kame.errors import UserError
+    from kame.frontend.memory_plan import GIB
+    from kame.frontend.plan_models import FRONTEND, build_plan
+    from kame.server.config import load_app_config
+
+    environ = dict(os.environ)
+    cfg = load_app_config(args.config or (None if environ.get("KAME_CONFIG") else "default"), environ=environ)
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        raise UserError(f"--gpu-memory-gib {args.gpu_memory_gib}: expected a positive number of GiB")
+    gib, card = _card_gib(args.gpu_memory_gib)
+    report = build_plan(cfg)
+    plan = report.plan
+    total = int(gib * GIB)
+    max_batch = plan.max_batch(total)
+    batch = int(cfg.frontend.batch_size)
+    front = plan.model(FRONTEND)
+    out = {
+        "checkpoint": cfg.frontend.checkpoint,
+        "architecture": report.frontend.origin,
+        "dtype": plan.dtype,
+        "lm_params": front.params,
+        "params": plan.params,
+        "weight_bytes": plan.weight_bytes,
+        "load_bytes": plan.load_bytes,
+        "kv_bytes_per_slot": plan.kv_bytes_per_slot,
+        "models": [
+            {"name": m.name, "params": m.params, "weight_bytes": m.weight_bytes,
+             "kv_bytes_per_slot": m.kv_bytes_per_slot, "load_extra_bytes": m.load_extra_bytes}
+            for m in plan.models
+        ],
+        "gpu_memory_gib": round(gib, 2),
+        "gpu": card,
+        "headroom_bytes": plan.headroom.bytes_for(total),
+        "headroom": plan.headroom.describe(),
+        "max_batch": max_batch,
+        "batch_size": batch,
+        "batch_size_fits": batch <= max_batch,
+        "notes": list(report.notes),
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    g = 1024**3
+    print(f"checkpoint {cfg.frontend.checkpoint} ({report.frontend.origin}), weights {plan.dtype}")
+    for m in plan.models:
+        print(f"  {m.name:10s} {m.params / 1e9:7.3f} B params  {m.weight_bytes / g:7.2f} GiB weights  "
+              f"{m.kv_bytes_per_slot / g:6.3f} GiB KV cache a slot")
+    print(f"  total      {plan.params / 1e9:7.3f} B params  {plan.weight_bytes / g:7.2f} GiB weights  "
+          f"{plan.kv_bytes_per_slot / g:6.3f} GiB KV cache a slot")
+    if plan.load_bytes > plan.weight_bytes:
+        print(f"  while loading: {plan.load_bytes / g:.2f} GiB")
+    for note in report.notes:
+        print(f"  note: {note}")
+    print(f"GPU {gib:.1f} GiB ({card}), headroom {plan.headroom.describe()} = {plan.headroom.bytes_for(total) / g:.1f} GiB")
+    if max_batch == 0:
+        print("largest batch that fits: none (the weights alone do not fit)")
+    else:
+        print(f"largest batch that fits: {max_batch} ({plan.bytes_for(max_batch) / g:.1f} GiB with its KV caches)")
+    verdict = "fits" if batch <= max_batch else "does NOT fit"
+    print(f"frontend.batch_size {batch}: {verdict} ({plan.bytes_for(batch) / g:.1f} GiB + headroom)")
+    return 0
