@@ -172,3 +172,33 @@ def test_serve_refuses_a_batch_the_free_memory_cannot_hold(tmp_path: Path, monke
     assert line.startswith("frontend.batch_size 16 needs ")
     assert "40.0 GiB free of 80.0 GiB on cuda:0" in line
     assert line.endswith("the largest batch that fits is 8 (kame serve --max-sessions 8)")
+
+
+def test_serve_check_reads_the_cards_free_memory_and_refuses_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check_memory`` as `kame serve` calls it on CUDA, with torch.cuda.mem_get_info answering for a card."""
+    from kame.commands.serve import check_memory
+    from kame.errors import UserError
+    from kame.server.config import load_app_config
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked: list[object] = []
+
+    def mem_get_info(device: object = None) -> tuple[int, int]:
+        asked.append(device)
+        return 24 * GIB, 24 * GIB
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    cfg = load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)})  # batch_size 8
+    with pytest.raises(UserError) as err:
+        check_memory(cfg, torch.device("cuda:1"))
+    assert asked == [torch.device("cuda:1")]
+    assert str(err.value).endswith("on cuda:1: the largest batch that fits is 1 (kame serve --max-sessions 1)")
+    check_memory(load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)},
+                                 overrides={"frontend.batch_size": 1}), torch.device("cuda:1"))
+    # an architecture kame cannot know before downloading: no plan, the server goes on to load (and download)
+    unknown = load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)},
+                              overrides={"frontend.checkpoint": "someone/model"})
+    check_memory(unknown, torch.device("cuda:1"))

@@ -201,7 +201,10 @@ def build_empty_lm(files: CheckpointFiles, dtype: torch.dtype) -> Any:
 
     lm_kwargs, _ = split_lora(files.lm_kwargs)
     try:
-        with _no_init_on_meta():
+        # The default device too: moshi builds a few Linears without a device argument (text_linear,
+        # depformer_in, linears: 0.2 B parameters at 7B), which would otherwise be allocated and
+        # initialised on the CPU (seconds, hundreds of MB) only to be replaced by the file's tensors.
+        with torch.device("meta"), _no_init_on_meta():
             return loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs, device=torch.device("meta"), dtype=dtype)
     except (TypeError, AssertionError) as exc:
         raise CheckpointError(f"checkpoint {files.source}: config.json has an invalid LM setting ({exc})") from None

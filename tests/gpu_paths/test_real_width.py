@@ -2,7 +2,7 @@
 plus KAME's oracle table), a float32 file in Kyutai's fused release layout loaded as bf16, ticked by the
 engine at batch 2 with an oracle.
 
-The checkpoint (3.7 GB) is generated once and cached outside the checkout (tests/gpu_paths/real_width.py);
+The checkpoint (3.7 GB) is generated once and cached outside the checkout (tests/support/real_width.py);
 the module-scoped fixture loads it once per run.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.gpu_paths.real_width import ensure_real_width_checkpoint
+from tests.support.real_width import ensure_real_width_checkpoint
 
 GIB = 1024**3
 
