@@ -36,12 +36,16 @@ def test_max_batch_is_what_fits_after_weights_and_headroom() -> None:
     assert plan.bytes_for(8) == 18 * GIB
 
 
-def test_headroom_fraction_is_of_the_whole_card_even_when_less_is_free() -> None:
+def test_headroom_is_fixed_plus_a_fraction_of_what_the_plan_counts() -> None:
     plan = _plan(headroom=Headroom(fixed_bytes=GIB, fraction=0.1))
-    assert plan.headroom.bytes_for(40 * GIB) == 5 * GIB
-    # 30 GiB free of 40: 30 - 5 - 10 = 15 slots
-    assert plan.max_batch(30 * GIB, 40 * GIB) == 15
+    assert plan.needed_bytes(16) == 10 * GIB + 16 * GIB + GIB + int(0.1 * 26 * GIB)  # 29.6 GiB
+    assert plan.max_batch(30 * GIB) == 16
+    assert plan.max_batch(int(29.6 * GIB)) == 16 and plan.max_batch(int(29.6 * GIB) - 1) == 15
     assert plan.max_batch(40 * GIB) == 25
+    for available in range(12 * GIB, 60 * GIB, 97 * 1024**2):  # the solved batch is the exact largest
+        n = plan.max_batch(available)
+        assert n == 0 or plan.needed_bytes(n) <= available
+        assert plan.needed_bytes(n + 1) > available
 
 
 def test_a_lora_held_while_loading_counts_before_any_slot() -> None:
@@ -90,7 +94,9 @@ def test_default_config_plan_is_moshi_7b_with_kame_oracle_and_kyutai_stt(tmp_pat
     stt = plan.model("stt")
     assert stt.params / 1e9 == pytest.approx(0.99, abs=0.01)
     assert stt.kv_bytes_per_slot == 16 * 2 * 16 * 750 * 128 * 2
-    assert plan.max_batch(80 * GIB) == (int(80 * GIB * 0.9) - 2 * GIB - plan.weight_bytes) // plan.kv_bytes_per_slot
+    # 17.0 GiB of weights, 1.572 GiB a slot, 2 GiB + 10 % kept free: 34 slots on 80 GiB
+    assert plan.max_batch(80 * GIB) == 34
+    assert plan.needed_bytes(34) <= 80 * GIB < plan.needed_bytes(35)
 
 
 def test_plan_of_a_tiny_checkpoint_matches_the_loaded_model(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
@@ -150,7 +156,7 @@ def test_kame_plan_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys:
     assert out["lm_params"] == 7_687_729_152 + 32002 * 4096
     assert out["kv_bytes_per_slot"] == sum(m["kv_bytes_per_slot"] for m in out["models"])
     assert [m["name"] for m in out["models"]] == ["frontend", "mimi", "stt"]
-    assert out["max_batch"] == 33 and out["batch_size"] == 8 and out["batch_size_fits"] is True
+    assert out["max_batch"] == 34 and out["batch_size"] == 8 and out["batch_size_fits"] is True
     assert main(["plan", "--config", "default", "--gpu-memory-gib", "24"]) == 0
     text = capsys.readouterr().out
     assert "largest batch that fits: 1 " in text and "frontend.batch_size 8: does NOT fit" in text
@@ -171,7 +177,7 @@ def test_serve_refuses_a_batch_the_free_memory_cannot_hold(tmp_path: Path, monke
     assert line is not None and "\n" not in line
     assert line.startswith("frontend.batch_size 16 needs ")
     assert "40.0 GiB free of 80.0 GiB on cuda:0" in line
-    assert line.endswith("the largest batch that fits is 8 (kame serve --max-sessions 8)")
+    assert line.endswith("the largest batch that fits is 11 (kame serve --max-sessions 11)")
 
 
 def test_serve_check_reads_the_cards_free_memory_and_refuses_before_loading(

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         ],
         "gpu_memory_gib": round(gib, 2),
         "gpu": card,
-        "headroom_bytes": plan.headroom.bytes_for(total),
-        "headroom": plan.headroom.describe(),
+        "headroom": f"{plan.headroom.describe()} of the counted bytes",
+        "needed_bytes": plan.needed_bytes(batch),
         "max_batch": max_batch,
         "batch_size": batch,
         "batch_size_fits": batch <= max_batch,
@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  while loading: {plan.load_bytes / g:.2f} GiB")
     for note in report.notes:
         print(f"  note: {note}")
-    print(f"GPU {gib:.1f} GiB ({card}), headroom {plan.headroom.describe()} = {plan.headroom.bytes_for(total) / g:.1f} GiB")
+    print(f"GPU {gib:.1f} GiB ({card}); headroom kept free: {plan.headroom.describe()} of what is counted")
     if max_batch == 0:
-        print("largest batch that fits: none (the weights alone do not fit)")
+        print("largest batch that fits: none (not even one session)")
     else:
-        print(f"largest batch that fits: {max_batch} ({plan.bytes_for(max_batch) / g:.1f} GiB with its KV caches)")
+        print(f"largest batch that fits: {max_batch} (needs {plan.needed_bytes(max_batch) / g:.1f} GiB with the headroom)")
     verdict = "fits" if batch <= max_batch else "does NOT fit"
-    print(f"frontend.batch_size {batch}: {verdict} ({plan.bytes_for(batch) / g:.1f} GiB + headroom)")
+    print(f"frontend.batch_size {batch}: {verdict} (needs {plan.needed_bytes(batch) / g:.1f} GiB with the headroom)")
     return 0

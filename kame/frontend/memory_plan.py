@@ -7,7 +7,7 @@ attention (moshi's ``RingKVCache``: keys and values of ``capacity`` steps, in
 the attention's weight dtype). What it does not count -- the CUDA context,
 cuBLAS workspaces, CUDA-graph pools, step activations, allocator
 fragmentation, a second Mimi held for a moment while the STT's is loaded --
-is kept back as the stated :class:`Headroom`. :mod:`kame.frontend.plan_models`
+is kept free as the stated :class:`Headroom`. :mod:`kame.frontend.plan_models`
 builds these figures from the models on the meta device; this module only
 adds them up, so that the refusal a server prints is a pure function of them.
 """
@@ -51,16 +51,18 @@ def kv_bytes_per_slot(caches: list[AttentionCache]) -> int:
 
 @dataclass(frozen=True)
 class Headroom:
-    """Memory the plan keeps back from the card: a fixed amount plus a fraction of the card's size."""
+    """What the plan keeps free beyond what it counts: a fixed amount (CUDA context, cuBLAS workspaces) plus a
+    fraction of the counted bytes (step activations, CUDA-graph pools, allocator fragmentation grow with them).
+    A fraction of what kame uses, not of the card: a card shared with an LLM server is planned the same way."""
 
     fixed_bytes: int = 2 * GIB
     fraction: float = 0.10
 
-    def bytes_for(self, total_bytes: int) -> int:
-        return self.fixed_bytes + int(self.fraction * total_bytes)
+    def bytes_for(self, used_bytes: int) -> int:
+        return self.fixed_bytes + int(self.fraction * used_bytes)
 
     def describe(self) -> str:
-        return f"{self.fixed_bytes / GIB:.1f} GiB + {self.fraction:.0%} of the card"
+        return f"{self.fixed_bytes / GIB:.1f} GiB + {self.fraction:.0%}"
 
 
 @dataclass(frozen=True)
@@ -95,36 +97,38 @@ class MemoryPlan:
         raise KeyError(name)
 
     def bytes_for(self, batch: int) -> int:
-        """Weights and KV caches of ``batch`` slots (headroom not included)."""
+        """Weights and KV caches of ``batch`` slots (the load peak if larger), headroom not included."""
         return max(self.load_bytes, self.weight_bytes + batch * self.kv_bytes_per_slot)
 
-    def usable_bytes(self, available_bytes: int, total_bytes: int | None = None) -> int:
-        """Of ``available_bytes`` (free memory), what the plan may fill: the headroom kept back."""
-        total = available_bytes if total_bytes is None else total_bytes
-        return available_bytes - self.headroom.bytes_for(total)
+    def needed_bytes(self, batch: int) -> int:
+        """:meth:`bytes_for` plus the headroom: what must be free on the card."""
+        used = self.bytes_for(batch)
+        return used + self.headroom.bytes_for(used)
 
-    def max_batch(self, available_bytes: int, total_bytes: int | None = None) -> int:
-        """The largest batch whose weights and caches fit ``available_bytes`` with the headroom; 0 if the
-        weights alone do not fit."""
-        usable = self.usable_bytes(available_bytes, total_bytes)
-        if usable < self.load_bytes:
+    def max_batch(self, available_bytes: int) -> int:
+        """The largest batch whose :meth:`needed_bytes` fit ``available_bytes``; 0 if not even one does."""
+        if self.needed_bytes(1) > available_bytes:
             return 0
         if self.kv_bytes_per_slot <= 0:
             return 1 << 30
-        return (usable - self.weight_bytes) // self.kv_bytes_per_slot
+        # needed(n) = fixed + (1 + fraction) * (weights + n * kv) once past the load peak: solve, then step
+        # down past the rounding of int(fraction * used)
+        room = (available_bytes - self.headroom.fixed_bytes) / (1 + self.headroom.fraction) - self.weight_bytes
+        n = max(1, int(room // self.kv_bytes_per_slot) + 1)
+        while n > 1 and self.needed_bytes(n) > available_bytes:
+            n -= 1
+        return n
 
 
 def refusal(plan: MemoryPlan, batch_size: int, free_bytes: int, total_bytes: int, device: str = "cuda") -> str | None:
-    """The one line a server prints instead of loading a batch that cannot fit, else None."""
-    if batch_size <= plan.max_batch(free_bytes, total_bytes):
+    """The one line a server prints instead of loading a batch that cannot fit ``free_bytes``, else None."""
+    fits = plan.max_batch(free_bytes)
+    if batch_size <= fits:
         return None
-    fits = plan.max_batch(free_bytes, total_bytes)
-    need = plan.bytes_for(batch_size) + plan.headroom.bytes_for(total_bytes)
-    have = f"{free_bytes / GIB:.1f} GiB free of {total_bytes / GIB:.1f} GiB on {device}"
     what = (
-        f"frontend.batch_size {batch_size} needs {need / GIB:.1f} GiB "
+        f"frontend.batch_size {batch_size} needs {plan.needed_bytes(batch_size) / GIB:.1f} GiB "
         f"({plan.weight_bytes / GIB:.1f} GiB weights, {plan.kv_bytes_per_slot / GIB:.3f} GiB KV cache a slot, "
-        f"headroom {plan.headroom.describe()}), {have}"
+        f"headroom {plan.headroom.describe()}), {free_bytes / GIB:.1f} GiB free of {total_bytes / GIB:.1f} GiB on {device}"
     )
     if fits == 0:
         return f"{what}: not even one session fits (use a larger GPU, or free this one)"
