@@ -170,3 +170,30 @@ def test_plan_counts_lora_adapters(tiny_kame_ckpt: Path, tmp_path: Path) -> None
                                                   "asr": {"kind": "none"}})).plan.model("frontend")
     assert front(True) == (plain.params, plain.weight_bytes, 4 * adapters)  # fused: held only while loading
     assert front(False) == (plain.params + adapters, plain.weight_bytes + 4 * adapters, 0)
+
+
+def test_kame_run_lora_weight_flag_reaches_the_loader(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
+    """`--lora-weight` overrides config.json's lora_name: a file of the wrong rank is refused in one line naming it."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    ckpt = _lora_checkpoint(tiny_kame_ckpt, tmp_path / "ckpt", _lora_state(tiny_kame_ckpt))  # a good lora_name
+    save_file(_lora_state(tiny_kame_ckpt, rank=2), str(tmp_path / "rank2.safetensors"))
+    wav = tmp_path / "in.wav"
+    import wave
+
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(np.zeros(2400, "<i2").tobytes())
+    res = subprocess.run(
+        [sys.executable, "-m", "kame.cli", "run", "--checkpoint", str(ckpt), "--input", str(wav), "--output",
+         str(tmp_path / "out.wav"), "--fast", "--lora-weight", str(tmp_path / "rank2.safetensors"), "--no-fuse-lora"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = [x for x in res.stderr.splitlines() if "error:" in x]
+    assert "rank2.safetensors: key " in line and "has shape (2, " in line and "the config expects (4, " in line
