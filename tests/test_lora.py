@@ -197,3 +197,21 @@ def test_kame_run_lora_weight_flag_reaches_the_loader(tiny_kame_ckpt: Path, tmp_
     assert res.returncode == 2 and "Traceback" not in res.stderr
     (line,) = [x for x in res.stderr.splitlines() if "error:" in x]
     assert "rank2.safetensors: key " in line and "has shape (2, " in line and "the config expects (4, " in line
+
+
+def test_a_checkpoint_the_engine_cannot_run_is_refused_at_load(kame_cache_dir: Path) -> None:
+    """An STT-shaped LM as the front-end loads fine but would fail at its first step: refused in one sentence."""
+    from kame.frontend.models import load_frontend, runnable_mismatch
+    from kame.frontend.tiny import ensure_tiny_checkpoint
+
+    stt = ensure_tiny_checkpoint(kame_cache_dir, 0, stt=True)
+    with pytest.raises(CheckpointError, match=r"the engine cannot run it: its LM generates no audio \(dep_q 0"):
+        load_frontend(FrontendConfig(checkpoint=str(stt), batch_size=1), torch.device("cpu"))
+    ok = {"dep_q": 8, "n_q": 16, "card": 2048, "text_card": 32000, "mimi_cardinality": 2048, "mimi_codebooks": 32,
+          "tokenizer_pieces": 32000}
+    assert runnable_mismatch(**ok) is None
+    assert runnable_mismatch(**{**ok, "mimi_cardinality": 64}) == (
+        "the LM's audio tokens have 2048 values but Mimi's codebooks 64 entries")
+    assert "reads 9 audio codebooks but Mimi has 8" in str(runnable_mismatch(**{**ok, "n_q": 17, "dep_q": 8,
+                                                                               "mimi_codebooks": 8}))
+    assert "tokenizer has 32001 pieces" in str(runnable_mismatch(**{**ok, "tokenizer_pieces": 32001}))
