@@ -29,6 +29,14 @@ def _card_gib(asked: float | None) -> tuple[float, str]:
     return DEFAULT_GPU_GIB, "assumed (no GPU here; --gpu-memory-gib G)"
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:7.3f} B" if n >= 1e8 else f"{n / 1e6:7.2f} M"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024**3:7.3f} GiB" if n >= 1024**3 // 10 else f"{n / 1024**2:7.2f} MiB"
+
+
 def run(args: argparse.Namespace) -> int:
     from kame.errors import UserError
     from kame.frontend.memory_plan import GIB
@@ -43,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     report = build_plan(cfg)
     plan = report.plan
     total = int(gib * GIB)
-    max_batch = plan.max_batch(total)
+    from kame.frontend.config import MAX_BATCH_SIZE
+
+    max_batch = min(plan.max_batch(total), MAX_BATCH_SIZE)
     batch = int(cfg.frontend.batch_size)
     front = plan.model(FRONTEND)
     out = {
@@ -74,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     g = 1024**3
     print(f"checkpoint {cfg.frontend.checkpoint} ({report.frontend.origin}), weights {plan.dtype}")
+    if cfg.device == "cpu":
+        print("  note: this config serves on the CPU; planned as if on a CUDA card")
     for m in plan.models:
-        print(f"  {m.name:10s} {m.params / 1e9:7.3f} B params  {m.weight_bytes / g:7.2f} GiB weights  "
-              f"{m.kv_bytes_per_slot / g:6.3f} GiB KV cache a slot")
-    print(f"  total      {plan.params / 1e9:7.3f} B params  {plan.weight_bytes / g:7.2f} GiB weights  "
-          f"{plan.kv_bytes_per_slot / g:6.3f} GiB KV cache a slot")
+        print(f"  {m.name:10s} {_count(m.params)} params  {_size(m.weight_bytes)} weights  "
+              f"{_size(m.kv_bytes_per_slot)} KV cache a slot")
+    print(f"  {'total':10s} {_count(plan.params)} params  {_size(plan.weight_bytes)} weights  "
+          f"{_size(plan.kv_bytes_per_slot)} KV cache a slot")
     if plan.load_bytes > plan.weight_bytes:
         print(f"  while loading: {plan.load_bytes / g:.2f} GiB")
     for note in report.notes:
@@ -87,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
     if max_batch == 0:
         print("largest batch that fits: none (not even one session)")
     else:
-        print(f"largest batch that fits: {max_batch} (needs {plan.needed_bytes(max_batch) / g:.1f} GiB with the headroom)")
+        most = " (frontend.batch_size's maximum)" if max_batch == MAX_BATCH_SIZE else ""
+        print(f"largest batch that fits: {max_batch}{most} (needs {plan.needed_bytes(max_batch) / g:.1f} GiB "
+              f"with the headroom)")
     verdict = "fits" if batch <= max_batch else "does NOT fit"
     print(f"frontend.batch_size {batch}: {verdict} (needs {plan.needed_bytes(batch) / g:.1f} GiB with the headroom)")
     return 0

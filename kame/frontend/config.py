@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from kame.media import FRAME_S
 
 
+#: The most engine slots one server may have (frontend.batch_size).
+MAX_BATCH_SIZE = 256
+
+
 class SamplingConfig(BaseModel):
     """Sampling defaults. ``None`` takes the checkpoint's ``lm_gen_config`` value,
     then moshi's own default."""
@@ -46,7 +50,7 @@ class FrontendConfig(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )
-    batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model "
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Engine slots = concurrent sessions on one model "
                             "(kame serve --max-sessions; server.max_sessions is its deprecated old name).")
     cuda_graphs: bool = Field(
         True,
