@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kame.media import FRAME_S
 
-
 #: The most engine slots one server may have (frontend.batch_size).
 MAX_BATCH_SIZE = 256
 
