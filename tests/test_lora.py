@@ -99,8 +99,10 @@ def test_unfused_lora_keeps_adapters_and_computes_the_same(tiny_kame_ckpt: Path,
         assert torch.allclose(layer(x), fused.lm.transformer.layers[0].self_attn.in_projs[0](x), atol=1e-5)
 
 
-def test_a_lora_checkpoint_serves_through_the_engine(tiny_kame_ckpt: Path, tmp_path: Path) -> None:
-    """The engine ticks a LoRA checkpoint (given by hand, as --lora-weight) at batch 2 with an oracle."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_lora_checkpoint_serves_through_the_engine(tiny_kame_ckpt: Path, tmp_path: Path, fuse: bool) -> None:
+    """The engine ticks a LoRA checkpoint (given by hand, as --lora-weight), fused or not, at batch 2 with an
+    oracle."""
     from kame.frontend.engine import EngineCore
     from kame.frontend.models import load_frontend
 
@@ -110,7 +112,7 @@ def test_a_lora_checkpoint_serves_through_the_engine(tiny_kame_ckpt: Path, tmp_p
 
     save_file(_fused_names(state), str(tmp_path / "adapters.safetensors"))
     cfg = FrontendConfig(checkpoint=str(ckpt), lora_weights=str(tmp_path / "adapters.safetensors"), batch_size=2,
-                         seed=1)
+                         seed=1, fuse_lora=fuse)
     models = load_frontend(cfg, torch.device("cpu"))
     core = EngineCore(models, cfg, batch_size=2)
     for slot in (0, 1):
