@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kame.media import FRAME_S
 
+#: The most engine slots one server may have (frontend.batch_size).
+MAX_BATCH_SIZE = 256
+
 
 class SamplingConfig(BaseModel):
     """Sampling defaults. ``None`` takes the checkpoint's ``lm_gen_config`` value,
@@ -33,10 +36,20 @@ class FrontendConfig(BaseModel):
         description="Hub repo id or local directory (a local directory wins over a Hub id).",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    lora_weights: str | None = Field(
+        None,
+        description="LoRA adapters (safetensors; local path or hf://OWNER/REPO/FILE) for a checkpoint whose "
+        "config.json sets lora (moshi-finetune's output); overrides its lora_name (kame serve --lora-weight).",
+    )
+    fuse_lora: bool = Field(
+        True,
+        description="Fuse the LoRA adapters into the weights at load (as KAME's and moshi's servers do); false keeps "
+        "them as separate layers (kame serve --no-fuse-lora): more memory and compute a step.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )
-    batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model "
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Engine slots = concurrent sessions on one model "
                             "(kame serve --max-sessions; server.max_sessions is its deprecated old name).")
     cuda_graphs: bool = Field(
         True,
