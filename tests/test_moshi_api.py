@@ -20,7 +20,12 @@ USED = {
     ],
     "moshi.modules.lora": ["replace_all_linear_with_lora", "LoRALinear"],
     "moshi.models.lm": ["LMGen", "LMModel"],
-    "moshi.utils.compile": ["no_compile", "no_cuda_graph"],
+    "moshi.utils": ["compile"],
+    # kame/frontend/moshi_gate.py sets moshi's process-wide compile and graph switches around every call
+    "moshi.utils.compile": [
+        "no_compile", "no_cuda_graph", "torch_compile_lazy", "_is_cuda_graph_enabled", "_compile_disabled",
+        "_disable_cuda_graph",
+    ],
     "moshi.modules.transformer": ["StreamingMultiheadAttention"],
     "moshi.quantization.core_vq": ["EuclideanCodebook"],
 }
