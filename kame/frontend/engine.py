@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -88,6 +89,18 @@ def resolve_sampling(cfg: FrontendConfig, lm_gen_config: Mapping[str, Any]) -> d
     return out
 
 
+def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+    """``method`` through a weak reference: the LMGen that calls it must not keep its engine alive."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(logits: torch.Tensor) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(logits)
+
+    return hook
+
+
 class EngineCore:
     """Mimi + LM in streaming mode for ``batch_size`` slots, plus their oracle FIFOs."""
 
@@ -120,7 +133,7 @@ class EngineCore:
             top_k=self.sampling["top_k"],
             top_k_text=self.sampling["top_k_text"],
             support_out_of_sync=True,
-            on_text_logits_hook=self._text_logits_hook,
+            on_text_logits_hook=_weak_hook(self._text_logits_hook),
         )
         self._compile_guard = self._no_compile_context()
         self.stt = stt
@@ -179,6 +192,25 @@ class EngineCore:
     @property
     def mimi(self) -> Any:
         return self.models.mimi
+
+    def close(self) -> None:
+        """End streaming on the LM, Mimi and a shared STT, so that the models can be freed at once.
+
+        moshi's streaming state holds the CUDA-graphed bound methods of its own
+        module (``LMGen.depformer_step``): a cycle that only a full garbage
+        collection breaks, which ``torch.cuda.empty_cache()`` does not wait for.
+        Dropping the states breaks it; the engine is unusable afterwards.
+        """
+        with self._compile_guard():
+            self.lm_gen._stop_streaming()
+            self.mimi._stop_streaming()
+            if self.stt is not None:
+                self.stt.gen._stop_streaming()
+                if getattr(self.stt, "mimi", None) is not None:
+                    self.stt.mimi._stop_streaming()
+        self._stt_lag.clear()
+        for state in self.slots:
+            state.attached = False
 
     # ------------------------------------------------------------------ slot lifecycle
     def attach(self, slot: int) -> None:
