@@ -89,6 +89,69 @@ def resolve_sampling(cfg: FrontendConfig, lm_gen_config: Mapping[str, Any]) -> d
     return out
 
 
+def _streaming_children(root: Any) -> list[tuple[str, Any]]:
+    """The (name, module) pairs moshi's ``StreamingModule._apply_named_streaming`` caches for ``root``:
+    the streaming modules below it, pre-order, not entering those detached from their parent."""
+    from moshi.modules.streaming import StreamingModule
+
+    out: list[tuple[str, Any]] = []
+    stack: list[tuple[str, Any]] = [("", root)]
+    while stack:
+        prefix, module = stack.pop()
+        if isinstance(module, StreamingModule):
+            if module._streaming_detached and prefix != "":
+                continue
+            out.append((prefix, module))
+        children = [(f"{prefix}.{name}" if prefix else name, child) for name, child in module.named_children()]
+        stack.extend(reversed(children))
+    return out
+
+
+class _ApplyToCachedChildren:
+    """moshi's ``_apply_named_streaming`` of one module, over its children listed beforehand.
+
+    moshi's own version defines, at every call, a recursive local function that
+    refers to itself and to the module: garbage that holds the module (and so
+    the model's weights) until the collector runs. This one makes none and
+    holds its module weakly.
+    """
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: Any) -> None:
+        self._module = weakref.ref(module)
+
+    def __call__(self, fn: Callable[[str, Any], None]) -> None:
+        module = self._module()
+        if module is not None:
+            for name, child in module._cached_children:
+                fn(name, child)
+
+
+def prime_streaming_children(root: Any) -> None:
+    """List every streaming module's streaming children under ``root`` once, and step them without
+    moshi's self-referencing local function (see :class:`_ApplyToCachedChildren`)."""
+    from moshi.modules.streaming import StreamingModule
+
+    for module in root.modules():
+        if isinstance(module, StreamingModule) and module._cached_children is None:
+            module._cached_children = _streaming_children(module)
+            object.__setattr__(module, "_apply_named_streaming", _ApplyToCachedChildren(module))
+
+
+def end_streaming(root: Any) -> None:
+    """Drop the streaming state of every streaming module under ``root`` (detached ones too: the LM under
+    its LMGen, the depformer) and the lists of :func:`prime_streaming_children`: states hold graphed
+    closures of their own module, and each list holds its own module, cycles both."""
+    from moshi.modules.streaming import StreamingModule
+
+    for module in root.modules():
+        if isinstance(module, StreamingModule):
+            module._streaming_state = None
+            module._cached_children = None
+            module.__dict__.pop("_apply_named_streaming", None)
+
+
 def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
     """``method`` through a weak reference: the LMGen that calls it must not keep its engine alive."""
     ref = weakref.WeakMethod(method)
@@ -159,6 +222,8 @@ class EngineCore:
         self._mimi_mask: torch.Tensor | None = None
         self._lm_mask: torch.Tensor | None = None
         self.ticks = 0
+        prime_streaming_children(self.lm_gen)
+        prime_streaming_children(models.mimi)
         with self._compile_guard():
             models.mimi.streaming_forever(self.batch_size)
             self.lm_gen.streaming_forever(self.batch_size)
@@ -197,17 +262,15 @@ class EngineCore:
         """End streaming on the LM, Mimi and a shared STT, so that the models can be freed at once.
 
         moshi's streaming state holds the CUDA-graphed bound methods of its own
-        module (``LMGen.depformer_step``): a cycle that only a full garbage
-        collection breaks, which ``torch.cuda.empty_cache()`` does not wait for.
-        Dropping the states breaks it; the engine is unusable afterwards.
+        module (``LMGen.depformer_step``), and each streaming module lists
+        itself among its cached streaming children: cycles that only a full
+        garbage collection breaks, which ``torch.cuda.empty_cache()`` does not
+        wait for. Dropping both breaks them; the engine is unusable afterwards.
         """
         with self._compile_guard():
-            self.lm_gen._stop_streaming()
-            self.mimi._stop_streaming()
-            if self.stt is not None:
-                self.stt.gen._stop_streaming()
-                if getattr(self.stt, "mimi", None) is not None:
-                    self.stt.mimi._stop_streaming()
+            for module in (self.lm_gen, self.mimi, *((self.stt.gen, self.stt.mimi) if self.stt is not None else ())):
+                if module is not None:
+                    end_streaming(module)
         self._stt_lag.clear()
         for state in self.slots:
             state.attached = False
