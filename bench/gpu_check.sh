@@ -9,7 +9,7 @@
 # cp312 manylinux x86_64 wheels of every module the check imports but torch and numpy (moshi without its
 # torch pin: --no-deps, each dependency named), and run.sh. The wheels are cached in
 # $KAME_GPU_WHEELS (default ~/.cache/kame-gpu-check-wheels), so a second --prepare downloads nothing.
-# WebRTC (aiortc, av), Whisper (faster-whisper, ctranslate2), MCP and the rest stay out: the server run
+# WebRTC (aiortc, av), Whisper (faster-whisper, ctranslate2), Opus (sphn), MCP and the rest stay out: the server run
 # uses the Realtime protocol with PCM16 and no ASR, and kame imports those lazily.
 #
 # Without --prepare (from a checkout with .venv): the run itself, as DIR/run.sh does it.
@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 # What the check imports, beyond torch and numpy (pins from requirements/constraints.txt).
 PACKAGES=(
-    moshi einops sentencepiece sphn safetensors huggingface_hub filelock fsspec packaging pyyaml tqdm requests urllib3
+    moshi einops sentencepiece safetensors huggingface_hub filelock fsspec packaging pyyaml tqdm requests urllib3
     charset-normalizer
     typing_extensions pydantic pydantic_core annotated-types typing-inspection
     fastapi opentelemetry-api starlette anyio idna sniffio annotated-doc uvicorn h11 click websockets

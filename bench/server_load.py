@@ -28,8 +28,9 @@ same server, with a summary line per protocol.
 
 Each run also prints the server's CPU per thread (``kame_thread_cpu_seconds_total``, grouped by
 thread name: ``event_loop``, ``kame-engine``, ``kame-opus`` (WebRTC's codec), ``other`` for
-torch's own threads) as percent of one core per session over the run, so the host's share of N
-GPU sessions can be read off; ``--cpu-json FILE`` appends it as one JSON line per protocol.
+torch's own threads) as percent of one core per real-time session (CPU seconds over the seconds
+of audio the sessions received), so the host's share of N GPU sessions can be read off;
+``--cpu-json FILE`` appends it as one JSON line per protocol.
 """
 
 from __future__ import annotations
@@ -163,10 +164,12 @@ def thread_cpu(body: str) -> dict[str, float]:
     return out
 
 
-def cpu_per_session(before: str, after: str, wall_s: float, sessions: int) -> dict[str, float]:
-    """Percent of one core per session, by thread group, between two scrapes ``wall_s`` apart."""
+def cpu_per_session(before: str, after: str, session_s: float) -> dict[str, float]:
+    """Percent of one core per real-time session, by thread group, between two scrapes: CPU seconds
+    over ``session_s``, the seconds of audio the sessions received in between (a server that falls
+    behind real time serves less audio, so the wall time would understate a session's cost)."""
     b, a = thread_cpu(before), thread_cpu(after)
-    return {k: 100 * (a[k] - b.get(k, 0.0)) / wall_s / max(1, sessions) for k in sorted(a)}
+    return {k: 100 * (a[k] - b.get(k, 0.0)) / max(session_s, 1e-9) for k in sorted(a)}
 
 
 def steady_lateness(arrivals: list[float], after: float) -> list[float]:
@@ -252,9 +255,11 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
     )
     wall = time.monotonic() - t0
     after = http_get(base, "/metrics", args.token)
+    scrape_wall = time.monotonic() - t_scrape
     cpu: dict[str, float] = {}
-    if after[0] == 200 and before[0] == 200:
-        cpu = cpu_per_session(before[1], after[1], time.monotonic() - t_scrape, args.sessions)
+    session_s = sum(c.stats.audio_received_s for c in clients if c.stats.handshake_t is not None)
+    if after[0] == 200 and before[0] == 200 and session_s > 0:
+        cpu = cpu_per_session(before[1], after[1], session_s)
 
     print(f"# {args.sessions} sessions x {args.seconds:g} s, {args.chunk}-sample frames, total wall {wall:.1f} s")
     print("session  handshake  sent_s  recv_s    rtf  first_audio_ms  late_p50_ms  late_p99_ms  max_gap_ms  (at s)  close")
@@ -326,11 +331,13 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
             print(f"# commentary -> oracle FIFO (server side, {n} commentaries): p50 <= {1000 * (p50 or 0):.1f} ms, "
                   f"p99 <= {1000 * (p99 or 0):.1f} ms (target p99 <= 10 ms)")
     if cpu:
-        print(f"# server CPU per session (% of one core, {args.sessions} sessions): "
+        print(f"# server CPU per real-time session (% of one core; {args.sessions} sessions = "
+              f"{session_s / scrape_wall:.1f} real-time sessions over {scrape_wall:.0f} s): "
               + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()) + f"; total {sum(cpu.values()):.2f}")
         if args.cpu_json:
             with open(args.cpu_json, "a") as f:
                 f.write(json.dumps({"protocol": protocol, "sessions": args.sessions, "rtf_min": round(min(rtfs), 3),
+                                    "realtime_sessions": round(session_s / scrape_wall, 2),
                                     "cpu_pct_per_session": {k: round(v, 3) for k, v in cpu.items()}}) + "\n")
     print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     ok = min(rtfs) >= args.target_rtf and p99_steady < args.target_p99_ms and not failed
