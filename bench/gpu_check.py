@@ -183,7 +183,8 @@ class Check:
         self.device = "cpu" if self.smoke else "cuda"
         self.result: dict[str, Any] = {"smoke": self.smoke, "device": self.device, "compile": not self.smoke,
                                        "batches": [], "graphs_off": [], "stt": None, "server": None,
-                                       "largest_batch_under_80ms": 0, "errors": []}
+                                       "largest_batch_under_80ms": 0, "largest_batch_p50_under_80ms": 0,
+                                       "errors": []}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.smoke:  # CPU: the engine turns compile off anyway; NO_TORCH_COMPILE covers the STT too
             self.env["NO_TORCH_COMPILE"] = "1"
@@ -267,8 +268,10 @@ class Check:
             res = self.ticks(b, "on", timeout=min(limit, self.left() - server_s))
             self.result["batches"].append(res)
             estimate = min(limit, 1.3 * res["wall_s"])
-            if "error" not in res and res["tick_p50_ms"] < 80 and res["tick_p99_ms"] < 120:
+            if "error" not in res and res["tick_p99_ms"] < 80:  # every tick fits in a frame
                 self.result["largest_batch_under_80ms"] = max(self.result["largest_batch_under_80ms"], b)
+            if "error" not in res and res["tick_p50_ms"] < 80:
+                self.result["largest_batch_p50_under_80ms"] = max(self.result["largest_batch_p50_under_80ms"], b)
             self.save()
             if res.get("error") == "out of memory" or ("error" not in res and res["tick_p50_ms"] >= 80):
                 break  # a larger batch cannot do better
@@ -325,7 +328,10 @@ class Check:
             after = scrape(base)
             cpu = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
             out["thread_cpu_pct_of_core"] = {k: round(100 * v / wall, 2) for k, v in sorted(cpu.items())}
-            out["thread_cpu_pct_per_session"] = {k: round(100 * v / wall / sessions, 3) for k, v in sorted(cpu.items())}
+            # per real-time session: CPU seconds over the seconds of audio the sessions received
+            audio_s = float(out.get("audio_received_s") or 0.0)
+            if audio_s > 0:
+                out["thread_cpu_pct_per_session"] = {k: round(100 * v / audio_s, 3) for k, v in sorted(cpu.items())}
             self.log(f"server: {json.dumps({k: out.get(k) for k in ('rtf_min', 'lateness_p99_ms', 'first_audio_median_ms')})}")
         except Exception as exc:  # noqa: BLE001 - the result file says what broke
             out["error"] = f"{type(exc).__name__}: {exc}"
@@ -402,6 +408,7 @@ async def drive_realtime(base: str, n: int, seconds: float) -> dict[str, Any]:
     ttfa = [c.stats.time_to_first_audio_s for c in ok if c.stats.time_to_first_audio_s is not None]
     return {
         "sessions_with_audio": len(ok),
+        "audio_received_s": round(sum(c.stats.audio_received_s for c in ok), 1),
         "rtf_min": round(min(c.stats.rtf for c in ok), 3),
         "rtf_mean": round(statistics.mean(c.stats.rtf for c in ok), 3),
         "lateness_p99_ms": round(1e3 * float(np.percentile(late, 99)), 1) if late else None,

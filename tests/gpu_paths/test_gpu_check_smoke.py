@@ -92,17 +92,18 @@ def test_prepared_folder_runs_the_smoke_check_with_only_torch_and_numpy(tmp_path
     result = json.loads((prepared / "gpu_check.json").read_text())
     assert result["smoke"] is True and not result["errors"], (result["errors"], out[-3000:])
     batches = result["batches"]
-    assert [b["batch"] for b in batches] == [1, 2, 4], batches
+    assert [b["batch"] for b in batches][:1] == [1], batches  # growing batches, up to the first over a frame
     for b in batches:
         assert "error" not in b, b
         assert 0 < b["tick_p50_ms"] <= b["tick_p99_ms"]
         assert b["partial_tick_p50_ms"] is None or b["partial_tick_p50_ms"] > 0
     assert result["graphs_off"] and "error" not in result["graphs_off"][0]
     assert result["stt"] is not None and "error" not in result["stt"] and result["stt"]["stt"] is True
-    assert result["largest_batch_under_80ms"] >= 1
+    # every tick of a batch within one frame (p99); on a loaded CPU even batch 1 may miss it
+    assert result["largest_batch_under_80ms"] == max([b["batch"] for b in batches if b["tick_p99_ms"] < 80], default=0)
     server = result["server"]
     assert server is not None and "error" not in server, server
-    assert server["sessions"] == result["largest_batch_under_80ms"]
+    assert server["sessions"] == max(1, result["largest_batch_under_80ms"])
     assert server["sessions_with_audio"] == server["sessions"]
     assert server["rtf_min"] > 0.5 and server["first_audio_median_ms"] is not None and server["lateness_p99_ms"] is not None
     cpu = server["thread_cpu_pct_of_core"]
