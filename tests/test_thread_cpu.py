@@ -38,3 +38,19 @@ def test_a_named_thread_cpu_is_counted_in_its_group_and_exported() -> None:
     assert "event_loop" in thread_cpu_seconds()  # the main thread
     body = ServerMetrics().render().decode()
     assert 'kame_thread_cpu_seconds_total{thread="event_loop"}' in body
+
+
+def test_server_load_gives_cpu_per_realtime_session_from_two_scrapes() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from server_load import cpu_per_session
+
+    before = 'kame_thread_cpu_seconds_total{thread="event_loop"} 10.0\nkame_thread_cpu_seconds_total{thread="kame-engine"} 5.0\n'
+    after = ('kame_thread_cpu_seconds_total{thread="event_loop"} 10.6\nkame_thread_cpu_seconds_total{thread="kame-engine"} 8.0\n'
+             'kame_thread_cpu_seconds_total{thread="kame-opus"} 0.3\n')
+    # 8 sessions received 60 s of audio in all: 0.6 s of event loop = 1 % of a core per real-time session
+    got = cpu_per_session(before, after, 60.0)
+    assert set(got) == {"event_loop", "kame-engine", "kame-opus"}
+    assert abs(got["event_loop"] - 1.0) < 1e-9 and abs(got["kame-engine"] - 5.0) < 1e-9 and abs(got["kame-opus"] - 0.5) < 1e-9
