@@ -37,8 +37,9 @@ STT_1B = {"dim": 2048, "num_heads": 16, "num_layers": 16, "hidden_scale": 4.125,
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-def write_real_checkpoint(directory: Path, *, stt: bool, device: str) -> None:
-    """A random-weight checkpoint of the released size in the released layout (bf16 safetensors)."""
+def write_real_checkpoint(directory: Path, *, stt: bool, device: str, layers: int | None = None) -> None:
+    """A random-weight checkpoint of the released size in the released layout (bf16 safetensors);
+    ``layers``: fewer transformer layers, same width (a dry run of this path on a CPU)."""
     import copy
 
     import torch
@@ -53,6 +54,8 @@ def write_real_checkpoint(directory: Path, *, stt: bool, device: str) -> None:
     lm_kwargs = copy.deepcopy(loaders._lm_kwargs)
     if stt:
         lm_kwargs.update(STT_1B)
+    if layers is not None:
+        lm_kwargs["num_layers"] = layers
     lm = loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs, device=device, dtype=torch.bfloat16)
     state = fuse_state_dict(lm, {k: v.contiguous() for k, v in lm.state_dict().items()})
     if not stt:
@@ -87,7 +90,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
         write_tiny_checkpoint(out, 0, stt=args.stt)
     else:
-        write_real_checkpoint(out, stt=args.stt, device=args.device)
+        write_real_checkpoint(out, stt=args.stt, device=args.device, layers=args.layers)
     return 0
 
 
@@ -434,6 +437,7 @@ def main() -> int:
     c.add_argument("--stt", action="store_true")
     c.add_argument("--smoke", action="store_true")
     c.add_argument("--device", default="cuda")
+    c.add_argument("--layers", type=int, default=None, help="Fewer layers at the released width (a CPU dry run).")
     t = sub.add_parser("ticks")
     t.add_argument("--ckpt", required=True)
     t.add_argument("--stt-ckpt", default=None)
