@@ -107,6 +107,8 @@ def cmd_ticks(args: argparse.Namespace) -> int:
     from kame.frontend.config import FrontendConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.models import load_frontend
+    from kame.frontend.moshi_gate import compiled_graphs
+    from kame.frontend.warmup import warm_up_engine
 
     device = torch.device(args.device)
     cfg = FrontendConfig(checkpoint=args.ckpt, batch_size=args.batch, cuda_graphs=args.graphs == "on")
@@ -123,6 +125,8 @@ def cmd_ticks(args: argparse.Namespace) -> int:
         stt = SttCore(resolve_checkpoint(args.stt_ckpt, None), device, args.batch, own_mimi=False)
     core = EngineCore(models, cfg, stt=stt)
     load_s = time.perf_counter() - t_load
+    # as the server does: compile and graph capture before the timed ticks; a failure to compile runs eager
+    warmup_s = warm_up_engine(core, 3)
     b = args.batch
     for s in range(b):
         core.attach(s)
@@ -158,6 +162,7 @@ def cmd_ticks(args: argparse.Namespace) -> int:
             (partial if is_partial else times).append(time.perf_counter() - t0)
     result = {
         "batch": b, "graphs": args.graphs, "stt": bool(args.stt_ckpt), "load_s": round(load_s, 2),
+        "warmup_s": round(warmup_s, 2), "compile": core.mode.compile, "compiled_graphs": compiled_graphs(),
         "tick_p50_ms": round(1e3 * float(np.percentile(times, 50)), 2),
         "tick_p99_ms": round(1e3 * float(np.percentile(times, 99)), 2),
         "partial_tick_p50_ms": round(1e3 * float(np.percentile(partial, 50)), 2) if partial else None,
