@@ -25,6 +25,12 @@ SDK's ``client.live.connect()``; each also appends a commentary every 2 s,
 and the server's commentary -> oracle FIFO latency is printed, target p99
 <= 10 ms), ``--protocol all`` the three one after the other against the
 same server, with a summary line per protocol.
+
+Each run also prints the server's CPU per thread (``kame_thread_cpu_seconds_total``, grouped by
+thread name: ``event_loop``, ``kame-engine``, ``kame-opus`` (WebRTC's codec), ``other`` for
+torch's own threads) as percent of one core per real-time session (CPU seconds over the seconds
+of audio the sessions received), so the host's share of N GPU sessions can be read off;
+``--cpu-json FILE`` appends it as one JSON line per protocol.
 """
 
 from __future__ import annotations
@@ -149,6 +155,23 @@ def histogram_sum(body: str, name: str) -> float:
                if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
+def thread_cpu(body: str) -> dict[str, float]:
+    """CPU seconds by thread group from a /metrics body (``kame_thread_cpu_seconds_total``)."""
+    out: dict[str, float] = {}
+    for line in body.splitlines():
+        if line.startswith("kame_thread_cpu_seconds_total{"):
+            out[line.split('thread="', 1)[1].split('"', 1)[0]] = float(line.split()[-1])
+    return out
+
+
+def cpu_per_session(before: str, after: str, session_s: float) -> dict[str, float]:
+    """Percent of one core per real-time session, by thread group, between two scrapes: CPU seconds
+    over ``session_s``, the seconds of audio the sessions received in between (a server that falls
+    behind real time serves less audio, so the wall time would understate a session's cost)."""
+    b, a = thread_cpu(before), thread_cpu(after)
+    return {k: 100 * (a[k] - b.get(k, 0.0)) / max(session_s, 1e-9) for k in sorted(a)}
+
+
 def steady_lateness(arrivals: list[float], after: float) -> list[float]:
     """Lateness against an 80 ms schedule anchored at the first frame that arrived after ``after``.
 
@@ -212,7 +235,7 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
     make = noise_audio if args.noise else speech_audio
     audio = [make(args.seconds, i) for i in range(args.sessions)]
     before = http_get(base, "/metrics", args.token)
-    t0 = time.monotonic()
+    t0 = t_scrape = time.monotonic()
     session = one_session
     if protocol == "realtime":  # /v1/realtime clients, same measurements (bench/realtime_load.py)
         from realtime_load import one_realtime_session as session  # type: ignore[assignment]
@@ -232,6 +255,11 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
     )
     wall = time.monotonic() - t0
     after = http_get(base, "/metrics", args.token)
+    scrape_wall = time.monotonic() - t_scrape
+    cpu: dict[str, float] = {}
+    session_s = sum(c.stats.audio_received_s for c in clients if c.stats.handshake_t is not None)
+    if after[0] == 200 and before[0] == 200 and session_s > 0:
+        cpu = cpu_per_session(before[1], after[1], session_s)
 
     print(f"# {args.sessions} sessions x {args.seconds:g} s, {args.chunk}-sample frames, total wall {wall:.1f} s")
     print("session  handshake  sent_s  recv_s    rtf  first_audio_ms  late_p50_ms  late_p99_ms  max_gap_ms  (at s)  close")
@@ -302,6 +330,15 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
             fifo = f"; commentary -> oracle FIFO p50 <= {1000 * (p50 or 0):.1f} ms p99 <= {1000 * (p99 or 0):.1f} ms ({n})"
             print(f"# commentary -> oracle FIFO (server side, {n} commentaries): p50 <= {1000 * (p50 or 0):.1f} ms, "
                   f"p99 <= {1000 * (p99 or 0):.1f} ms (target p99 <= 10 ms)")
+    if cpu:
+        print(f"# server CPU per real-time session (% of one core; {args.sessions} sessions = "
+              f"{session_s / scrape_wall:.1f} real-time sessions over {scrape_wall:.0f} s): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()) + f"; total {sum(cpu.values()):.2f}")
+        if args.cpu_json:
+            with open(args.cpu_json, "a") as f:
+                f.write(json.dumps({"protocol": protocol, "sessions": args.sessions, "rtf_min": round(min(rtfs), 3),
+                                    "realtime_sessions": round(session_s / scrape_wall, 2),
+                                    "cpu_pct_per_session": {k: round(v, 3) for k, v in cpu.items()}}) + "\n")
     print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     ok = min(rtfs) >= args.target_rtf and p99_steady < args.target_p99_ms and not failed
     print(f"# target rtf >= {args.target_rtf} and steady p99 < {args.target_p99_ms:g} ms: {'MET' if ok else 'MISSED'}")
@@ -327,6 +364,7 @@ def main() -> int:
                    help="What --protocol all runs, in order (e.g. realtime,webrtc to compare the two transports).")
     p.add_argument("--live-format", choices=("pcm24", "pcm16", "pcmu", "pcma"), default="pcm24",
                    help="Audio format of the Live sessions (both ways).")
+    p.add_argument("--cpu-json", default=None, help="Append the server's CPU per thread and session here (JSON lines).")
     p.add_argument("--target-rtf", type=float, default=0.98)
     p.add_argument("--target-p99-ms", type=float, default=80.0)
     return asyncio.run(run(p.parse_args()))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import soxr
 
 with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -109,6 +108,8 @@ class StreamResampler:
     def __init__(self, in_rate: int, out_rate: int, quality: str | None = None) -> None:
         if quality is None:
             quality = "LQ" if min(in_rate, out_rate) <= G711_RATE else "HQ"
+        import soxr  # here: the PCM helpers are imported by every wire, resampling by few (not the GPU check)
+
         self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=quality)
 
     def push(self, pcm: np.ndarray) -> np.ndarray:

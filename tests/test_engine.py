@@ -328,3 +328,47 @@ def test_cuda_graphs_setting_reaches_every_model_call(tiny_kame_ckpt: Path, grap
     core.tick({0: frames(1)[0]})
     assert seen == [graphs, graphs]
     assert moshi_compile._is_cuda_graph_enabled()  # nothing leaks out of the engine
+
+
+# --------------------------------------------------------------------------- freeing a batch's model
+
+
+def test_closed_engine_frees_its_model_without_a_garbage_collection(tiny_kame_ckpt: Path) -> None:
+    """A batch's model must go as soon as its engine is closed and dropped: GPU memory waits on no
+    full collection (the text-logits hook and moshi's graphed step held the LMGen in cycles)."""
+    import gc
+    import weakref
+
+    core = make_core(tiny_kame_ckpt, batch=2)
+    core.attach(0)
+    core.set_slot_sampling(0, 0.5, 5)  # the per-slot hook runs
+    for f in frames(4):
+        core.tick({0: f})
+    lm_ref, gen_ref, mimi_ref = weakref.ref(core.models.lm), weakref.ref(core.lm_gen), weakref.ref(core.models.mimi)
+    gc.disable()
+    try:
+        core.close()
+        del core
+        assert gen_ref() is None, "the LMGen outlived its closed engine (a reference cycle)"
+        assert lm_ref() is None and mimi_ref() is None, "the models outlived their closed engine"
+    finally:
+        gc.enable()
+
+
+def test_engine_hook_holds_its_engine_weakly(tiny_kame_ckpt: Path) -> None:
+    """Without close(), the LMGen's hook alone keeps no engine alive."""
+    import gc
+    import weakref
+
+    core = make_core(tiny_kame_ckpt, batch=1)
+    core.attach(0)
+    core.tick({0: frames(1)[0]})
+    gen = core.lm_gen
+    ref = weakref.ref(core)
+    gc.disable()
+    try:
+        del core
+        assert ref() is None
+        gen.on_text_logits_hook(torch.zeros(1, 1, 1, 8))  # a dead engine's hook is a no-op
+    finally:
+        gc.enable()

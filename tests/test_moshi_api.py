@@ -28,6 +28,7 @@ USED = {
     ],
     "moshi.modules.transformer": ["StreamingMultiheadAttention"],
     "moshi.quantization.core_vq": ["EuclideanCodebook"],
+    "moshi.modules.streaming": ["StreamingModule"],
 }
 LM_ATTRS = ["text_emb", "text_initial_token_id", "text_padding_token_id", "dtype", "state_dict", "load_state_dict"]
 LMGEN_METHODS = ["step", "reset_streaming", "set_exec_mask", "streaming_forever"]
@@ -51,6 +52,20 @@ def test_symbols_exist() -> None:
         *(f"out_projs.{i}.weight" for i in range(3)),
         *(f"in_projs.{i}.weight" for i in range(3)),
     ]
+
+
+def test_streaming_internals_the_engine_frees_exist() -> None:
+    """EngineCore lists streaming children beforehand and drops streaming states at close
+    (kame/frontend/engine.py): moshi's private names it sets must keep their meaning."""
+    from moshi.modules.streaming import StreamingModule
+    from moshi.modules.transformer import StreamingMultiheadAttention
+
+    attn = StreamingMultiheadAttention(8, 2, context=4)
+    assert isinstance(attn, StreamingModule)
+    assert attn._cached_children is None and attn._streaming_state is None and attn._streaming_detached is False
+    assert callable(StreamingModule._apply_named_streaming)
+    attn.streaming_forever(1)
+    assert attn._cached_children == [("", attn)] and attn._streaming_state is not None
 
 
 def test_every_moshi_import_is_listed() -> None:

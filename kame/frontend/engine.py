@@ -22,8 +22,9 @@ through the text-logits hook: logits are rescaled by
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,81 @@ def resolve_sampling(cfg: FrontendConfig, lm_gen_config: Mapping[str, Any]) -> d
     return out
 
 
+def _streaming_children(root: Any) -> list[tuple[str, Any]]:
+    """The (name, module) pairs moshi's ``StreamingModule._apply_named_streaming`` caches for ``root``:
+    the streaming modules below it, pre-order, not entering those detached from their parent."""
+    from moshi.modules.streaming import StreamingModule
+
+    out: list[tuple[str, Any]] = []
+    stack: list[tuple[str, Any]] = [("", root)]
+    while stack:
+        prefix, module = stack.pop()
+        if isinstance(module, StreamingModule):
+            if module._streaming_detached and prefix != "":
+                continue
+            out.append((prefix, module))
+        children = [(f"{prefix}.{name}" if prefix else name, child) for name, child in module.named_children()]
+        stack.extend(reversed(children))
+    return out
+
+
+class _ApplyToCachedChildren:
+    """moshi's ``_apply_named_streaming`` of one module, over its children listed beforehand.
+
+    moshi's own version defines, at every call, a recursive local function that
+    refers to itself and to the module: garbage that holds the module (and so
+    the model's weights) until the collector runs. This one makes none and
+    holds its module weakly.
+    """
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: Any) -> None:
+        self._module = weakref.ref(module)
+
+    def __call__(self, fn: Callable[[str, Any], None]) -> None:
+        module = self._module()
+        if module is not None:
+            for name, child in module._cached_children:
+                fn(name, child)
+
+
+def prime_streaming_children(root: Any) -> None:
+    """List every streaming module's streaming children under ``root`` once, and step them without
+    moshi's self-referencing local function (see :class:`_ApplyToCachedChildren`)."""
+    from moshi.modules.streaming import StreamingModule
+
+    for module in root.modules():
+        if isinstance(module, StreamingModule) and module._cached_children is None:
+            module._cached_children = _streaming_children(module)
+            object.__setattr__(module, "_apply_named_streaming", _ApplyToCachedChildren(module))
+
+
+def end_streaming(root: Any) -> None:
+    """Drop the streaming state of every streaming module under ``root`` (detached ones too: the LM under
+    its LMGen, the depformer) and the lists of :func:`prime_streaming_children`: states hold graphed
+    closures of their own module, and each list holds its own module, cycles both."""
+    from moshi.modules.streaming import StreamingModule
+
+    for module in root.modules():
+        if isinstance(module, StreamingModule):
+            module._streaming_state = None
+            module._cached_children = None
+            module.__dict__.pop("_apply_named_streaming", None)
+
+
+def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+    """``method`` through a weak reference: the LMGen that calls it must not keep its engine alive."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(logits: torch.Tensor) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(logits)
+
+    return hook
+
+
 class EngineCore:
     """Mimi + LM in streaming mode for ``batch_size`` slots, plus their oracle FIFOs."""
 
@@ -120,12 +196,11 @@ class EngineCore:
             top_k=self.sampling["top_k"],
             top_k_text=self.sampling["top_k_text"],
             support_out_of_sync=True,
-            on_text_logits_hook=self._text_logits_hook,
+            on_text_logits_hook=_weak_hook(self._text_logits_hook),
         )
         self.mode = MoshiMode(compile=resolve_compile(cfg.compile, self.device.type), cuda_graphs=cfg.cuda_graphs)
         if self.mode.compile:
             make_kernels_compilable()
-        self._compile_guard = self._gate()
         self.stt = stt
         if stt is not None:
             stt.mode = self.mode  # stepped inside this engine's calls: one mode for both
@@ -152,24 +227,23 @@ class EngineCore:
         self._lm_mask: torch.Tensor | None = None
         self.ticks = 0
         self.log_step_errors = True  #: off while a warm-up handles a failure itself (compile fallback)
+        prime_streaming_children(self.lm_gen)
+        prime_streaming_children(models.mimi)
         with self._compile_guard():
             models.mimi.streaming_forever(self.batch_size)
             self.lm_gen.streaming_forever(self.batch_size)
 
     # ------------------------------------------------------------------ set-up helpers
-    def _gate(self) -> Any:
+    def _compile_guard(self) -> Any:
         """The context every model call runs in: alone in moshi, with this engine's :class:`MoshiMode`.
 
         ``frontend.compile`` decides whether moshi's kernels compile and
         ``frontend.cuda_graphs: false`` turns moshi's CUDA graphs off; both
         are process globals in moshi read at each call, so they are set
-        around every call (see :mod:`kame.frontend.moshi_gate`).
+        around every call (see :mod:`kame.frontend.moshi_gate`). A method, not
+        a closure kept on the engine: that would hold the engine in a cycle.
         """
-
-        def guard() -> Any:
-            return moshi_call(self.mode)
-
-        return guard
+        return moshi_call(self.mode)
 
     def disable_compile(self) -> None:
         """Run eager from now on (compiling failed); a shared STT follows."""
@@ -180,6 +254,23 @@ class EngineCore:
     @property
     def mimi(self) -> Any:
         return self.models.mimi
+
+    def close(self) -> None:
+        """End streaming on the LM, Mimi and a shared STT, so that the models can be freed at once.
+
+        moshi's streaming state holds the CUDA-graphed bound methods of its own
+        module (``LMGen.depformer_step``), and each streaming module lists
+        itself among its cached streaming children: cycles that only a full
+        garbage collection breaks, which ``torch.cuda.empty_cache()`` does not
+        wait for. Dropping both breaks them; the engine is unusable afterwards.
+        """
+        with self._compile_guard():
+            for module in (self.lm_gen, self.mimi, *((self.stt.gen, self.stt.mimi) if self.stt is not None else ())):
+                if module is not None:
+                    end_streaming(module)
+        self._stt_lag.clear()
+        for state in self.slots:
+            state.attached = False
 
     # ------------------------------------------------------------------ slot lifecycle
     def attach(self, slot: int) -> None:

@@ -20,6 +20,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kame.server.telemetry.threads import ThreadCpuCollector
+
 if TYPE_CHECKING:  # both pull in torch; metrics must stay importable without it
     from kame.backend.speculation import ToolCallEvent
     from kame.backend.stats import BackendEvent
@@ -42,6 +44,7 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        r.register(ThreadCpuCollector())
         self.sessions_active = Gauge("kame_sessions_active", "Sessions holding an engine slot now.", registry=r)
         self.sessions_max = Gauge("kame_sessions_max", "Session cap (engine slots).", registry=r)
         self.ready = Gauge("kame_ready", "1 once models are loaded and warmed up.", registry=r)
