@@ -203,6 +203,46 @@ def test_speech_cancels_the_open_response_with_interrupt_response() -> None:
     assert got[-1]["response"]["status_details"]["reason"] == "turn_detected"
 
 
+def _barged_in(create_response: bool) -> Client:
+    """Moshi talks, the user speaks over it (interrupt_response): cancelled, and Moshi never goes quiet."""
+    c = Client(RealtimeWire(INFO, SessionSettings(interrupt_response=True, create_response=create_response)))
+    c.frames(LOUD, 3, "\u2581Hi")
+    c.event(pe.SpeechStarted(utterance=1, audio_s=1.0))
+    c.event(pe.AnswerCancelled(reason="turn_detected"))
+    assert c.frames(LOUD, 5, "\u2581more") == []  # steps 4..8: withheld
+    return c
+
+
+def test_the_users_committed_turn_ends_what_a_cancel_withheld() -> None:
+    """With create_response the committed turn is answered: Moshi's next words are its response, even from a
+    Moshi that never goes quiet for the end gap (docs/protocol.md 3.7)."""
+    c = _barged_in(create_response=True)
+    got = c.event(pe.SpeechStopped(utterance=1, audio_s=2.0))
+    assert "input_audio_buffer.committed" in c.types(got)
+    after = c.frames(LOUD, 2, "\u2581Sure")
+    assert c.types(after)[:2] == ["response.created", "response.output_item.added"]
+    assert "response.output_audio.delta" in c.types(after)
+    forget = [k for k in c.commands if isinstance(k, sc.ForgetSpeech)]
+    assert [(f.start_step, f.end_step) for f in forget] == [(4, 9)]  # the withheld words, never heard
+    _check_one_response_at_a_time(c.events)
+
+
+def test_a_final_without_speech_stopped_commits_and_ends_what_was_withheld() -> None:
+    c = _barged_in(create_response=True)
+    got = c.event(pe.UserFinal(utterance=1, audio_s=2.0, text="wait"))
+    assert "input_audio_buffer.committed" in c.types(got)
+    assert c.types(c.frames(LOUD, 1, "\u2581Sure"))[0] == "response.created"
+
+
+def test_without_create_response_a_commit_keeps_withholding() -> None:
+    """No response follows the commit by itself: the withheld audio waits for response.create or the end gap."""
+    c = _barged_in(create_response=False)
+    c.event(pe.SpeechStopped(utterance=1, audio_s=2.0))
+    assert c.frames(LOUD, 5, "\u2581more") == []
+    c.send({"type": "response.create"})
+    assert "response.output_item.added" in c.types(c.frames(LOUD, 1, "\u2581Sure"))
+
+
 def test_a_function_call_is_the_last_item_of_the_response_in_progress() -> None:
     c = Client(RealtimeWire(INFO, SessionSettings()))
     c.frames(LOUD, 3, "\u2581Let")

@@ -90,8 +90,9 @@ class AssistantTurns:
     Moshi in full and the end gap has passed (Moshi may go on talking: that
     is a new response), or after :data:`REQUEST_WAIT_FRAMES` if no answer
     reached Moshi at all. ``response.cancel`` ends it ``cancelled`` and withholds Moshi's
-    remaining audio until it has been silent for the end gap or a response
-    is requested. A function call is an output item of the open response,
+    remaining audio until it has been silent for the end gap, a response is
+    requested, or the wire releases it (:meth:`release`: the user's turn was
+    committed and will be answered). A function call is an output item of the open response,
     which then ends.
     """
 
@@ -216,6 +217,12 @@ class AssistantTurns:
         if not self.withholding:
             self.withholding, self._withheld_quiet, self._withheld_from = True, 0, None
         return self.close("cancelled", reason)
+
+    def release(self) -> None:
+        """Audio withheld after a cancel ends now: the next frame is sent (the user's turn was committed and
+        the server answers it, so what Moshi says from here on is that answer, even from a model that never
+        goes quiet for the end gap)."""
+        self._stop_withholding(self._step + 1)
 
     def take_unheard(self) -> list[tuple[int, int]]:
         """The step ranges withheld since the last call (see :attr:`unheard`)."""
