@@ -35,6 +35,8 @@ def test_a_plain_moshi_url_keeps_kames_messages_and_the_servers_instructions() -
     quiet = ChatParams.parse({"text_prompt": " ", "voice_prompt": "", "seed": "-1"})
     assert quiet == ChatParams(kame_messages=False) and quiet.notices() == []
     assert ChatParams.parse({**PERSONAPLEX, "kame_messages": "1"}).kame_messages
+    # PersonaPlex's own wrapping of the persona is its speech model's format, not the back-end's
+    assert ChatParams.parse({"text_prompt": "<system> You are a pirate. <system>"}).text_prompt == "You are a pirate."
     assert not ChatParams.parse({"kame_messages": "0"}).kame_messages
 
 

@@ -30,6 +30,8 @@ from kame.session.settings import SessionSettings
 MAX_TEXT_PROMPT_CHARS = 20_000
 #: Longest ``voice_prompt`` name.
 MAX_VOICE_PROMPT_CHARS = 256
+#: How PersonaPlex's speech model marks its system prompt (both ends).
+SYSTEM_TAG = "<system>"
 #: PersonaPlex's ``seed`` value for "no seed".
 NO_SEED = -1
 
@@ -68,8 +70,9 @@ class ChatParams:
         if raw not in ("", "0", "1", "true", "false"):
             raise ParamError("query parameter kame_messages: expected 0 or 1")
         messages = (raw in ("1", "true")) if raw else not persona_client
+        persona = _without_system_tags(text) if text is not None else ""
         return cls(
-            text_prompt=text if text is not None and text.strip() else None,
+            text_prompt=persona or None,
             seed=seed,
             voice_prompt=voice or None,
             kame_messages=messages,
@@ -89,6 +92,15 @@ class ChatParams:
             out.append("seed accepted, not applied: the engine samples every session in one batch with one generator, "
                        "so a session cannot have a seed of its own")
         return out
+
+
+def _without_system_tags(text: str) -> str:
+    """A persona without the ``<system> ... <system>`` wrapping of PersonaPlex's speech model (its server adds it
+    when missing, so a client may send it either way); the back-end reads plain instructions."""
+    cleaned = text.strip()
+    if cleaned.startswith(SYSTEM_TAG) and cleaned.endswith(SYSTEM_TAG) and len(cleaned) >= 2 * len(SYSTEM_TAG):
+        cleaned = cleaned[len(SYSTEM_TAG):-len(SYSTEM_TAG)].strip()
+    return cleaned
 
 
 def _seed(raw: str | None) -> int | None:
