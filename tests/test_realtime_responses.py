@@ -234,6 +234,32 @@ def test_a_final_without_speech_stopped_commits_and_ends_what_was_withheld() -> 
     assert c.types(c.frames(LOUD, 1, "\u2581Sure"))[0] == "response.created"
 
 
+def test_a_typed_user_message_ends_moshis_unrequested_response_but_not_a_requested_one() -> None:
+    """A typed turn is a user turn: Moshi's next words are a new response, so a client that waits for the
+    response in progress to end before its response.create (the Agents SDK) does not wait for Moshi to go quiet."""
+    c = Client(RealtimeWire(INFO, SessionSettings()))
+    c.frames(LOUD, 3, "\u2581Hi")
+    message = {"type": "conversation.item.create",
+               "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a joke"}]}}
+    got = c.send(message)
+    assert c.types(got)[:2] == ["conversation.item.added", "conversation.item.done"]
+    assert got[-1]["type"] == "response.done" and got[-1]["response"]["status"] == "completed"
+    # Moshi's audio is held for the client's response.create, at most the end gap (steps 4..13)
+    assert c.frames(LOUD, 10, "\u2581So") == []
+    assert c.types(c.frames(LOUD, 1, "\u2581So"))[0] == "response.created"
+    assert [(f.start_step, f.end_step) for f in c.commands if isinstance(f, sc.ForgetSpeech)] == [(4, 14)]
+    # a response.create ends the hold at once, and a requested response goes on after another message
+    c.frames(QUIET, 10)
+    c.frames(LOUD, 1, "\u2581Hi")
+    c.send(message)
+    assert c.frames(LOUD, 2, "\u2581So") == []
+    c.send({"type": "response.create"})
+    assert "response.output_audio.delta" in c.types(c.frames(LOUD, 1, "\u2581Sure"))
+    assert "response.done" not in c.types(c.send(message))
+    assert "response.output_audio.delta" in c.types(c.frames(LOUD, 1, "\u2581Sure"))
+    _check_one_response_at_a_time(c.events)
+
+
 def test_without_create_response_a_commit_keeps_withholding() -> None:
     """No response follows the commit by itself: the withheld audio waits for response.create or the end gap."""
     c = _barged_in(create_response=False)

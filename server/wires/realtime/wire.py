@@ -190,6 +190,8 @@ class RealtimeWire(Wire):
             {"type": "conversation.item.added", "previous_item_id": previous, "item": command.item},
             {"type": "conversation.item.done", "previous_item_id": previous, "item": dict(command.item)},
         ]
+        if command.item.get("role") == "user":  # a typed turn: Moshi's next words are a new response
+            events += self.assistant.typed_turn()
         return [Reply(self._out(events)), ConversationIn(sc.AddContext(command.context))]
 
     # ------------------------------------------------------------------ the client's turns (docs/protocol.md 3.5)
