@@ -203,6 +203,72 @@ def test_speech_cancels_the_open_response_with_interrupt_response() -> None:
     assert got[-1]["response"]["status_details"]["reason"] == "turn_detected"
 
 
+def _barged_in(create_response: bool) -> Client:
+    """Moshi talks, the user speaks over it (interrupt_response): cancelled, and Moshi never goes quiet."""
+    c = Client(RealtimeWire(INFO, SessionSettings(interrupt_response=True, create_response=create_response)))
+    c.frames(LOUD, 3, "\u2581Hi")
+    c.event(pe.SpeechStarted(utterance=1, audio_s=1.0))
+    c.event(pe.AnswerCancelled(reason="turn_detected"))
+    assert c.frames(LOUD, 5, "\u2581more") == []  # steps 4..8: withheld
+    return c
+
+
+def test_the_users_committed_turn_ends_what_a_cancel_withheld() -> None:
+    """With create_response the committed turn is answered: Moshi's next words are its response, even from a
+    Moshi that never goes quiet for the end gap (docs/protocol.md 3.7)."""
+    c = _barged_in(create_response=True)
+    got = c.event(pe.SpeechStopped(utterance=1, audio_s=2.0))
+    assert "input_audio_buffer.committed" in c.types(got)
+    after = c.frames(LOUD, 2, "\u2581Sure")
+    assert c.types(after)[:2] == ["response.created", "response.output_item.added"]
+    assert "response.output_audio.delta" in c.types(after)
+    forget = [k for k in c.commands if isinstance(k, sc.ForgetSpeech)]
+    assert [(f.start_step, f.end_step) for f in forget] == [(4, 9)]  # the withheld words, never heard
+    _check_one_response_at_a_time(c.events)
+
+
+def test_a_final_without_speech_stopped_commits_and_ends_what_was_withheld() -> None:
+    c = _barged_in(create_response=True)
+    got = c.event(pe.UserFinal(utterance=1, audio_s=2.0, text="wait"))
+    assert "input_audio_buffer.committed" in c.types(got)
+    assert c.types(c.frames(LOUD, 1, "\u2581Sure"))[0] == "response.created"
+
+
+def test_a_typed_user_message_ends_moshis_unrequested_response_but_not_a_requested_one() -> None:
+    """A typed turn is a user turn: Moshi's next words are a new response, so a client that waits for the
+    response in progress to end before its response.create (the Agents SDK) does not wait for Moshi to go quiet."""
+    c = Client(RealtimeWire(INFO, SessionSettings()))
+    c.frames(LOUD, 3, "\u2581Hi")
+    message = {"type": "conversation.item.create",
+               "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a joke"}]}}
+    got = c.send(message)
+    assert c.types(got)[:2] == ["conversation.item.added", "conversation.item.done"]
+    assert got[-1]["type"] == "response.done" and got[-1]["response"]["status"] == "completed"
+    # Moshi's audio is held for the client's response.create, at most the end gap (steps 4..13)
+    assert c.frames(LOUD, 10, "\u2581So") == []
+    assert c.types(c.frames(LOUD, 1, "\u2581So"))[0] == "response.created"
+    assert [(f.start_step, f.end_step) for f in c.commands if isinstance(f, sc.ForgetSpeech)] == [(4, 14)]
+    # a response.create ends the hold at once, and a requested response goes on after another message
+    c.frames(QUIET, 10)
+    c.frames(LOUD, 1, "\u2581Hi")
+    c.send(message)
+    assert c.frames(LOUD, 2, "\u2581So") == []
+    c.send({"type": "response.create"})
+    assert "response.output_audio.delta" in c.types(c.frames(LOUD, 1, "\u2581Sure"))
+    assert "response.done" not in c.types(c.send(message))
+    assert "response.output_audio.delta" in c.types(c.frames(LOUD, 1, "\u2581Sure"))
+    _check_one_response_at_a_time(c.events)
+
+
+def test_without_create_response_a_commit_keeps_withholding() -> None:
+    """No response follows the commit by itself: the withheld audio waits for response.create or the end gap."""
+    c = _barged_in(create_response=False)
+    c.event(pe.SpeechStopped(utterance=1, audio_s=2.0))
+    assert c.frames(LOUD, 5, "\u2581more") == []
+    c.send({"type": "response.create"})
+    assert "response.output_item.added" in c.types(c.frames(LOUD, 1, "\u2581Sure"))
+
+
 def test_a_function_call_is_the_last_item_of_the_response_in_progress() -> None:
     c = Client(RealtimeWire(INFO, SessionSettings()))
     c.frames(LOUD, 3, "\u2581Let")

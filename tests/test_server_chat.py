@@ -7,7 +7,9 @@ at real time, as a microphone would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from urllib.parse import quote, urlencode
 
 import numpy as np
 import pytest
@@ -250,6 +252,60 @@ def test_one_server_info_message_right_after_the_handshake(server: ServerProcess
     assert info["lm_model_file"] == "tiny:0"
     assert "/" not in info["lm_model_file"]
     assert rest and {m[0] for m in rest} <= {0x01, 0x02}
+
+
+PERSONAPLEX_QUERY = {"voice_prompt": "NATF2.pt", "text_prompt": "You are a terse submarine captain.", "seed": "42"}
+
+
+def _first_messages(server: ServerProcess, query: dict[str, str], seconds: float = 1.0) -> list[bytes]:
+    """Every message of a session that sends a second of silence, then closes."""
+    import websockets
+
+    async def main() -> list[bytes]:
+        async with websockets.connect(server.ws_url + "?" + urlencode(query, quote_via=quote)) as ws:
+            got = [bytes(await asyncio.wait_for(ws.recv(), 15))]
+            import sphn
+
+            writer = sphn.OpusStreamWriter(24000)
+            for _ in range(int(seconds / 0.08)):
+                ogg = writer.append_pcm(np.zeros(1920, np.float32))
+                if ogg:
+                    await ws.send(b"\x01" + ogg)
+                await asyncio.sleep(0.08)
+            with contextlib.suppress(asyncio.TimeoutError):
+                while True:
+                    got.append(bytes(await asyncio.wait_for(ws.recv(), 0.2)))
+            return got
+
+    return asyncio.run(main())
+
+
+def test_a_personaplex_client_gets_only_the_kinds_it_knows(server: ServerProcess) -> None:
+    """LiveKit's NVIDIA plugin knows 0x00-0x02 only: its URL (voice_prompt, text_prompt, seed) is accepted,
+    and neither the 0x04 server info nor the 0x05 notices reach it."""
+    got = _first_messages(server, PERSONAPLEX_QUERY)
+    assert got[0] == b"\x00"
+    assert len(got) > 5 and {m[0] for m in got} <= {0x00, 0x01, 0x02}, sorted({m[0] for m in got})
+
+
+def test_kame_messages_brings_the_server_info_and_one_notice_per_unused_parameter(server: ServerProcess) -> None:
+    got = _first_messages(server, {**PERSONAPLEX_QUERY, "kame_messages": "1"}, seconds=0.3)
+    assert got[0] == b"\x00" and got[1][0] == 0x04
+    notices = [m[1:].decode() for m in got if m[0] == 0x05]
+    assert len(notices) == 2, notices
+    assert "voice_prompt 'NATF2.pt'" in notices[0] and "no voice prompts" in notices[0]
+    assert notices[1].startswith("seed accepted, not applied")
+
+
+def test_a_bad_seed_refuses_the_session_with_the_reason(server: ServerProcess) -> None:
+    async def main() -> MoshiClient:
+        client = await MoshiClient.connect(server.ws_url, query={"seed": "lucky", "text_prompt": "hi"})
+        await client.wait_closed(10)
+        return client
+
+    client = asyncio.run(main())
+    assert client.close_code == 1008
+    assert client.errors == ["query parameter seed: expected an integer"]
 
 
 def test_a_refused_session_gets_the_reason_as_text_before_the_close(server: ServerProcess) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fastapi import WebSocket
@@ -24,7 +24,7 @@ from starlette import status
 
 from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.access.ephemeral import is_ephemeral
-from kame.server.access.params import ParamError, QueryParams, parse_session_params
+from kame.server.access.params import ParamError, ParseWireParams, QueryParams, WireParams, parse_session_params
 from kame.server.runtime.end import DRAIN_REASON, close_reason
 from kame.server.telemetry.logs import SessionLogger, session_logger
 
@@ -45,6 +45,8 @@ class Admitted:
     params: QueryParams
     #: The ``ek_`` key's grant when one admitted the session.
     grant: EphemeralGrant | None = None
+    #: The wire's own query parameters (``admit``'s ``wire_params``), None where the wire reads none.
+    wire_params: WireParams | None = None
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,
@@ -59,8 +61,10 @@ async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: 
 
 
 async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_reason: bool = False,
-                ephemeral: bool = False) -> Admitted | None:
+                ephemeral: bool = False, wire_params: ParseWireParams | None = None) -> Admitted | None:
     """Accept ``ws`` and run the checks; None when it was refused (and closed).
+
+    ``wire_params`` parses the wire's own query parameters, checked with the others.
 
     ``send_reason``: every refusal's reason goes out through ``send_error``
     before the close, not only errors (``/api/chat``: a 0x05 message).
@@ -105,6 +109,7 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
             backends=host.backend_names() if host.backends is not None else None,
             mcp_servers=host.tools.mcp_server_names if host.tools is not None else (),
         )
+        extra = wire_params(ws.query_params) if wire_params is not None else None
     except ParamError as exc:
         log.info("refused: %s", exc, extra={"peer": peer})
         await no("bad_params", status.WS_1008_POLICY_VIOLATION, "invalid query parameter", error=str(exc))
@@ -113,4 +118,6 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         log.info("refused: server full", extra={"peer": peer})
         await no("full", status.WS_1013_TRY_AGAIN_LATER, "server full, retry later")
         return None
-    return Admitted(session_id=session_id, log=log, peer=peer, params=params, grant=grant)
+    if extra is not None:
+        params = replace(params, ignored=tuple(k for k in params.ignored if k not in extra.known))
+    return Admitted(session_id=session_id, log=log, peer=peer, params=params, grant=grant, wire_params=extra)

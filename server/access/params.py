@@ -8,13 +8,16 @@ session (``text_temperature``, ``text_topk``); ``audio_temperature``,
 ``oracle_policy`` choose the LLM back-end and the answer-switch policy;
 ``mcp_servers`` (comma-separated names) enables operator-configured MCP
 servers for the session (names only: a client cannot add a server).
+A wire may read parameters of its own (:class:`WireParams`, e.g. ``/api/chat``'s
+``text_prompt``), checked at admission like these.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 from kame.session.settings import ORACLE_POLICIES, SessionSettings
 
@@ -46,6 +49,17 @@ class QueryParams:
 
     settings: SessionSettings = field(default_factory=SessionSettings)
     ignored: tuple[str, ...] = field(default_factory=tuple)
+
+
+class WireParams(Protocol):
+    """A wire's own query parameters, parsed at admission (a bad value refuses the session as ``bad_params``)."""
+
+    #: The names it reads (not reported as ignored).
+    known: ClassVar[frozenset[str]]
+
+
+#: Parses a wire's own parameters from the query string, or raises :class:`ParamError`.
+ParseWireParams = Callable[[Mapping[str, str]], WireParams]
 
 
 def _float(name: str, raw: str, lo: float, hi: float) -> float:

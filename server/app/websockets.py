@@ -15,6 +15,7 @@ from kame.server.runtime.route import WireRoute
 from kame.server.runtime.wire import Wire
 from kame.server.wires.live import wire as live
 from kame.server.wires.moshi import wire as moshi
+from kame.server.wires.moshi.params import ChatParams
 from kame.server.wires.realtime import wire as realtime
 from kame.session.responses.backend import ResponsesOffer, responses_offer
 from kame.session.settings import SessionSettings
@@ -33,11 +34,16 @@ def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
 
     from kame.server.wires.moshi.server_info import session_server_info
 
-    settings = replace(admitted.params.settings, record=_recording(state))
+    params = admitted.wire_params if isinstance(admitted.wire_params, ChatParams) else ChatParams()
+    settings = params.apply(replace(admitted.params.settings, record=_recording(state)))
     info = session_server_info(state.host, settings)
     vocab = state.host.models.vocab if state.host.models is not None else MOSHI_VOCAB
+    notices = params.notices()
+    for notice in notices:
+        admitted.log.info("chat parameter: %s", notice)
     wire = moshi.MoshiWire(state.host.sample_rate, state.host.frame_size, server_info=info,
-                           max_duration_s=state.cfg.server.max_duration_s, vocab=vocab)
+                           max_duration_s=state.cfg.server.max_duration_s, vocab=vocab,
+                           kame_messages=params.kame_messages, notices=notices)
     return wire, settings
 
 
@@ -78,7 +84,8 @@ async def realtime_sideband(ws: WebSocket) -> bool:
     return True
 
 
-CHAT = WireRoute(protocol=moshi.PROTOCOL, path=moshi.PATH, open=open_chat, refusal=moshi.refusal, send_reason=True)
+CHAT = WireRoute(protocol=moshi.PROTOCOL, path=moshi.PATH, open=open_chat, refusal=moshi.refusal, send_reason=True,
+                 params=ChatParams.parse)
 REALTIME = WireRoute(
     protocol=realtime.PROTOCOL,
     path=realtime.PATH,

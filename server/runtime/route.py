@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, WebSocket
 
 from kame.server.access.admission import Admitted, admit
+from kame.server.access.params import ParseWireParams
 from kame.server.runtime.session import SessionRuntime
 from kame.server.runtime.wire import Outgoing, Wire
 from kame.session.settings import SessionSettings
@@ -48,6 +49,8 @@ class WireRoute:
     ephemeral_keys: bool = False
     #: A request this serves itself instead of a session (``/v1/realtime?call_id=``): True when it did.
     sideband: Callable[[WebSocket], Awaitable[bool]] | None = None
+    #: The wire's own query parameters, checked at admission (``Admitted.wire_params``).
+    params: ParseWireParams | None = None
 
 
 async def serve(ws: WebSocket, route: WireRoute) -> None:
@@ -59,7 +62,8 @@ async def serve(ws: WebSocket, route: WireRoute) -> None:
 
     if route.sideband is not None and await route.sideband(ws):
         return
-    admitted = await admit(ws, state, send_error, send_reason=route.send_reason, ephemeral=route.ephemeral_keys)
+    admitted = await admit(ws, state, send_error, send_reason=route.send_reason, ephemeral=route.ephemeral_keys,
+                           wire_params=route.params)
     if admitted is None:
         return
     wire, settings = route.open(state, admitted, ws)

@@ -38,3 +38,33 @@ def test_livekit_realtime_session(kame_server: ServerProcess, llm_backend: LlmSe
     audio_s, rtf = run.reply_rtf()
     print(f"{run.report_name}: reply audio {audio_s:.1f} s at RTF {rtf:.3f}, {sum(run.events.values())} server events")
     assert audio_s > 2.0 and rtf >= 0.98, (audio_s, rtf)
+
+
+#: From a user turn's end: time for the end of turn to be detected, then how long its reply is measured.
+SETTLE_S = 2.0
+REPLY_WINDOW_S = 4.5
+
+
+def test_livekit_a_reply_after_every_user_turn(kame_server: ServerProcess, llm_backend: LlmServer,
+                                               question_audio: Path, tmp_path: Path) -> None:
+    """LiveKit's default session (semantic_vad, interrupt_response, create_response): the user speaks over the
+    greeting, then two more turns, one calling a function answered as AgentSession does (interrupt() then
+    generate_reply()). After each turn's end the reply audio covers at least 0.8 of real time: what a cancel
+    withheld ends when the user's turn is committed, even from a Moshi that never goes quiet."""
+    llm_backend.reset()
+    llm_backend.responder = llm
+    run = run_driver("livekit", "drive_livekit_turns.py", kame_server, question_audio, tmp_path, seconds=50)
+    assert run.errors == [], run.errors
+    assert "timeout" not in run.report["notes"], run.report
+    notes = run.report["notes"]
+    assert "cancelled" in notes["responses"], notes["responses"]  # the barge-in on the greeting
+    assert run.report["tool_runs"] == [{"name": "get_weather", "city": "Paris"}], run.report["tool_runs"]
+    ends = notes["turn_ends"]
+    assert len(ends) == 3, ends
+    coverage = []
+    for end in ends:
+        start, stop = end + SETTLE_S, end + SETTLE_S + REPLY_WINDOW_S
+        audio = sum(seconds for t, seconds in run.report["audio"] if start <= t < stop)
+        coverage.append(round(audio / REPLY_WINDOW_S, 3))
+    print(f"{run.report_name}: reply audio after each turn covers {coverage} of real time")
+    assert all(c >= 0.8 for c in coverage), coverage

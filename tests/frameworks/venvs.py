@@ -26,7 +26,7 @@ from pathlib import Path
 #: What each framework's environment holds (exact versions of the frameworks the tests are written for).
 PINS: dict[str, tuple[str, ...]] = {
     "openai-agents": ("openai-agents==0.24.0", "websockets>=15,<17"),
-    "livekit": ("livekit-agents==1.8.9", "livekit-plugins-openai==1.8.9"),
+    "livekit": ("livekit-agents==1.8.9", "livekit-plugins-openai==1.8.9", "livekit-plugins-nvidia[personaplex]==1.8.9"),
     "pipecat": ("pipecat-ai[openai]==1.14.0",),
 }
 MARKER = ".kame-complete"

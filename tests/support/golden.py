@@ -288,25 +288,35 @@ def realtime_log(events: list[dict[str, Any]], n: Normaliser | None = None) -> l
 MOSHI_WORDS = "<moshi's words>"
 
 
-def llm_requests(llm: LlmServer, n: Normaliser | None = None, *, moshi_words: bool = False) -> list[dict[str, Any]]:
+def llm_requests(llm: LlmServer, n: Normaliser | None = None, *, moshi_words: bool = False,
+                 drop_moshi_words: bool = False) -> list[dict[str, Any]]:
     """What the back-end was asked, in order: the chat requests' messages, tools and tool choice (ids and
     times normalised): the answer-making that issue 26 moves must ask the same.
 
     ``moshi_words``: the history's assistant messages without tool calls are what Moshi said (Realtime
     keeps the spoken transcript as the assistant's turns), made up by the random tiny model and cut where
-    the clock put the user's turn: each run of them becomes one ``MOSHI_WORDS`` message."""
+    the clock put the user's turn: each run of them becomes one ``MOSHI_WORDS`` message.
+    ``drop_moshi_words``: whether there are any is the clock's too (after a cancel, the words Moshi said
+    while its audio was withheld leave the history when the user's turn is committed, unless Moshi was
+    quiet for the end gap before and spoke again): they are left out, and the messages of one role they
+    separated are joined as the prompt joins them (one space)."""
     n = n or Normaliser()
     out: list[dict[str, Any]] = []
     for rec in llm.chat_requests():
         body: dict[str, Any] = rec.body if isinstance(rec.body, dict) else {}
         request = {k: body.get(k) for k in ("messages", "tools", "tool_choice") if body.get(k) is not None}
-        if moshi_words:
+        if moshi_words or drop_moshi_words:
             messages: list[Any] = []
             for m in request.get("messages") or []:
                 if isinstance(m, dict) and m.get("role") == "assistant" and not m.get("tool_calls"):
-                    if messages and messages[-1] == {"role": "assistant", "content": MOSHI_WORDS}:
+                    if drop_moshi_words or (messages and messages[-1] == {"role": "assistant", "content": MOSHI_WORDS}):
                         continue
                     m = {"role": "assistant", "content": MOSHI_WORDS}
+                last = messages[-1] if messages else None
+                if (drop_moshi_words and isinstance(m, dict) and isinstance(last, dict) and set(m) == set(last)
+                        == {"role", "content"} and m["role"] == last["role"] and isinstance(m["content"], str)):
+                    messages[-1] = {"role": m["role"], "content": f"{last['content']} {m['content']}"}
+                    continue
                 messages.append(m)
             request["messages"] = messages
         out.append({"llm_request": n.value("", request)})

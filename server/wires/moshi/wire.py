@@ -5,16 +5,20 @@ Ogg/Opus audio is decoded to 80 ms frames; 0x03 control, 0x04 metadata, 0x06
 ping and a client 0x00 are accepted and ignored; anything else breaks the
 protocol and ends the session (1002/1003, a 0x05 error first), as does
 corrupt audio (1007). Server messages: 0x00 handshake once the pipeline is
-ready, then one 0x04 server-info message (:mod:`kame.server.wires.moshi.server_info`),
+ready, then one 0x04 server-info message (:mod:`kame.server.wires.moshi.server_info`)
+and the 0x05 notices about the URL's parameters (:mod:`kame.server.wires.moshi.params`),
 0x02 text piece then 0x01 Ogg/Opus audio per output frame (text may be
 dropped, audio dropped before encoding, for a client that lags), a 0x05
 notice before the maximum duration and when the server drains, and the reason (or the error) of every
-close as a 0x05 text message before the close frame. The message formats are
-in :mod:`kame.server.wires.moshi.protocol`.
+close as a 0x05 text message before the close frame. The 0x04 and 0x05 messages
+go only to a client that gets kame's messages (``kame_messages``: not PersonaPlex's
+clients, which know 0x00-0x02 only). The message formats are in
+:mod:`kame.server.wires.moshi.protocol`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from starlette import status
@@ -46,17 +50,26 @@ class MoshiWire(Wire):
     protocol = PROTOCOL
 
     def __init__(self, sample_rate: int = SAMPLE_RATE, frame_size: int = FRAME_SIZE, *, server_info: ServerInfo | None = None,
-                 max_duration_s: float = 600.0, vocab: TextVocab = MOSHI_VOCAB) -> None:
+                 max_duration_s: float = 600.0, vocab: TextVocab = MOSHI_VOCAB, kame_messages: bool = True,
+                 notices: Sequence[str] = ()) -> None:
         self.vocab = vocab
         self._opus_in = OpusIn(sample_rate, frame_size)
         self._opus_out = OpusOut(sample_rate)
         self.server_info = server_info
         self.max_duration_s = max_duration_s
+        #: Send kame's 0x04 and 0x05 messages (False: only 0x00, 0x01 and 0x02, for PersonaPlex's clients).
+        self.kame_messages = kame_messages
+        self.notices = tuple(notices)
+
+    def _notice(self, text: str) -> list[Outgoing]:
+        return [Outgoing(protocol.encode_notice(text))] if self.kame_messages else []
 
     def opening(self, settings: SessionSettings) -> list[Outgoing]:
         out = [Outgoing(protocol.encode_handshake())]
-        if self.server_info is not None:
+        if self.kame_messages and self.server_info is not None:
             out.append(Outgoing(protocol.encode_server_info(self.server_info)))
+        for notice in self.notices:
+            out += self._notice(notice)
         return out
 
     def decode(self, message: Message, now: float) -> list[Command]:
@@ -93,17 +106,17 @@ class MoshiWire(Wire):
     def event(self, event: PipelineEvent) -> list[Outgoing]:
         # Moshi's protocol has no transcript or back-end messages; a refusal of tools is a 0x05 notice.
         if isinstance(event, ToolsRefused):
-            return [Outgoing(protocol.encode_notice(protocol.tools_refused_notice(event.backend, client_safe(event.reason, 200))))]
+            return self._notice(protocol.tools_refused_notice(event.backend, client_safe(event.reason, 200)))
         return []
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
-        return [Outgoing(protocol.encode_notice(protocol.expiring_notice(seconds_left, self.max_duration_s)))]
+        return self._notice(protocol.expiring_notice(seconds_left, self.max_duration_s))
 
     def draining(self, seconds_left: float) -> list[Outgoing]:
-        return [Outgoing(protocol.encode_notice(protocol.draining_notice(seconds_left)))]
+        return self._notice(protocol.draining_notice(seconds_left))
 
     def closing(self, end: SessionEnd) -> list[Outgoing]:
-        return [Outgoing(protocol.encode_notice(protocol.close_notice(end.reason, end.error)))]
+        return self._notice(protocol.close_notice(end.reason, end.error))
 
 
 def refusal(error: str) -> Outgoing:

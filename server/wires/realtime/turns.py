@@ -90,8 +90,11 @@ class AssistantTurns:
     Moshi in full and the end gap has passed (Moshi may go on talking: that
     is a new response), or after :data:`REQUEST_WAIT_FRAMES` if no answer
     reached Moshi at all. ``response.cancel`` ends it ``cancelled`` and withholds Moshi's
-    remaining audio until it has been silent for the end gap or a response
-    is requested. A function call is an output item of the open response,
+    remaining audio until it has been silent for the end gap, a response is
+    requested, or the wire releases it (:meth:`release`: the user's turn was
+    committed and will be answered). A user message the client adds (a
+    typed turn) ends an unrequested response and holds Moshi's audio for at
+    most the end gap (:meth:`typed_turn`). A function call is an output item of the open response,
     which then ends.
     """
 
@@ -119,6 +122,7 @@ class AssistantTurns:
         #: Moshi's audio after a cancel: not sent until it has been silent for the end gap
         self.withholding = False
         self._withheld_quiet = 0
+        self._withhold_left: int | None = None  # frames a hold still withholds (None: until silence)
         self._withheld_from: int | None = None  # the first output step withheld
         #: output step ranges ``[start, end)`` withheld after a cancel, not yet taken by the wire: the user
         #: never heard them, so their words leave the back-end's history (:meth:`take_unheard`)
@@ -166,9 +170,11 @@ class AssistantTurns:
             if self._withheld_from is None:
                 self._withheld_from = self._step
             self._withheld_quiet = 0 if speaking else self._withheld_quiet + 1
-            if self._withheld_quiet < self.end_silence_frames:
+            if self._withhold_left is not None:
+                self._withhold_left -= 1
+            if self._withheld_quiet < self.end_silence_frames and (self._withhold_left is None or self._withhold_left >= 0):
                 return out
-            self._stop_withholding(self._step)  # this frame is silent and not withheld
+            self._stop_withholding(self._step)  # this frame is silent (or the hold is over) and not withheld
         r = self.current
         if r is None:
             if not speaking:
@@ -213,9 +219,30 @@ class AssistantTurns:
         Moshi's remaining audio is withheld until it has been silent for the end gap; [] if none is open."""
         if self.current is None:
             return []
+        if not self.withholding or self._withhold_left is not None:
+            self.withholding, self._withheld_quiet, self._withheld_from = True, 0, self._withheld_from
+            self._withhold_left = None
+        return self.close("cancelled", reason)
+
+    def typed_turn(self) -> list[Event]:
+        """A user message the client added (a typed turn): an unrequested response still open ends ``completed``
+        and Moshi's audio is held for at most the end gap, so that the client's ``response.create`` for it
+        finds no response in progress (OpenAI's server never speaks on its own after an added item; clients
+        such as the Agents SDK send ``response.create`` only once no response is in progress). A requested
+        response goes on; [] then."""
+        if self.requested_open:
+            return []
+        out = self.close("completed")
         if not self.withholding:
             self.withholding, self._withheld_quiet, self._withheld_from = True, 0, None
-        return self.close("cancelled", reason)
+            self._withhold_left = self.end_silence_frames
+        return out
+
+    def release(self) -> None:
+        """Audio withheld after a cancel ends now: the next frame is sent (the user's turn was committed and
+        the server answers it, so what Moshi says from here on is that answer, even from a model that never
+        goes quiet for the end gap)."""
+        self._stop_withholding(self._step + 1)
 
     def take_unheard(self) -> list[tuple[int, int]]:
         """The step ranges withheld since the last call (see :attr:`unheard`)."""
@@ -225,7 +252,7 @@ class AssistantTurns:
     def _stop_withholding(self, end_step: int) -> None:
         if self.withholding and self._withheld_from is not None and end_step > self._withheld_from:
             self.unheard.append((self._withheld_from, end_step))
-        self.withholding, self._withheld_from = False, None
+        self.withholding, self._withheld_from, self._withhold_left = False, None, None
 
     def function_call(self, call_id: str, name: str, arguments: str) -> list[Event]:
         """A call of the client's function: an output item of the open response (a new one if none), which ends."""

@@ -190,6 +190,8 @@ class RealtimeWire(Wire):
             {"type": "conversation.item.added", "previous_item_id": previous, "item": command.item},
             {"type": "conversation.item.done", "previous_item_id": previous, "item": dict(command.item)},
         ]
+        if command.item.get("role") == "user":  # a typed turn: Moshi's next words are a new response
+            events += self.assistant.typed_turn()
         return [Reply(self._out(events)), ConversationIn(sc.AddContext(command.context))]
 
     # ------------------------------------------------------------------ the client's turns (docs/protocol.md 3.5)
@@ -342,7 +344,7 @@ class RealtimeWire(Wire):
         if isinstance(event, pe.UserFinal):
             out = self.users.speech_started(event.utterance, event.audio_s)  # opens the turn if never announced
             self._user_item(event.utterance)
-            return out + self.users.final(event.utterance, event.audio_s, event.text)
+            return self._released_on_commit(out + self.users.final(event.utterance, event.audio_s, event.text))
         if isinstance(event, pe.SpeechStarted):
             out = self.users.speech_started(event.utterance, event.audio_s)
         elif isinstance(event, pe.UserPartial):
@@ -352,6 +354,13 @@ class RealtimeWire(Wire):
             if not self.assistant.requested_open:  # Moshi's next words are a new response
                 out += self.assistant.close("completed")
         self._user_item(event.utterance)
+        return self._released_on_commit(out)
+
+    def _released_on_commit(self, out: list[Event]) -> list[Event]:
+        """A user turn committed by the server's turn detection ends what a cancel withheld when the server
+        answers it (``create_response``): the committed turn gets its response (docs/protocol.md 3.7)."""
+        if self.settings.create_response and any(e["type"] == "input_audio_buffer.committed" for e in out):
+            self.assistant.release()
         return out
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
