@@ -20,7 +20,7 @@ import numpy as np
 VOICES = ("NATF2", "VARM1")
 
 
-def voice_pcm(index: int, seconds: float = 0.7, sample_rate: int = 24000) -> np.ndarray:
+def voice_pcm(index: int, seconds: float = 0.4, sample_rate: int = 24000) -> np.ndarray:
     t = np.arange(int(seconds * sample_rate)) / sample_rate
     rng = np.random.default_rng(100 + index)
     tone = 0.3 * np.sin(2 * np.pi * (150.0 + 90.0 * index) * t)
