@@ -264,6 +264,8 @@ class SessionRuntime:
 
     def _count_end(self, pipeline: Pipeline) -> None:
         end = self.ended or SessionEnd("internal", status.WS_1011_INTERNAL_ERROR, "internal error")
+        if pipeline.first_reply_s is not None:
+            self.metrics.first_reply_seconds.observe(pipeline.first_reply_s)
         if pipeline.dropped_frames:
             self.metrics.frames_dropped.labels(direction="engine").inc(pipeline.dropped_frames)
         duration = count_end(self.metrics, end.label, self.started)

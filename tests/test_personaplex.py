@@ -1,0 +1,112 @@
+"""PersonaPlex checkpoints: the released layout loads, and sessions are step-identical to PersonaPlex's algorithm.
+
+The reference (tests/support/personaplex_ref.py) restates NVIDIA's
+``step_system_prompts`` and server loop on moshi's own ``LMGen`` for one
+session, written apart from the engine (NVIDIA's code cannot be vendored);
+the tiny checkpoint's voices come from its restatement of the
+embedding-saving path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kame.frontend.config import FrontendConfig
+from kame.frontend.engine import EngineCore, SlotOutput
+from kame.frontend.models import FrontendModels, load_frontend
+from kame.frontend.voices import UnknownVoice
+from tests.support.personaplex_ref import PersonaPlexReference, RefFrame
+from tests.support.personaplex_tiny import write_tiny_personaplex
+
+ROLE = "Be kind."
+FRAMES = 6
+
+
+@pytest.fixture(scope="module")
+def pp_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_personaplex(tmp_path_factory.mktemp("pp") / "ckpt")
+
+
+def _user(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (0.2 * rng.standard_normal(1920 * FRAMES)).astype(np.float32)
+
+
+def _models(ckpt: Path, batch: int, greedy: bool) -> tuple[FrontendModels, FrontendConfig]:
+    cfg = FrontendConfig(checkpoint=str(ckpt), dtype="float32", batch_size=batch)
+    cfg.sampling.use_sampling = not greedy
+    return load_frontend(cfg, torch.device("cpu")), cfg
+
+
+def _assert_same(ref: list[RefFrame], got: list[SlotOutput], pcm_atol: float = 0.0) -> None:
+    """Same tokens, same PCM (a batch of 2 decodes through other float kernels: within ``pcm_atol``)."""
+    assert len(ref) == len(got) == FRAMES
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert (a.text, a.codes) == (b.text_id, b.audio_codes), f"frame {i}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=0, atol=pcm_atol, err_msg=f"frame {i}")
+
+
+def test_layout_loads_with_dep_q_16_and_voices(pp_ckpt: Path) -> None:
+    models, _ = _models(pp_ckpt, 1, greedy=True)
+    assert models.files.personaplex and models.depformer_steps == 16
+    assert len(models.lm.linears) == 16 and models.lm.dep_q == 8  # 16 loaded, 8 generated for LMGen
+    assert models.mimi.num_codebooks == 8
+    assert models.voice_names() == ["NATF2", "VARM1"] and models.voices is not None
+    assert models.voices.default == "NATF2"
+    with pytest.raises(UnknownVoice, match="NATF2, VARM1"):
+        models.prompt_plan("NOPE", None)
+    plan = models.prompt_plan("VARM1.pt", ROLE)
+    assert plan is not None and plan.voice == "VARM1"
+    role = models.tokenizer.encode(f"<system> {ROLE} <system>")
+    assert plan.total == plan.voice_frames + 12 + len(role)
+    empty = models.prompt_plan(None, "   ")  # PersonaPlex fails on an empty role; here it has no text frames
+    assert empty is not None and empty.voice == "NATF2" and empty.total == empty.voice_frames + 12
+
+
+def test_seeded_session_matches_personaplex_step_for_step(pp_ckpt: Path) -> None:
+    user = _user(1)
+    ref = PersonaPlexReference(pp_ckpt, use_sampling=True).session(pp_ckpt / "voices" / "NATF2.pt", ROLE, 42, user)
+    models, cfg = _models(pp_ckpt, 1, greedy=False)
+    core = EngineCore(models, cfg)
+    torch.manual_seed(42)
+    core.attach(0, models.prompt_plan("NATF2", ROLE))
+    steps = 0
+    while core.prompting(0):
+        steps += core.prompt_tick()
+    plan = models.prompt_plan("NATF2", ROLE)
+    assert plan is not None and steps == plan.total - 1
+    got = [core.tick({0: user[i * 1920:(i + 1) * 1920]})[0] for i in range(FRAMES)]
+    _assert_same(ref, got)
+
+
+def test_greedy_batched_slot_matches_while_another_slot_prompts_and_talks(pp_ckpt: Path) -> None:
+    """Slot 1 (NATF2) against the reference; slot 0 runs another voice and role in the same ticks, starting
+    earlier, so slot 1's prompt steps share ticks with slot 0's conversation."""
+    user = _user(2)
+    ref = PersonaPlexReference(pp_ckpt, use_sampling=False).session(pp_ckpt / "voices" / "NATF2.pt", ROLE, None, user)
+    models, cfg = _models(pp_ckpt, 2, greedy=True)
+    core = EngineCore(models, cfg)
+    other = _user(3)
+    core.attach(0, models.prompt_plan("VARM1", "Talk."))
+    while core.prompting(0):
+        core.prompt_tick()
+    core.attach(1, models.prompt_plan("NATF2", ROLE))
+    got: list[SlotOutput] = []
+    tick = 0
+    while len(got) < FRAMES:
+        frame0 = other[(tick % FRAMES) * 1920:((tick % FRAMES) + 1) * 1920]
+        frames: dict[int, np.ndarray | None] = {0: frame0}
+        prompting = core.prompting(1)
+        frames[1] = np.zeros(1920, np.float32) if prompting else user[len(got) * 1920:(len(got) + 1) * 1920]
+        out = core.tick(frames)
+        assert not out[0].prompting
+        if prompting:
+            assert out[1].prompting and not out[1].pcm.any()
+        else:
+            got.append(out[1])
+        tick += 1
+    _assert_same(ref, got, pcm_atol=1e-6)
