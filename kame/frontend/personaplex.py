@@ -118,8 +118,8 @@ def install_full_depformer(lm_gen: Any, steps: int) -> None:
     user's actual token: that changes only the dropped tokens, never the
     number of draws from the random generator, nor the agent's tokens.
     """
-    from moshi.utils.sampling import sample_token
     import torch
+    from moshi.utils.sampling import sample_token
 
     lm = lm_gen.lm_model
     keep = int(lm.dep_q)

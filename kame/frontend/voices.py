@@ -30,6 +30,18 @@ log = logging.getLogger(__name__)
 VOICE_SUFFIXES = (".pt", ".wav")
 
 
+def voice_stem(name: str) -> str | None:
+    """``NAME``, ``NAME.pt`` or ``NAME.wav`` -> ``NAME``; None for anything that could name a path."""
+    stem = name.strip()
+    for suffix in VOICE_SUFFIXES:
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    if not stem or "/" in stem or "\\" in stem or stem.startswith("."):
+        return None
+    return stem
+
+
 class UnknownVoice(ValueError):
     """A voice this checkpoint does not have; the message names the ones it has."""
 
@@ -111,18 +123,22 @@ class VoiceCatalog:
     def names(self) -> list[str]:
         return sorted(self._paths)
 
+    def choose(self, requested: str | None) -> tuple[str | None, str | None]:
+        """For wires that fall back instead of refusing (``/api/chat?voice_prompt=``): the voice to use and
+        a one-line notice when the requested one is unknown (then the default is used)."""
+        try:
+            return self.resolve(requested), None
+        except UnknownVoice as exc:
+            return self.default, f"{exc}; using {self.default!r}"
+
     def resolve(self, name: str | None) -> str | None:
         """A requested name (``NAME``, ``NAME.pt`` or ``NAME.wav``; None = the default) -> a known name.
 
         Raises :class:`UnknownVoice`."""
         if name is None or not str(name).strip():
             return self.default
-        stem = str(name).strip()
-        for suffix in VOICE_SUFFIXES:
-            if stem.endswith(suffix):
-                stem = stem[: -len(suffix)]
-                break
-        if "/" in stem or "\\" in stem or stem not in self._paths:
+        stem = voice_stem(str(name))
+        if stem is None or stem not in self._paths:
             raise UnknownVoice(str(name), self.names)
         return stem
 
