@@ -9,16 +9,21 @@ embedding-saving path.
 
 from __future__ import annotations
 
+import json
+import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from kame.audio import read_audio, write_wav
+from kame.cli import main as kame_main
 from kame.frontend.config import FrontendConfig
 from kame.frontend.engine import EngineCore, SlotOutput
 from kame.frontend.models import FrontendModels, load_frontend
 from kame.frontend.voices import UnknownVoice
+from kame.pcm import float_to_pcm16
 from tests.support.personaplex_ref import PersonaPlexReference, RefFrame
 from tests.support.personaplex_tiny import write_tiny_personaplex
 
@@ -67,20 +72,25 @@ def test_layout_loads_with_dep_q_16_and_voices(pp_ckpt: Path) -> None:
     assert empty is not None and empty.voice == "NATF2" and empty.total == empty.voice_frames + 12
 
 
-def test_seeded_session_matches_personaplex_step_for_step(pp_ckpt: Path) -> None:
-    user = _user(1)
-    ref = PersonaPlexReference(pp_ckpt, use_sampling=True).session(pp_ckpt / "voices" / "NATF2.pt", ROLE, 42, user)
-    models, cfg = _models(pp_ckpt, 1, greedy=False)
-    core = EngineCore(models, cfg)
-    torch.manual_seed(42)
-    core.attach(0, models.prompt_plan("NATF2", ROLE))
-    steps = 0
-    while core.prompting(0):
-        steps += core.prompt_tick()
-    plan = models.prompt_plan("NATF2", ROLE)
-    assert plan is not None and steps == plan.total - 1
-    got = [core.tick({0: user[i * 1920:(i + 1) * 1920]})[0] for i in range(FRAMES)]
-    _assert_same(ref, got)
+def test_kame_run_seeded_matches_personaplex_step_for_step(pp_ckpt: Path, tmp_path: Path) -> None:
+    """``kame run --checkpoint DIR --voice NAME --persona TEXT --seed N --text-out F --fast``: every text token
+    and the reply audio equal the reference's, sampled with the seed (batch of 1, as ``kame run`` steps)."""
+    wav_in, wav_out, text_out = tmp_path / "in.wav", tmp_path / "out.wav", tmp_path / "text.jsonl"
+    write_wav(wav_in, _user(1))
+    user = read_audio(wav_in)
+    ref = PersonaPlexReference(pp_ckpt, use_sampling=True).session(pp_ckpt / "voices" / "VARM1.pt", ROLE, 42, user)
+    rc = kame_main(["run", "--checkpoint", str(pp_ckpt), "--voice", "VARM1", "--persona", ROLE, "--seed", "42",
+                    "--device", "cpu", "--input", str(wav_in), "--output", str(wav_out), "--text-out", str(text_out),
+                    "--fast"])
+    assert rc == 0
+    rows = [json.loads(line) for line in text_out.read_text().splitlines()]
+    assert [(r["step"], r["id"]) for r in rows] == [(i, f.text) for i, f in enumerate(ref)]
+    expected = float_to_pcm16(np.concatenate([f.pcm for f in ref]))
+    with wave.open(str(wav_out)) as w:
+        got = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    np.testing.assert_array_equal(got, expected)
+    assert kame_main(["run", "--checkpoint", str(pp_ckpt), "--voice", "NOPE", "--device", "cpu", "--input",
+                      str(wav_in), "--output", str(wav_out), "--fast"]) != 0
 
 
 def test_greedy_batched_slot_matches_while_another_slot_prompts_and_talks(pp_ckpt: Path) -> None:
