@@ -120,3 +120,54 @@ def test_greedy_batched_slot_matches_while_another_slot_prompts_and_talks(pp_ckp
             got.append(out[1])
         tick += 1
     _assert_same(ref, got, pcm_atol=1e-6)
+
+
+def test_engine_thread_prompts_beside_real_time_slot(pp_ckpt: Path) -> None:
+    """A slot's prompts run in the engine thread's spare time while another slot talks in real time: they end
+    sooner than their frames at 12.5 Hz would, and the talking slot's frames wait at most one extra tick."""
+    import threading
+    import time
+
+    from kame.frontend.engine_thread import EngineThread, PromptRequest, TickStats
+
+    models, cfg = _models(pp_ckpt, 2, greedy=True)
+    core = EngineCore(models, cfg)
+    ticks: list[TickStats] = []
+    engine = EngineThread(core, max_batch_wait_s=0.0, on_tick=ticks.append)
+    got: dict[int, list[tuple[float, SlotOutput]]] = {0: [], 1: []}
+    ready: dict[int, threading.Event] = {0: threading.Event(), 1: threading.Event()}
+
+    def sink(slot: int):  # type: ignore[no-untyped-def]
+        return lambda out: got[slot].append((time.monotonic(), out))
+
+    engine.start()
+    try:
+        s0 = engine.attach(sink(0), lambda m: None, lambda s: ready[0].set(), prompt=PromptRequest("VARM1", "Talk."))
+        assert ready[0].wait(10)
+        deadline = time.monotonic() + 20
+        while core.prompting(s0) and time.monotonic() < deadline:  # nothing fed: prompt-only ticks
+            time.sleep(0.01)
+        assert not core.prompting(s0) and engine.prompt_ticks > 0
+        attached = time.monotonic()
+        s1 = engine.attach(sink(1), lambda m: None, lambda s: ready[1].set(), prompt=PromptRequest("NATF2", ROLE))
+        plan = models.prompt_plan("NATF2", ROLE)
+        assert plan is not None
+        fed: list[float] = []
+        prompt_done: float | None = None
+        frame = _user(4)[:1920]
+        start = time.monotonic()
+        for i in range(plan.total + 4):  # slot 0 in real time for as long as slot 1's prompt would take at 12.5 Hz
+            time.sleep(max(0.0, start + i * 0.08 - time.monotonic()))
+            fed.append(time.monotonic())
+            engine.feed(s0, frame)
+            if prompt_done is None and ready[1].is_set() and not core.prompting(s1):
+                prompt_done = time.monotonic()
+        time.sleep(0.3)
+    finally:
+        engine.stop()
+    assert prompt_done is not None and prompt_done - attached < (plan.total - 1) * 0.08  # faster than real time
+    outs = got[0][-len(fed):]
+    assert len(outs) == len(fed) and not any(o.prompting for _, o in outs)
+    longest = max(t.duration_s for t in ticks)
+    for (t_out, _), t_in in zip(outs, fed):
+        assert t_out - t_in <= 2 * longest + 0.02, (t_out - t_in, longest)

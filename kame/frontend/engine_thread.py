@@ -475,11 +475,15 @@ class EngineThread:
             frames = {s: f for s, f in frames.items() if s in callbacks and self._io.get(s) is callbacks[s]}
         if not frames:
             return
+        riders: dict[int, _SlotIO] = {}
+        if self.core.prompts is not None:  # slots in their system prompts ride along: the batch has room
+            with self._lock:
+                riders = {s: self._io[s] for s in self.core.prompting_slots() if s not in frames and s in self._io}
         t0 = time.perf_counter()
         try:
-            outputs = self.core.tick(frames)
+            outputs = self.core.tick({**frames, **dict.fromkeys(riders)})
         except EngineStepError as exc:
-            self._fail_slots(exc.slots, callbacks, str(exc.cause.__class__.__name__))
+            self._fail_slots(exc.slots, {**callbacks, **riders}, str(exc.cause.__class__.__name__))
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a bad frame: those slots fail, the engine goes on
             log.exception("engine tick failed for slots %s", sorted(frames))
@@ -488,6 +492,8 @@ class EngineThread:
         duration = time.perf_counter() - t0
         self.ticks += 1
         for slot, out in outputs.items():
+            if slot in riders:
+                continue  # a prompt step of a slot that sent no frame: nothing to deliver
             self._deliver(slot, callbacks[slot], out)
         if self.on_tick is not None:
             try:
@@ -503,6 +509,7 @@ class EngineThread:
             callbacks = {s: self._io[s] for s in slots}
         if not slots:
             return
+        t0 = time.perf_counter()
         try:
             self.core.tick({s: None for s in slots})
         except EngineStepError as exc:
@@ -513,6 +520,11 @@ class EngineThread:
         else:
             self.ticks += 1
             self.prompt_ticks += 1
+            if self.on_tick is not None:
+                try:
+                    self.on_tick(TickStats(duration_s=time.perf_counter() - t0, slots=len(slots), waited_s=0.0))
+                except Exception:  # noqa: BLE001
+                    log.exception("on_tick callback failed")
 
     def _deliver(self, slot: int, io: _SlotIO, out: SlotOutput) -> None:
         try:
