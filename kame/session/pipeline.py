@@ -204,6 +204,8 @@ class Pipeline:
         #: Seconds from :meth:`start` to the slot's first reply frame (after a PersonaPlex slot's system
         #: prompts); None until then.
         self.first_reply_s: float | None = None
+        #: Input frames that arrived while the slot stepped its system prompts (not heard, no reply frame).
+        self.prompt_frames = 0
         self._turn = _ClientTurn()
         #: The server's echo guard settings (``asr.echo_guard``); a session turns it on or off (``echo_guard``).
         self.echo_config = echo_guard or EchoGuardConfig()
@@ -634,7 +636,10 @@ class Pipeline:
         if isinstance(item, Exception):
             self._put(EngineDown(message=str(item)))
             return
-        if self.first_reply_s is None and not item.prompting:
+        if item.prompting:  # a PersonaPlex prompt step: the session has no reply yet (its server sends nothing)
+            self.prompt_frames += 1
+            return
+        if self.first_reply_s is None:
             self.first_reply_s = time.monotonic() - self._started_t
         if self.oracle is not None:
             self.oracle.on_assistant_token(item.text_id, item.step)
