@@ -25,15 +25,14 @@ from kame.frontend.models import FrontendModels, load_frontend
 from kame.frontend.voices import UnknownVoice
 from kame.pcm import float_to_pcm16
 from tests.support.personaplex_ref import PersonaPlexReference, RefFrame
-from tests.support.personaplex_tiny import write_tiny_personaplex
 
 ROLE = "Be kind."
 FRAMES = 6
 
 
 @pytest.fixture(scope="module")
-def pp_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_personaplex(tmp_path_factory.mktemp("pp") / "ckpt")
+def pp_ckpt(tiny_personaplex_ckpt: Path) -> Path:
+    return tiny_personaplex_ckpt
 
 
 def _user(seed: int) -> np.ndarray:

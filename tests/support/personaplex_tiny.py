@@ -13,6 +13,9 @@ short synthetic wavs. Nothing comes from the internet.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -63,4 +66,23 @@ def write_tiny_personaplex(directory: Path, seed: int = 0, voices: tuple[str, ..
     ref = PersonaPlexReference(directory, use_sampling=False)
     for i, name in enumerate(voices):
         ref.save_voice(voice_pcm(i), directory / "voices" / f"{name}.pt")
+    return directory
+
+
+def ensure_tiny_personaplex(cache_dir: Path, seed: int = 0) -> Path:
+    """The run's tiny PersonaPlex checkpoint in ``cache_dir``, made once (atomically: test workers may race)."""
+    directory = Path(cache_dir) / "tiny" / f"personaplex-seed{seed}"
+    if (directory / "voices").is_dir():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".personaplex.tmp-", dir=directory.parent))
+    try:
+        write_tiny_personaplex(tmp / "ckpt", seed)
+        try:
+            os.rename(tmp / "ckpt", directory)
+        except OSError:
+            if not (directory / "voices").is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return directory

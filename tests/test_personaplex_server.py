@@ -1,0 +1,121 @@
+"""A server on a tiny PersonaPlex-layout checkpoint: voices on /health, per-session voice on the Realtime and
+Live wires (the official ``openai`` SDK), unknown voices refused naming the checkpoint's, and the time to the
+first reply frame in /metrics. One server process of its own (no shared server has a PersonaPlex checkpoint)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.moshi_client import ServerProcess
+
+CONFIG = """
+device: cpu
+asr:
+  kind: none
+frontend:
+  checkpoint: "{ckpt}"
+  batch_size: 2
+  dtype: float32
+"""
+
+
+@pytest.fixture(scope="module")
+def pp_server(tmp_path_factory: pytest.TempPathFactory, kame_cache_dir: Path,
+              tiny_personaplex_ckpt: Path) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("pp_server")
+    ckpt = tiny_personaplex_ckpt
+    config = tmp / "pp.yaml"
+    config.write_text(CONFIG.replace("{ckpt}", str(ckpt)))
+    srv = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "server.log", config=str(config),
+                        label="personaplex (own)")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _client(server: ServerProcess) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="sk-unused")
+
+
+def test_health_lists_voices(pp_server: ServerProcess) -> None:
+    status, body = pp_server.get("/health")
+    assert status == 200
+    voices = json.loads(body)["voices"]
+    assert voices == {"names": ["NATF2", "VARM1"], "default": "NATF2", "persona": True}
+
+
+def test_realtime_voice_per_session_and_first_reply_metric(pp_server: ServerProcess) -> None:
+    before = pp_server.metric("kame_first_reply_seconds_count")
+    frame = base64.b64encode((0.05 * np.random.default_rng(0).standard_normal(480) * 32767).astype("<i2").tobytes())
+
+    async def main() -> tuple[Any, Any, Any, int]:
+        async with _client(pp_server).realtime.connect(model="personaplex") as conn:
+            created = await asyncio.wait_for(conn.recv(), 10)
+            await conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": "Nope"}}})
+            refused = await asyncio.wait_for(conn.recv(), 5)
+            await conn.session.update(session={"type": "realtime", "instructions": "Be kind.",
+                                               "audio": {"output": {"voice": "VARM1.pt"}}})
+            updated = await asyncio.wait_for(conn.recv(), 5)
+            audio = 0
+            for _ in range(200):  # 20 ms of audio each, faster than real time: the prompts end meanwhile
+                await conn.input_audio_buffer.append(audio=frame.decode())
+                await asyncio.sleep(0.01)
+                try:
+                    while True:
+                        event = await asyncio.wait_for(conn.recv(), 0.001)
+                        if event.type in ("response.output_audio.delta", "kame.output_audio.delta"):
+                            audio += 1
+                except asyncio.TimeoutError:
+                    pass
+                if audio >= 3:
+                    break
+        return created, refused, updated, audio
+
+    created, refused, updated, audio = asyncio.run(main())
+    assert created.session.audio.output.voice == "NATF2"  # the default voice
+    assert refused.type == "error" and refused.error.code == "invalid_value"
+    assert "NATF2, VARM1" in refused.error.message
+    assert updated.type == "session.updated" and updated.session.audio.output.voice == "VARM1"
+    assert updated.session.instructions == "Be kind."
+    assert audio >= 3
+    deadline = asyncio.run(_wait_metric(pp_server, "kame_first_reply_seconds_count", before + 1))
+    assert deadline
+
+
+async def _wait_metric(server: ServerProcess, name: str, at_least: float, timeout: float = 5.0) -> bool:
+    for _ in range(int(timeout / 0.1)):
+        if server.metric(name) >= at_least:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def test_live_voice_at_start_and_unknown_voice_refused(pp_server: ServerProcess) -> None:
+    async def start(voice: str) -> list[Any]:
+        events: list[Any] = []
+        async with _client(pp_server).live.connect() as conn:
+            await conn.send({"type": "session.start", "session": {
+                "model": "gpt-live-1", "instructions": "Be kind.", "audio": {"output": {"voice": voice}}}})
+            async for event in conn:
+                events.append(event)
+                if event.type in ("session.started", "error"):
+                    break
+        return events
+
+    ok = asyncio.run(start("VARM1"))[-1]
+    assert ok.type == "session.started" and ok.session.audio.output.voice == "VARM1"
+    refused = asyncio.run(start("NOPE"))[-1]
+    assert refused.type == "error" and refused.error.code == "invalid_value"
+    assert "NATF2, VARM1" in refused.error.message
