@@ -119,3 +119,22 @@ def test_live_voice_at_start_and_unknown_voice_refused(pp_server: ServerProcess)
     refused = asyncio.run(start("NOPE"))[-1]
     assert refused.type == "error" and refused.error.code == "invalid_value"
     assert "NATF2, VARM1" in refused.error.message
+
+
+@pytest.mark.parametrize("voice", ["VARM1", "NOPE"])
+def test_kame_mic_voice(pp_server: ServerProcess, tmp_path: Path, voice: str) -> None:
+    import subprocess
+    import sys
+
+    from kame.audio import write_wav
+
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_wav(wav_in, (0.05 * np.random.default_rng(1).standard_normal(24000)).astype(np.float32))
+    res = subprocess.run(
+        [sys.executable, "-m", "kame.cli", "mic", "--server", pp_server.http_url, "--voice", voice,
+         "--input-wav", str(wav_in), "--output-wav", str(wav_out), "--tail", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    refused = "is not one of this checkpoint's voices: NATF2, VARM1" in res.stdout + res.stderr
+    assert refused == (voice == "NOPE"), res.stdout[-2000:]
