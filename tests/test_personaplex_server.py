@@ -138,3 +138,32 @@ def test_kame_mic_voice(pp_server: ServerProcess, tmp_path: Path, voice: str) ->
     assert res.returncode == 0, res.stderr[-2000:]
     refused = "is not one of this checkpoint's voices: NATF2, VARM1" in res.stdout + res.stderr
     assert refused == (voice == "NOPE"), res.stdout[-2000:]
+
+
+def test_browser_voice_picker(pp_server: ServerProcess, tmp_path: Path) -> None:
+    """The page shows the checkpoint's voices, and the one picked before connecting is the session's."""
+    from playwright.sync_api import sync_playwright
+
+    from kame.audio import write_wav
+    from tests.support.browser import BASE_ARGS, CHROMIUM, Console
+
+    mic = tmp_path / "mic.wav"
+    write_wav(mic, (0.05 * np.random.default_rng(2).standard_normal(48000)).astype(np.float32))
+    console = Console()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            *BASE_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={mic}"])
+        try:
+            page = console.watch(browser.new_page(), "personaplex")
+            page.goto(pp_server.http_url + "/?transport=websocket")
+            page.wait_for_function("() => document.querySelectorAll('#voice option').length === 2", timeout=15000)
+            assert page.is_visible("#voice-field") and page.input_value("#voice") == "NATF2"
+            page.select_option("#voice", "VARM1")
+            page.click("#connect")
+            page.wait_for_function("() => window.kame.session?.audio?.output?.voice === 'VARM1'", timeout=20000)
+            page.select_option("#voice", "NATF2")  # while live: an update, and the session says so
+            page.wait_for_function("() => window.kame.session?.audio?.output?.voice === 'NATF2'", timeout=20000)
+        finally:
+            browser.close()
+    assert console.errors == [], console.errors
