@@ -170,3 +170,22 @@ def test_engine_thread_prompts_beside_real_time_slot(pp_ckpt: Path) -> None:
     longest = max(t.duration_s for t in ticks)
     for (t_out, _), t_in in zip(outs, fed):
         assert t_out - t_in <= 2 * longest + 0.02, (t_out - t_in, longest)
+
+
+def test_voices_tgz_is_unpacked_once(pp_ckpt: Path, tmp_path: Path) -> None:
+    """The released files ship the voices as voices.tgz (a voices/ folder inside), unpacked next to it."""
+    import shutil
+    import tarfile
+
+    from kame.frontend.checkpoint import resolve_checkpoint
+    from kame.frontend.voices import VoiceCatalog, unpack_voices
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(pp_ckpt, copy, ignore=shutil.ignore_patterns("voices"))
+    with tarfile.open(copy / "voices.tgz", "w:gz") as tar:
+        tar.add(pp_ckpt / "voices", arcname="voices")
+    files = resolve_checkpoint(str(copy))
+    assert files.personaplex and files.voices == copy / "voices.tgz"
+    folder = unpack_voices(files.voices, tmp_path / "cache")
+    assert folder == copy / "voices" and VoiceCatalog(folder).names == ["NATF2", "VARM1"]
+    assert (folder / "NATF2.pt").read_bytes() == (pp_ckpt / "voices" / "NATF2.pt").read_bytes()
