@@ -189,3 +189,25 @@ def test_voices_tgz_is_unpacked_once(pp_ckpt: Path, tmp_path: Path) -> None:
     folder = unpack_voices(files.voices, tmp_path / "cache")
     assert folder == copy / "voices" and VoiceCatalog(folder).names == ["NATF2", "VARM1"]
     assert (folder / "NATF2.pt").read_bytes() == (pp_ckpt / "voices" / "NATF2.pt").read_bytes()
+
+
+def test_wav_voice_added_by_the_operator_matches_personaplex(pp_ckpt: Path, tmp_path: Path) -> None:
+    """A wav in the voices folder: its Mimi codes forced frame by frame (PersonaPlex's wav path), greedy."""
+    import shutil
+
+    from tests.support.personaplex_tiny import voice_pcm
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(pp_ckpt, copy)
+    write_wav(copy / "voices" / "MINE.wav", voice_pcm(5, seconds=0.3))
+    user = _user(6)
+    ref = PersonaPlexReference(copy, use_sampling=False).session(copy / "voices" / "MINE.wav", ROLE, None, user)
+    models, cfg = _models(copy, 1, greedy=True)
+    assert models.voice_names() == ["MINE", "NATF2", "VARM1"]
+    core = EngineCore(models, cfg)
+    plan = models.prompt_plan("MINE", ROLE)
+    assert plan is not None and plan.embeddings is None and plan.voice_frames == 4
+    core.attach(0, plan)
+    while core.prompting(0):
+        core.prompt_tick()
+    _assert_same(ref, [core.tick({0: user[i * 1920:(i + 1) * 1920]})[0] for i in range(FRAMES)])

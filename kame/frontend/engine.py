@@ -368,7 +368,8 @@ class EngineCore:
                 raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
             self._pcm_host[slot, 0].copy_(torch.from_numpy(pcm))
             self._mask_host[slot] = True
-            self._oracle_host[slot] = self.slots[slot].fifo.pop()
+            # PersonaPlex was not trained with KAME's oracle stream: its slots are fed the idle token.
+            self._oracle_host[slot] = self.idle_id if self.prompts is not None else self.slots[slot].fifo.pop()
         try:
             with self._compile_guard(), torch.no_grad():
                 out_tokens, pcm_out, stt_out = self._model_step()

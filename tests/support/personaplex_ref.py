@@ -157,17 +157,10 @@ class PersonaPlexReference:
     # ------------------------------------------------------------ the embedding-saving path
     def save_voice(self, pcm: np.ndarray, path: Path) -> None:
         """PersonaPlex's ``save_voice_prompt_embeddings`` path for a 24 kHz wav, written to ``path``."""
-        pcm = np.asarray(pcm, np.float32).reshape(-1)
-        n = -(-pcm.size // self.frame_size)
-        padded = np.zeros(n * self.frame_size, np.float32)
-        padded[: pcm.size] = pcm
-        self.mimi.reset_streaming()
+        codes = self._encode(np.asarray(pcm, np.float32).reshape(-1))
+        n = len(codes)
         self.lm_gen.reset_streaming()
-        codes: list[list[int]] = []
         with torch.no_grad():
-            for i in range(n):
-                chunk = torch.from_numpy(padded[i * self.frame_size:(i + 1) * self.frame_size])[None, None]
-                codes.append(self.mimi.encode(chunk)[0, :, 0].tolist())
             frames = {j: (PAD, codes[j]) for j in range(n)}
             self._captured = []
             self._capture = True
@@ -178,6 +171,16 @@ class PersonaPlexReference:
                 self._capture = False
         embeddings = torch.stack(self._captured, dim=0)  # [n - 1, 1, 1, dim]
         torch.save({"embeddings": embeddings, "cache": self._personaplex_cache(codes)}, str(path))
+
+    def _encode(self, pcm: np.ndarray) -> list[list[int]]:
+        """A wav's Mimi codes from a fresh streaming state, the last frame padded with zeros."""
+        n = -(-pcm.size // self.frame_size)
+        padded = np.zeros(n * self.frame_size, np.float32)
+        padded[: pcm.size] = pcm
+        self.mimi.reset_streaming()
+        with torch.no_grad():
+            return [self.mimi.encode(torch.from_numpy(padded[i * self.frame_size:(i + 1) * self.frame_size])[None, None])
+                    [0, :, 0].tolist() for i in range(n)]
 
     def _personaplex_cache(self, codes: list[list[int]]) -> torch.Tensor:
         """PersonaPlex's token cache after a voice prompt of ``codes``: every token it keeps is forced, so the
@@ -201,25 +204,35 @@ class PersonaPlexReference:
             torch.manual_seed(seed)
         self.mimi.reset_streaming()
         self.lm_gen.reset_streaming()
-        saved = torch.load(str(voice_path), weights_only=True)
-        embeddings = saved["embeddings"]
-        cache = saved["cache"]
-        voice_frames = embeddings.shape[0] + 1
+        frames: dict[int, tuple[int, list[int]]] = {}
+        if voice_path.suffix == ".wav":  # PersonaPlex's wav path: the voice's Mimi codes forced, frame by frame
+            import sphn
+
+            pcm, _ = sphn.read(str(voice_path))  # 24 kHz mono here
+            codes = self._encode(np.asarray(pcm, np.float32).reshape(-1))
+            embeddings, cache = None, None
+            voice_frames = len(codes)
+            frames.update({j: (PAD, c) for j, c in enumerate(codes)})
+        else:
+            saved = torch.load(str(voice_path), weights_only=True)
+            embeddings = saved["embeddings"]
+            cache = saved["cache"]
+            voice_frames = embeddings.shape[0] + 1
         role_ids = self.tokenizer.encode(f"<system> {role.strip()} <system>") if role.strip() else []
         forced: list[tuple[int, list[int]]] = [(PAD, self.silence)] * SILENT_FRAMES
         forced += [(int(t), self.silence) for t in role_ids]
         forced += [(PAD, self.silence)] * SILENT_FRAMES
-        frames = {voice_frames + i: f for i, f in enumerate(forced)}
+        frames.update({voice_frames + i: f for i, f in enumerate(forced)})
         total = voice_frames + len(forced)
         out: list[RefFrame] = []
         with torch.no_grad():
-            for step in range(voice_frames - 1):  # the voice: its embeddings replayed
+            for step in range(voice_frames - 1 if embeddings is not None else 0):  # a saved voice: replayed
                 self._embedding = embeddings[step].reshape(-1)
                 try:
                     self._step(self.sine, self._writes_for(frames, cache, voice_frames, step))
                 finally:
                     self._embedding = None
-            for step in range(voice_frames - 1, total - 1):  # silence, role, silence
+            for step in range(voice_frames - 1 if embeddings is not None else 0, total - 1):  # (voice,) silence, role, silence
                 self._step(self.sine, self._writes_for(frames, cache, voice_frames, step))
             self.mimi.reset_streaming()
             held = torch.tensor(self.sine, dtype=torch.long).view(1, 8, 1)
