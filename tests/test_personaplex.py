@@ -122,8 +122,9 @@ def test_greedy_batched_slot_matches_while_another_slot_prompts_and_talks(pp_ckp
 
 
 def test_engine_thread_prompts_beside_real_time_slot(pp_ckpt: Path) -> None:
-    """A slot's prompts run in the engine thread's spare time while another slot talks in real time: they end
-    sooner than their frames at 12.5 Hz would, and the talking slot's frames wait at most one extra tick."""
+    """A slot's prompts step in every tick of a slot talking in real time and, between its frames, in
+    prompt-only ticks: more prompt steps than frames went by (faster than real time), and the talking
+    slot's frames wait at most one extra tick."""
     import threading
     import time
 
@@ -139,6 +140,8 @@ def test_engine_thread_prompts_beside_real_time_slot(pp_ckpt: Path) -> None:
     def sink(slot: int):  # type: ignore[no-untyped-def]
         return lambda out: got[slot].append((time.monotonic(), out))
 
+    plan = models.prompt_plan("NATF2", ROLE)
+    assert plan is not None
     engine.start()
     try:
         s0 = engine.attach(sink(0), lambda m: None, lambda s: ready[0].set(), prompt=PromptRequest("VARM1", "Talk."))
@@ -147,24 +150,31 @@ def test_engine_thread_prompts_beside_real_time_slot(pp_ckpt: Path) -> None:
         while core.prompting(s0) and time.monotonic() < deadline:  # nothing fed: prompt-only ticks
             time.sleep(0.01)
         assert not core.prompting(s0) and engine.prompt_ticks > 0
-        attached = time.monotonic()
         s1 = engine.attach(sink(1), lambda m: None, lambda s: ready[1].set(), prompt=PromptRequest("NATF2", ROLE))
-        plan = models.prompt_plan("NATF2", ROLE)
-        assert plan is not None
+        assert ready[1].wait(10)
+        alone_before = engine.prompt_ticks
+        talked_before = len(got[0])
         fed: list[float] = []
-        prompt_done: float | None = None
         frame = _user(4)[:1920]
         start = time.monotonic()
-        for i in range(plan.total + 4):  # slot 0 in real time for as long as slot 1's prompt would take at 12.5 Hz
-            time.sleep(max(0.0, start + i * 0.08 - time.monotonic()))
+        while core.prompting(s1) and len(fed) < 3 * plan.total:  # slot 0 in real time meanwhile
+            time.sleep(max(0.0, start + len(fed) * 0.08 - time.monotonic()))
             fed.append(time.monotonic())
             engine.feed(s0, frame)
-            if prompt_done is None and ready[1].is_set() and not core.prompting(s1):
-                prompt_done = time.monotonic()
-        time.sleep(0.3)
+        prompt_frames = len(fed)
+        alone = engine.prompt_ticks - alone_before
+        talked = len(got[0]) - talked_before  # slot 0's frames stepped while slot 1 was in its prompts
+        for _ in range(3):  # a few frames after the prompt
+            time.sleep(max(0.0, start + len(fed) * 0.08 - time.monotonic()))
+            fed.append(time.monotonic())
+            engine.feed(s0, frame)
+        time.sleep(0.5)
     finally:
         engine.stop()
-    assert prompt_done is not None and prompt_done - attached < (plan.total - 1) * 0.08  # faster than real time
+    assert not core.prompting(s1), f"slot 1 still in its prompts after {prompt_frames} frames"
+    # faster than real time: fewer of slot 0's frames went by than slot 1 took prompt steps
+    assert alone >= 1 and talked < plan.total - 1, (alone, talked, prompt_frames, plan.total)
+    assert got[1] == []  # nothing fed on slot 1: its prompt steps deliver nothing
     outs = got[0][-len(fed):]
     assert len(outs) == len(fed) and not any(o.prompting for _, o in outs)
     longest = max(t.duration_s for t in ticks)
