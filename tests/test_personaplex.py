@@ -221,3 +221,88 @@ def test_wav_voice_added_by_the_operator_matches_personaplex(pp_ckpt: Path, tmp_
     while core.prompting(0):
         core.prompt_tick()
     _assert_same(ref, [core.tick({0: user[i * 1920:(i + 1) * 1920]})[0] for i in range(FRAMES)])
+
+
+DOWNLOAD = """
+import sys
+from pathlib import Path
+from kame.cli import main
+rc = main(["download", "--checkpoint", "nvidia/personaplex-7b-v1", "--asr", "none"])
+print("rc", rc)
+import os
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch
+from kame.frontend.config import FrontendConfig
+from kame.frontend.models import load_frontend
+models = load_frontend(FrontendConfig(checkpoint="nvidia/personaplex-7b-v1"), torch.device("cpu"),
+                       cache_dir=sys.argv[1])
+print("voices", ",".join(models.voice_names()), "dep", models.depformer_steps)
+"""
+
+
+def test_kame_download_fetches_the_voices(pp_ckpt: Path, tmp_path: Path) -> None:
+    """``kame download --checkpoint nvidia/personaplex-7b-v1`` against a stand-in Hub serving PersonaPlex's
+    released file names and voices.tgz: the voices come too, and load offline afterwards."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    served = tmp_path / "repo"
+    served.mkdir()
+    for f in pp_ckpt.iterdir():
+        if f.is_file():
+            (served / f.name).write_bytes(f.read_bytes())
+    with tarfile.open(served / "voices.tgz", "w:gz") as tar:
+        tar.add(pp_ckpt / "voices", arcname="voices")
+    commit = "a" * 40
+    asked: list[str] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def _answer(self, body: bool) -> None:
+            asked.append(self.path)
+            prefix = f"/nvidia/personaplex-7b-v1/resolve/{commit}/"
+            name = self.path.split("/resolve/", 1)[-1].split("/", 1)[-1]
+            path = served / name
+            if not self.path.startswith("/nvidia/personaplex-7b-v1/resolve/") or not path.is_file():
+                self.send_response(404)
+                self.send_header("X-Error-Code", "EntryNotFound")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", commit)
+            self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Location", prefix + name)
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._answer(False)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._answer(True)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}", HF_HOME=str(tmp_path / "hf"))
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_TOKEN", None)
+    try:
+        res = subprocess.run([sys.executable, "-c", DOWNLOAD, str(tmp_path / "kame")], capture_output=True,
+                             text=True, env=env, timeout=120)
+    finally:
+        server.shutdown()
+    assert "rc 0" in res.stdout, res.stdout + res.stderr[-3000:]
+    assert "front-end voices:" in res.stdout and "voices.tgz" in res.stdout
+    assert "voices NATF2,VARM1 dep 16" in res.stdout, res.stdout + res.stderr[-3000:]
+    assert any(p.endswith("/voices.tgz") for p in asked)

@@ -401,9 +401,7 @@ class Pipeline:
         session only at its start), in the background; the session's settings are already the new ones."""
         if self.slot is None or self._closed:
             return
-        self.slot.prompt = self._prompt()
-        self.first_reply_s = None
-        self._started_t = time.monotonic()
+        self.slot.prompt = self._prompt()  # first_reply_s still counts from the connection
 
         async def restart() -> None:
             try:
