@@ -264,8 +264,6 @@ class SessionRuntime:
 
     def _count_end(self, pipeline: Pipeline) -> None:
         end = self.ended or SessionEnd("internal", status.WS_1011_INTERNAL_ERROR, "internal error")
-        if pipeline.first_reply_s is not None:
-            self.metrics.first_reply_seconds.observe(pipeline.first_reply_s)
         if pipeline.dropped_frames:
             self.metrics.frames_dropped.labels(direction="engine").inc(pipeline.dropped_frames)
         duration = count_end(self.metrics, end.label, self.started)
@@ -515,6 +513,8 @@ class SessionRuntime:
     def _frame(self, frame: AssistantFrame) -> None:
         index = self.frames_out
         self.frames_out += 1
+        if index == 0 and self.pipeline is not None and self.pipeline.first_reply_s is not None:
+            self.metrics.first_reply_seconds.observe(self.pipeline.first_reply_s)
         if self.recorder is not None:
             self.recorder.assistant_audio(frame.pcm)
             if frame.piece is not None:
