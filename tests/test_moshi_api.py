@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 USED = {
     "moshi.models.loaders": [
         "get_moshi_lm", "get_mimi", "CheckpointInfo", "MOSHI_NAME", "MIMI_NAME", "TEXT_TOKENIZER_NAME",
-        "_lm_kwargs", "_mimi_config",
+        "_lm_kwargs", "_mimi_config", "get_lora_moshi",
     ],
+    "moshi.modules.lora": ["replace_all_linear_with_lora", "LoRALinear"],
     "moshi.models.lm": ["LMGen", "LMModel"],
     "moshi.utils.compile": ["no_compile", "no_cuda_graph"],
     "moshi.utils.sampling": ["sample_token"],
