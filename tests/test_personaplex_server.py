@@ -202,6 +202,7 @@ def test_browser_voice_picker(pp_server: InProcessServer, tmp_path: Path) -> Non
             page.goto(pp_server.http_url + "/?transport=websocket")
             page.wait_for_function("() => document.querySelectorAll('#voice option').length === 2", timeout=15000)
             assert page.is_visible("#voice-field") and page.input_value("#voice") == "NATF2"
+            assert "persona" in page.inner_text("label[for=instructions]")
             page.select_option("#voice", "VARM1")
             page.click("#connect")
             page.wait_for_function("() => window.kame.session?.audio?.output?.voice === 'VARM1'", timeout=20000)

@@ -267,6 +267,8 @@ async function loadVoices() {
   ui.voice.replaceChildren(...voices.names.map((n) => new Option(n, n)));
   ui.voice.value = voices.default || voices.names[0];
   ui.voiceField.hidden = false;
+  const label = document.querySelector("label[for=instructions]");
+  if (voices.persona && label) label.textContent = "Instructions (the persona, and for the back-end)";
   ui.voiceInfo.textContent = "The voice and the instructions (the persona) start the conversation: changing them starts it again.";
 }
 
