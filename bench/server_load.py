@@ -314,6 +314,11 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
             f"# server side (whole run of the server): step mean {1000 * (step_mean or 0):.1f} ms, step p99 <= "
             f"{1000 * (step_p99 or 0):.0f} ms, frame lateness p99 <= {1000 * (late_p99 or 0):.0f} ms, frames dropped {dropped:.0f}"
         )
+        reply_p50, n_replies = histogram_delta_quantile(before[1], after[1], "kame_first_reply_seconds", 0.5)
+        reply_p99, _ = histogram_delta_quantile(before[1], after[1], "kame_first_reply_seconds", 0.99)
+        if n_replies:  # from a session's connection to its first reply frame (a PersonaPlex session's prompts first)
+            print(f"# server side (this run): connect to first reply frame p50 <= {1000 * (reply_p50 or 0):.0f} ms, "
+                  f"p99 <= {1000 * (reply_p99 or 0):.0f} ms ({n_replies:.0f} sessions)")
     if protocol == "webrtc" and after[0] == 200 and before[0] == 200:
         def delta(name: str) -> float:
             return histogram_sum(after[1], name) - histogram_sum(before[1], name)

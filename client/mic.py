@@ -51,6 +51,7 @@ class MicOptions:
     tail_s: float = 4.0
     instructions: str | None = None
     oracle_policy: str | None = None
+    voice: str | None = None  # a PersonaPlex checkpoint's voice (GET /health lists them)
     backoff: Backoff = Backoff()  # attempts=0: no reconnecting
     aec: bool = True  # cancel the echo of the reply in the microphone (--no-aec: off)
     echo_path: Path | None = None  # --input-wav only: a simulated speaker and room (an impulse response)
@@ -261,6 +262,9 @@ async def _open_session(opts: MicOptions) -> Any:
     query = {"backend": opts.backend} if opts.backend else None
     if opts.oracle_policy:
         query = {**(query or {}), "oracle_policy": opts.oracle_policy}
+    if opts.voice:  # PersonaPlex's own query parameter: the voice file's name
+        name = opts.voice if opts.voice.endswith((".pt", ".wav")) else f"{opts.voice}.pt"
+        query = {**(query or {}), "voice_prompt": name}
     return await MoshiClient.connect(url, token=opts.token, query=query)
 
 
@@ -273,8 +277,9 @@ async def _ready(client: Any, opts: MicOptions) -> bool:
                 client.close_reason = "no session.created within 30 s"
             return False
         kame = {k: v for k, v in {"backend": opts.backend, "oracle_policy": opts.oracle_policy}.items() if v}
-        if kame or opts.instructions:
-            await client.update_session(instructions=opts.instructions, kame=kame or None)
+        audio = {"audio": {"output": {"voice": opts.voice}}} if opts.voice else {}
+        if kame or opts.instructions or audio:
+            await client.update_session(instructions=opts.instructions, kame=kame or None, **audio)
         return True
     if await client.wait_handshake(30):
         return True

@@ -233,6 +233,14 @@ def tiny_moshi_ckpt(kame_cache_dir: Path) -> Path:
     return ensure_tiny_checkpoint(kame_cache_dir, seed=0, with_oracle=False)
 
 
+@pytest.fixture(scope="session")
+def tiny_personaplex_ckpt(kame_cache_dir: Path) -> Path:
+    """A tiny checkpoint in PersonaPlex's layout with two voices (tests/support/personaplex_tiny.py)."""
+    from tests.support.personaplex_tiny import ensure_tiny_personaplex
+
+    return ensure_tiny_personaplex(kame_cache_dir)
+
+
 @pytest.fixture
 def llm_server() -> Iterator[LlmServer]:
     """A fresh scriptable OpenAI-compatible server on 127.0.0.1 (``.base_url`` ends in ``/v1``)."""

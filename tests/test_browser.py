@@ -301,6 +301,7 @@ def test_voice_conversation_in_chromium(
         return summary(page)
 
     assert kame(page, "k.phase") == "idle"
+    assert page.is_hidden("#voice-field")  # a KAME checkpoint has one voice: no picker
     assert page.input_value("#backend") == "alpha"
     assert "unreachable" in page.inner_text("#backend option[value=offline]")
     # the keyboard reaches every control in reading order (disabled and hidden ones are skipped)

@@ -26,12 +26,16 @@ USED = {
         "no_compile", "no_cuda_graph", "torch_compile_lazy", "_is_cuda_graph_enabled", "_compile_disabled",
         "_disable_cuda_graph",
     ],
+    "moshi.utils.sampling": ["sample_token"],  # PersonaPlex's 16 depformer steps (kame/frontend/personaplex.py)
     "moshi.modules.transformer": ["StreamingMultiheadAttention"],
     "moshi.quantization.core_vq": ["EuclideanCodebook"],
     "moshi.modules.streaming": ["StreamingModule"],
 }
-LM_ATTRS = ["text_emb", "text_initial_token_id", "text_padding_token_id", "dtype", "state_dict", "load_state_dict"]
-LMGEN_METHODS = ["step", "reset_streaming", "set_exec_mask", "streaming_forever"]
+LM_ATTRS = ["text_emb", "text_initial_token_id", "text_padding_token_id", "dtype", "state_dict", "load_state_dict",
+            # PersonaPlex (kame.frontend.prompts, kame.frontend.personaplex)
+            "transformer", "depformer", "forward_depformer", "dep_q", "delays", "dim", "card"]
+LMGEN_METHODS = ["step", "reset_streaming", "set_exec_mask", "streaming_forever",
+                 "depformer_step"]  # replaced per instance for PersonaPlex's 16 depformer steps
 MIMI_METHODS = ["encode", "decode", "reset_streaming", "set_exec_mask", "streaming_forever", "set_num_codebooks"]
 
 
@@ -98,3 +102,7 @@ def test_tiny_path_runs(tiny_kame_ckpt: Path) -> None:
     core.attach(1)
     outs = [core.tick({0: np.zeros(1920, np.float32), 1: np.zeros(1920, np.float32)}) for _ in range(4)]
     assert outs[-1][0].text_id is not None and outs[-1][1].audio_codes is not None
+    # PersonaPlex's prompts write the LMGen's token cache: [batch, codebooks, positions], per-slot offsets
+    state = core.lm_gen._streaming_state
+    assert state.cache.dim() == 3 and state.cache.shape[:2] == (2, models.lm.num_codebooks)
+    assert state.offsets.shape == (2,)

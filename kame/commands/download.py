@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         files = resolve_checkpoint(ckpt, cfg.frontend.revision)
         print(f"front-end checkpoint {ckpt}: {files.lm_weights.parent}")
+        if files.voices is not None:  # a PersonaPlex checkpoint: its voices.tgz, unpacked when first loaded
+            print(f"front-end voices: {files.voices}")
     kind, model = cfg.asr.kind, cfg.asr.model
     if kind == "kyutai":
         from kame.asr.kyutai_recognizer import DEFAULT_MODEL

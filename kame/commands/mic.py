@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="LLM back-end by name (see GET /v1/backends).")
     p.add_argument("--oracle-policy", default=None, choices=list(ORACLE_POLICIES))
     p.add_argument("--instructions", default=None, help="Per-session instructions for the LLM (realtime only).")
+    p.add_argument("--voice", default=None,
+                   help="The voice of a PersonaPlex checkpoint (GET /health lists them): realtime "
+                        "audio.output.voice, moshi ?voice_prompt=NAME.pt.")
     p.add_argument("--token", default=None, help="Bearer token (default: $KAME_AUTH_TOKEN).")
     p.add_argument("--input-wav", type=Path, default=None, help="Send this file at real time instead of the microphone.")
     p.add_argument("--output-wav", type=Path, default=None, help="Write everything the server sent here.")
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         tail_s=args.tail,
         instructions=args.instructions,
         oracle_policy=args.oracle_policy,
+        voice=args.voice,
         backoff=Backoff(attempts=args.retries),
         aec=args.aec,
         echo_path=args.echo_path,

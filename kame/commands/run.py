@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events-out", type=Path, default=None,
                    help="Tandem mode: timeline of ASR, LLM, oracle and text events, one JSON object a line.")
     p.add_argument("--tail", type=float, default=0.0, help="Seconds of silence fed after the input (tandem mode).")
+    p.add_argument("--voice", default=None,
+                   help="PersonaPlex checkpoints: the voice (a name in its voices folder; default: frontend.voice).")
+    p.add_argument("--persona", default=None,
+                   help="PersonaPlex checkpoints: the role text, stepped as <system> TEXT <system> before the input.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
     log.info("loading %s on %s (%s)", cfg.frontend.checkpoint, device, versions_line())
     models = load_frontend(cfg.frontend, device, cache_dir=cfg.cache_dir)
     core = EngineCore(models, cfg.frontend, batch_size=1)
+    if core.prompts is None and (args.voice or args.persona):
+        raise UserError(f"--voice and --persona need a PersonaPlex checkpoint; {cfg.frontend.checkpoint} has one voice")
+    try:
+        prompt = models.prompt_plan(args.voice, args.persona)
+    except ValueError as exc:  # an unknown voice: the message names the checkpoint's voices
+        raise UserError(str(exc)) from None
 
     def encode_answer(text: str) -> list[int]:
         return encode_answer_text(text, models.encode_text)
@@ -89,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         result_pcm, outputs = _run_tandem(args, cfg, core, pcm, injections, encode_answer)
     else:
         result = run_offline(core, pcm, injections=injections, encode_answer=encode_answer,
-                             seed=cfg.frontend.seed, fast=args.fast)
+                             seed=cfg.frontend.seed, fast=args.fast, prompt=prompt)
         result_pcm, outputs = result.pcm, result.outputs
     wall = time.monotonic() - t0
     write_wav(args.output, result_pcm, models.sample_rate)
@@ -128,7 +138,7 @@ def _run_tandem(args, cfg, core, pcm, injections, encode_answer):
     root = SessionRoot.for_models(engine, core.models, oracle_config=cfg.oracle, registry=registry,
                                   recognizer=recognizer, tools=tools, echo_guard=cfg.asr.echo_guard)
     engine.start()
-    settings = SessionSettings(backend=args.backend or None)
+    settings = SessionSettings(backend=args.backend or None, voice=args.voice, instructions=args.persona)
 
     async def main():
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kame.errors import CheckpointError
+from kame.frontend.personaplex import MODEL_TYPE, VOICES_ARCHIVE, VOICES_DIR, is_personaplex, personaplex_lm_kwargs
 
 #: Keys of config.json that are not LMModel keywords (moshi pops the same ones).
 NON_LM_KEYS = (
@@ -30,6 +31,7 @@ NON_LM_KEYS = (
     "tts_config",
     "stt_config",
     "model_id",
+    "personaplex",  # kame's: a PersonaPlex checkpoint's prompt tokens (kame.frontend.personaplex)
 )
 
 
@@ -49,6 +51,9 @@ class CheckpointFiles:
     model_type: str = "moshi"
     #: the LoRA adapters named by config.json's ``lora_name`` (a fine-tune saved by moshi-finetune)
     lora_weights: Path | None = None
+    #: A PersonaPlex checkpoint's voices: a ``voices/`` folder or ``voices.tgz`` (None: no voices).
+    voices: Path | None = None
+    personaplex: bool = False
 
     @property
     def mimi_config(self) -> dict[str, Any] | None:
@@ -130,6 +135,10 @@ def resolve_local(directory: Path) -> CheckpointFiles:
     raw = _read_json(config_path) if config_path.is_file() else None
     names, lm_kwargs, extra = _split_config(raw)
     mimi_cfg = names["mimi_config_name"]
+    voices = _local_voices(directory)
+    personaplex = is_personaplex(raw, voices is not None)
+    if personaplex:
+        lm_kwargs = personaplex_lm_kwargs(lm_kwargs)
     return CheckpointFiles(
         source=str(directory),
         lm_weights=_local_or_hf(directory, str(names["moshi_name"]), "LM weights"),
@@ -142,7 +151,18 @@ def resolve_local(directory: Path) -> CheckpointFiles:
         stt_config=dict(extra.get("stt_config") or {}),
         model_type=str(extra.get("model_type", "moshi")),
         lora_weights=_local_or_hf(directory, str(names["lora_name"]), "LoRA weights") if names["lora_name"] else None,
+        voices=voices,
+        personaplex=personaplex,
     )
+
+
+def _local_voices(directory: Path) -> Path | None:
+    """A local checkpoint's voices: its ``voices/`` folder, else its ``voices.tgz``."""
+    folder = directory / VOICES_DIR
+    if folder.is_dir():
+        return folder
+    archive = directory / VOICES_ARCHIVE
+    return archive if archive.is_file() else None
 
 
 def hub_offline() -> bool:
@@ -256,6 +276,14 @@ def resolve_hub(repo: str, revision: str | None = None) -> CheckpointFiles:
         return got
 
     mimi_cfg = names["mimi_config_name"]
+    # Only a repo that says it is PersonaPlex (config.json, or its name) is asked for voices: any other
+    # one would cost a Hub request (or fail offline) for a file it does not have.
+    voices = None
+    if is_personaplex(raw, False) or MODEL_TYPE in repo.lower():
+        voices = _hub_file(repo, VOICES_ARCHIVE, revision, required=False)
+    personaplex = is_personaplex(raw, voices is not None)
+    if personaplex:
+        lm_kwargs = personaplex_lm_kwargs(lm_kwargs)
     return CheckpointFiles(
         source=repo,
         lm_weights=get(names["moshi_name"]),
@@ -268,6 +296,8 @@ def resolve_hub(repo: str, revision: str | None = None) -> CheckpointFiles:
         stt_config=dict(extra.get("stt_config") or {}),
         model_type=str(extra.get("model_type", "moshi")),
         lora_weights=get(names["lora_name"]) if names["lora_name"] else None,
+        voices=voices,
+        personaplex=personaplex,
     )
 
 

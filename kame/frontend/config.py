@@ -83,6 +83,11 @@ class FrontendConfig(BaseModel):
         description="torch intra-op threads when running on CPU (process-wide; null: torch's default). "
         "1 avoids OpenMP spin contention with the server's other threads.",
     )
+    voice: str | None = Field(
+        None,
+        description="Default voice of a PersonaPlex checkpoint (a name from its voices folder; null: NATF2 "
+        "when the checkpoint has it, else the first by name). Sessions may choose another.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 
     @field_validator("compile", mode="before")

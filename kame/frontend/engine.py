@@ -36,6 +36,8 @@ from kame.frontend.models import FrontendModels
 from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
+from kame.frontend.personaplex import install_full_depformer
+from kame.frontend.prompts import PromptPlan, PromptSlots
 
 if TYPE_CHECKING:
     from kame.asr.kyutai_core import SttCore, SttStep
@@ -57,6 +59,7 @@ class SlotOutput:
     oracle_id: int  # the oracle token fed at this step
     audio_codes: tuple[int, ...] | None = None  # the LM's audio tokens (None while ungenerated)
     stt: SttStep | None = None  # when a shared Kyutai STT listens to this slot
+    prompting: bool = False  # a PersonaPlex prompt step: the input frame was not heard, the output is silence
 
 
 class EngineStepError(RuntimeError):
@@ -201,6 +204,12 @@ class EngineCore:
         self.mode = MoshiMode(compile=resolve_compile(cfg.compile, self.device.type), cuda_graphs=cfg.cuda_graphs)
         if self.mode.compile:
             make_kernels_compilable()
+        #: PersonaPlex checkpoints: each slot's system prompts (kame.frontend.prompts); None otherwise.
+        self.prompts: PromptSlots | None = None
+        if models.personaplex is not None:
+            self.prompts = PromptSlots(models.lm, self.batch_size, self.device)
+        if models.depformer_steps > int(models.lm.dep_q):
+            install_full_depformer(self.lm_gen, models.depformer_steps)
         self.stt = stt
         if stt is not None:
             stt.mode = self.mode  # stepped inside this engine's calls: one mode for both
@@ -217,6 +226,7 @@ class EngineCore:
         self._oracle_host = torch.full((self.batch_size,), self.idle_id, dtype=torch.long)
         self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
         self._first_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping their first frame
+        self._prompt_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping a prompt frame
         self._pcm_host = torch.zeros(self.batch_size, 1, self.frame_size, dtype=torch.float32)
         self._temp_scale = torch.ones(self.batch_size, 1, device=self.device)
         self._topk = torch.zeros(self.batch_size, dtype=torch.long)
@@ -273,8 +283,11 @@ class EngineCore:
             state.attached = False
 
     # ------------------------------------------------------------------ slot lifecycle
-    def attach(self, slot: int) -> None:
-        """Give ``slot`` to a new session: reset its Mimi and LM state and its FIFO only."""
+    def attach(self, slot: int, prompt: PromptPlan | None = None) -> None:
+        """Give ``slot`` to a new session: reset its Mimi and LM state and its FIFO only.
+
+        ``prompt``: a PersonaPlex session's system prompts, stepped by the
+        slot's next ticks (:meth:`prompting` says while) before it hears audio."""
         self._check_slot(slot)
         mask = torch.zeros(self.batch_size, dtype=torch.bool)
         mask[slot] = True
@@ -290,12 +303,37 @@ class EngineCore:
         state.attached = True
         state.steps = 0
         self.set_slot_sampling(slot, None, None)
+        if self.prompts is not None:
+            if prompt is None:
+                prompt = self.models.prompt_plan(None, None)
+            assert prompt is not None
+            self.prompts.start(slot, prompt)
+        elif prompt is not None:
+            raise ValueError("this checkpoint takes no system prompts (not a PersonaPlex checkpoint)")
+
+    def prompting(self, slot: int) -> bool:
+        """The slot still steps its system prompts (its input frames are not heard yet)."""
+        return self.prompts is not None and self.prompts.prompting(slot)
+
+    def prompting_slots(self) -> list[int]:
+        return [] if self.prompts is None else self.prompts.prompting_slots()
+
+    def prompt_tick(self) -> int:
+        """Step every slot still in its system prompts once, no other slot; returns how many stepped.
+
+        Lets prompts run faster than real time when the engine has time between two ticks."""
+        slots = [s for s in self.prompting_slots() if self.slots[s].attached]
+        if slots:
+            self.tick({s: None for s in slots})
+        return len(slots)
 
     def detach(self, slot: int) -> None:
         self._check_slot(slot)
         state = self.slots[slot]
         state.attached = False
         state.fifo.clear()
+        if self.prompts is not None:
+            self.prompts.clear(slot)
         self._stt_mask[slot] = False
         self._stt_lag.pop(slot, None)
         self.set_slot_sampling(slot, None, None)
@@ -387,8 +425,11 @@ class EngineCore:
                 row.masked_fill_(row < kth, float("-inf"))
 
     # ------------------------------------------------------------------ stepping
-    def tick(self, frames: Mapping[int, np.ndarray]) -> dict[int, SlotOutput]:
+    def tick(self, frames: Mapping[int, np.ndarray | None]) -> dict[int, SlotOutput]:
         """Step every slot in ``frames`` (one ``frame_size`` float32 frame each) once.
+
+        A slot still in its system prompts steps its next prompt frame instead
+        and its input frame is dropped (None is allowed for such a slot only).
 
         Raises :class:`EngineStepError` if the model fails; the caller ends
         those slots. Slots not in ``frames`` are left exactly as they were.
@@ -403,14 +444,24 @@ class EngineCore:
         self._mask_host.zero_()
         self._pcm_host.zero_()
         self._first_host.zero_()
+        self._prompt_host.zero_()
         for slot in stepped:
-            self._first_host[slot] = self.slots[slot].steps == 0
+            if self.prompting(slot):
+                self._prompt_host[slot] = True
+                self._mask_host[slot] = True
+                self._oracle_host[slot] = self.idle_id
+                continue
+            if frames[slot] is None:
+                raise ValueError(f"slot {slot}: no frame")
+            # A PersonaPlex slot keeps Mimi's state from its reset at attach (no first-frame reset).
+            self._first_host[slot] = self.slots[slot].steps == 0 and not (self.prompts is not None and self.prompts.owns(slot))
             pcm = np.asarray(frames[slot], dtype=np.float32).reshape(-1)
             if pcm.shape[0] != self.frame_size:
                 raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
             self._pcm_host[slot, 0].copy_(torch.from_numpy(pcm))
             self._mask_host[slot] = True
-            self._oracle_host[slot] = self.slots[slot].fifo.pop()
+            # PersonaPlex was not trained with KAME's oracle stream: its slots are fed the idle token.
+            self._oracle_host[slot] = self.idle_id if self.prompts is not None else self.slots[slot].fifo.pop()
         try:
             with self._compile_guard(), torch.no_grad():
                 out_tokens, pcm_out, stt_out = self._model_step()
@@ -422,6 +473,10 @@ class EngineCore:
         results: dict[int, SlotOutput] = {}
         for slot in stepped:
             state = self.slots[slot]
+            if bool(self._prompt_host[slot]):
+                results[slot] = SlotOutput(slot=slot, step=state.steps, pcm=np.zeros(self.frame_size, np.float32),
+                                           text_id=None, oracle_id=self.idle_id, prompting=True)
+                continue
             text = int(out_tokens[slot, 0])
             generated = text != UNGENERATED and bool((out_tokens[slot, 1:] != UNGENERATED).all())
             pcm = pcm_out[slot] if generated and pcm_out is not None else np.zeros(self.frame_size, np.float32)
@@ -449,9 +504,13 @@ class EngineCore:
 
     def _model_step(self) -> tuple[np.ndarray, np.ndarray | None, dict[int, Any]]:
         mask = self._mask_host
-        self._set_mimi_mask(mask)
-        codes = self.mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
-        first = mask & self._first_host
+        heard = mask & ~self._prompt_host  # slots whose input frame is audio (not a prompt step)
+        if bool(heard.any()):
+            self._set_mimi_mask(heard)
+            codes = self.mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
+        else:  # only prompt steps: nothing to encode (their LM input is set by the prompts)
+            codes = torch.zeros(self.batch_size, self.mimi.num_codebooks, 1, dtype=torch.long, device=self.device)
+        first = heard & self._first_host
         if bool(first.any()):
             # Moshi's rule (moshi's and KAME's servers): Mimi's streaming state is reset right
             # after encoding a session's first frame; the LM is still stepped with that frame.
@@ -459,15 +518,27 @@ class EngineCore:
             self._mimi_mask = None  # the reset re-enabled those slots
         self.oracle_input.set_tokens(self._oracle_host.to(self.device, non_blocking=True))
         self._set_lm_mask(mask)
-        out = self.lm_gen.step(codes)  # moshi slices the 8 codebooks it needs
+        lm_codes = codes
+        if self.prompts is not None:
+            stepped = [int(s) for s in torch.nonzero(mask).flatten().tolist()]
+            lm_codes = self.prompts.lm_codes(codes, stepped)
+            cache = self.lm_gen._streaming_state.cache
+            self.prompts.before_step(cache, stepped)
+            out = None
+            try:
+                out = self.lm_gen.step(lm_codes)
+            finally:
+                self.prompts.after_step(cache, out, stepped)
+        else:
+            out = self.lm_gen.step(lm_codes)  # moshi slices the 8 codebooks it needs
         assert out is not None  # support_out_of_sync: never None
         stt_out: dict[int, Any] = {}
         if self.stt is not None:
-            stt_mask = mask & self._stt_mask
+            stt_mask = heard & self._stt_mask
             if bool(stt_mask.any()):
                 stt_out = self.stt.step_codes(self._stt_codes(codes, stt_mask), stt_mask)
         tokens = out[:, :, 0].cpu()
-        generated = (tokens != UNGENERATED).all(dim=1) & mask
+        generated = (tokens != UNGENERATED).all(dim=1) & heard
         pcm_np: np.ndarray | None = None
         if bool(generated.any()):
             self._set_mimi_mask(generated)

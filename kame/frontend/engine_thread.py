@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from kame.frontend.engine import EngineCore, EngineStepError, SlotOutput
+from kame.frontend.prompts import PromptPlan
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,18 @@ OutputCallback = Callable[[SlotOutput], None]
 ErrorCallback = Callable[[str], None]
 #: Receives the shared STT's step of a slot (a :class:`~kame.asr.kyutai_core.SttStep`), in the engine thread.
 SttSink = Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """A session's voice (a name of the checkpoint's voices; None: the default) and persona (its role text)."""
+
+    voice: str | None = None
+    persona: str | None = None
+
+
+#: ``_loop``'s marker for a tick of the slots in their system prompts only.
+PROMPT_TICK: Any = object()
 
 
 class EngineFull(RuntimeError):
@@ -109,6 +122,8 @@ class EngineThread:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.ticks = 0
+        #: Ticks that stepped only slots in their system prompts (PersonaPlex).
+        self.prompt_ticks = 0
         #: When the tick or the commands now running started (None while the thread waits for work).
         self._busy_since: float | None = None
 
@@ -153,8 +168,14 @@ class EngineThread:
             return len(self._free) if self.error is None else 0
 
     # ------------------------------------------------------------------ slot API (any thread)
-    def attach(self, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None]) -> int:
-        """Reserve a slot now; the engine thread resets it and then calls ``on_ready(slot)``."""
+    def attach(
+        self, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None],
+        prompt: PromptRequest | None = None,
+    ) -> int:
+        """Reserve a slot now; the engine thread resets it and then calls ``on_ready(slot)``.
+
+        ``prompt``: the session's voice and persona (PersonaPlex checkpoints: their system prompts are
+        built and started by the attach; other checkpoints ignore it)."""
         with self._wake:
             if self.error is not None:
                 raise EngineFailed(f"the engine thread is dead ({self.error})")
@@ -164,15 +185,23 @@ class EngineThread:
             io = self._io[slot] = _SlotIO(on_output=on_output, on_error=on_error, last_feed_t=time.monotonic())
 
             def do_attach() -> None:
-                self.core.attach(slot)
+                self.core.attach(slot, self._plan(prompt))
                 on_ready(slot)
 
             self._commands.put(self._guarded(slot, io, do_attach, "attach"))
             self._wake.notify_all()
         return slot
 
+    def _plan(self, prompt: PromptRequest | None) -> PromptPlan | None:
+        """In the engine thread: the slot's prompt frames (loads the voice on its first use)."""
+        if self.core.prompts is None:
+            return None
+        request = prompt or PromptRequest()
+        return self.core.models.prompt_plan(request.voice, request.persona)
+
     def reattach(
-        self, slot: int, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None]
+        self, slot: int, on_output: OutputCallback, on_error: ErrorCallback, on_ready: Callable[[int], None],
+        prompt: PromptRequest | None = None,
     ) -> None:
         """Fresh state for a slot its session keeps (a reset): the slot is never free in between, so no
         other session can take it. Input buffered and frames taken for the old state are dropped.
@@ -186,7 +215,7 @@ class EngineThread:
 
             def do_reattach() -> None:
                 self.core.detach(slot)
-                self.core.attach(slot)
+                self.core.attach(slot, self._plan(prompt))
                 on_ready(slot)
 
             self._commands.put(self._guarded(slot, io, do_reattach, "reset"))
@@ -420,8 +449,12 @@ class EngineThread:
                     taken = self._take_frames(now)
                     if taken is not None:
                         break
+                    if self.core.prompts is not None and self.core.prompting_slots():
+                        taken = PROMPT_TICK  # no frame is due: the engine's time goes to system prompts
+                        break
                     self._wake.wait(self._next_deadline(now))
-                callbacks = {s: self._io[s] for s in (taken[0] if taken else {}) if s in self._io}
+                stepping = taken[0] if taken is not None and taken is not PROMPT_TICK else {}
+                callbacks = {s: self._io[s] for s in stepping if s in self._io}
             self._busy_since = time.monotonic()
             try:
                 self._work(taken, callbacks)
@@ -433,17 +466,24 @@ class EngineThread:
         self._drain_commands()
         if taken is None:
             return
+        if taken is PROMPT_TICK:
+            self._prompt_tick()
+            return
         frames, waited = taken
         # A slot detached since its frames were taken must not be stepped.
         with self._lock:  # a slot detached (and maybe re-attached) since its frames were taken: drop them
             frames = {s: f for s, f in frames.items() if s in callbacks and self._io.get(s) is callbacks[s]}
         if not frames:
             return
+        riders: dict[int, _SlotIO] = {}
+        if self.core.prompts is not None:  # slots in their system prompts ride along: the batch has room
+            with self._lock:
+                riders = {s: self._io[s] for s in self.core.prompting_slots() if s not in frames and s in self._io}
         t0 = time.perf_counter()
         try:
-            outputs = self.core.tick(frames)
+            outputs = self.core.tick({**frames, **dict.fromkeys(riders)})
         except EngineStepError as exc:
-            self._fail_slots(exc.slots, callbacks, str(exc.cause.__class__.__name__))
+            self._fail_slots(exc.slots, {**callbacks, **riders}, str(exc.cause.__class__.__name__))
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a bad frame: those slots fail, the engine goes on
             log.exception("engine tick failed for slots %s", sorted(frames))
@@ -452,12 +492,39 @@ class EngineThread:
         duration = time.perf_counter() - t0
         self.ticks += 1
         for slot, out in outputs.items():
+            if slot in riders:
+                continue  # a prompt step of a slot that sent no frame: nothing to deliver
             self._deliver(slot, callbacks[slot], out)
         if self.on_tick is not None:
             try:
                 self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
             except Exception:  # noqa: BLE001
                 log.exception("on_tick callback failed")
+
+    def _prompt_tick(self) -> None:
+        """One step of every slot still in its system prompts, between frame ticks: prompts run faster than
+        real time while the engine has room, and a frame that falls due meanwhile waits one step at most."""
+        with self._lock:
+            slots = [s for s in self.core.prompting_slots() if s in self._io]
+            callbacks = {s: self._io[s] for s in slots}
+        if not slots:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.core.tick({s: None for s in slots})
+        except EngineStepError as exc:
+            self._fail_slots(exc.slots, callbacks, str(exc.cause.__class__.__name__))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("engine prompt tick failed for slots %s", slots)
+            self._fail_slots(slots, callbacks, exc.__class__.__name__)
+        else:
+            self.ticks += 1
+            self.prompt_ticks += 1
+            if self.on_tick is not None:
+                try:
+                    self.on_tick(TickStats(duration_s=time.perf_counter() - t0, slots=len(slots), waited_s=0.0))
+                except Exception:  # noqa: BLE001
+                    log.exception("on_tick callback failed")
 
     def _deliver(self, slot: int, io: _SlotIO, out: SlotOutput) -> None:
         try:
@@ -535,6 +602,8 @@ class AsyncSlot:
         self.dropped_outputs = 0
         self.timeout_s = timeout_s
         self.sink = sink
+        #: The voice and persona the slot was attached with (a reset keeps them).
+        self.prompt: PromptRequest | None = None
         self._ready: asyncio.Future[int] = self.loop.create_future()
 
     def _put(self, outputs: asyncio.Queue[SlotOutput | Exception], item: SlotOutput | Exception) -> None:
@@ -588,10 +657,11 @@ class AsyncSlot:
             self.slot = None  # the engine released it already
             raise
 
-    async def attach(self) -> int:
+    async def attach(self, prompt: PromptRequest | None = None) -> int:
         """Attach a fresh slot. Raises :class:`EngineFull` (no slot free) or :class:`EngineFailed` (the
         attach failed or took longer than ``timeout_s``: the slot is released again)."""
-        self.slot = self.engine.attach(*self._callbacks())
+        self.prompt = prompt
+        self.slot = self.engine.attach(*self._callbacks(), prompt=prompt)
         slot = self.slot
         await self._wait_ready("attach")
         return slot
@@ -605,7 +675,7 @@ class AsyncSlot:
         self.outputs = asyncio.Queue(self.outputs.maxsize)
         self._ready = self.loop.create_future()
         try:
-            self.engine.reattach(self.slot, *self._callbacks())
+            self.engine.reattach(self.slot, *self._callbacks(), prompt=self.prompt)
         except (EngineFull, EngineFailed):
             self.slot = None
             raise

@@ -23,6 +23,7 @@ import torch
 
 from kame.errors import CheckpointError
 from kame.frontend.checkpoint import CheckpointFiles
+from kame.frontend.personaplex import AGENT_CODEBOOKS
 from kame.frontend.release_layout import (
     TensorPlan,
     attention_modules,
@@ -298,6 +299,9 @@ def load_lm(
     if lora is not None:
         lm = _apply_lora(lm, lora, device, dtype)
     lm.eval()
+    if files.personaplex:
+        # 16 depformer steps loaded; LMGen must see the agent's 8 (kame.frontend.personaplex).
+        lm.dep_q = AGENT_CODEBOOKS
     text_weight = lm.text_emb.weight
     if oracle is None:
         oracle_weight = text_weight.detach().clone()
@@ -358,6 +362,8 @@ def resolve_device(name: str) -> torch.device:
 def lm_num_codebooks(files: CheckpointFiles) -> int:
     """How many Mimi codebooks the LM consumes (moshi's rule)."""
     kw = files.lm_kwargs
+    if files.personaplex:
+        return AGENT_CODEBOOKS
     if not kw:
         return 8
     n_q, dep_q = int(kw.get("n_q", 16)), int(kw.get("dep_q", 8))

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from kame.errors import CheckpointError
-from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint, resolve_lora_file
+from kame.frontend.checkpoint import CheckpointFiles, default_cache_dir, resolve_checkpoint, resolve_lora_file
 from kame.frontend.config import FrontendConfig
 from kame.frontend.loading import (
     lm_num_codebooks,
@@ -19,6 +19,9 @@ from kame.frontend.loading import (
     load_tokenizer,
     resolve_dtype,
 )
+from kame.frontend.personaplex import DEPFORMER_STEPS, PersonaPlexSpec
+from kame.frontend.prompts import PromptPlan, build_plan
+from kame.frontend.voices import SavedVoice, UnknownVoice, VoiceCatalog, WavVoice, unpack_voices
 from kame.vocab import TextVocab
 
 
@@ -33,6 +36,12 @@ class FrontendModels:
     tokenizer: Any
     oracle_weight: torch.Tensor
     has_oracle: bool
+    #: PersonaPlex checkpoints only: their prompt tokens and voices (None otherwise).
+    personaplex: PersonaPlexSpec | None = None
+    voices: VoiceCatalog | None = None
+    #: Depformer steps run a frame (PersonaPlex: 16, of which the agent's 8 are kept).
+    depformer_steps: int = 0
+    _wav_mimi: Any = None
 
     @cached_property
     def vocab(self) -> TextVocab:
@@ -61,6 +70,48 @@ class FrontendModels:
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
+
+    def voice_names(self) -> list[str]:
+        return [] if self.voices is None else self.voices.names
+
+    def prompt_plan(self, voice: str | None, persona: str | None) -> PromptPlan | None:
+        """A PersonaPlex session's prompt frames (None on other checkpoints). ``voice`` None = the default;
+        an unknown one raises :class:`~kame.frontend.voices.UnknownVoice`. Loads the voice on first use."""
+        if self.personaplex is None:
+            return None
+        name = None if self.voices is None else self.voices.resolve(voice)
+        if voice and name is None:
+            raise UnknownVoice(voice, [])
+        role = self.personaplex.role_ids(self.tokenizer, persona)
+        pad = int(self.lm.text_padding_token_id)
+        if name is None:
+            return build_plan(self.personaplex, pad, role)
+        assert self.voices is not None
+        loaded = self.voices.load(name)
+        if isinstance(loaded, SavedVoice):
+            return build_plan(self.personaplex, pad, role, loaded)
+        return build_plan(self.personaplex, pad, role, voice_name=name, wav_codes=self._wav_codes(loaded))
+
+    def _wav_codes(self, voice: WavVoice) -> list[list[int]]:
+        """A wav voice's Mimi codes, frame by frame from a fresh streaming state (a Mimi of its own: the
+        engine's is streaming for its slots), the last frame padded with zeros, as PersonaPlex encodes it."""
+        import numpy as np
+
+        from kame.frontend.loading import load_mimi
+
+        if self._wav_mimi is None:
+            self._wav_mimi = load_mimi(self.files, self.device, lm_num_codebooks(self.files))
+        pcm = np.asarray(voice.pcm, np.float32).reshape(-1)
+        n = -(-pcm.size // self.frame_size)
+        padded = np.zeros(n * self.frame_size, np.float32)
+        padded[: pcm.size] = pcm
+        codes: list[list[int]] = []
+        with torch.no_grad(), self._wav_mimi.streaming(1):
+            for i in range(n):
+                chunk = torch.from_numpy(padded[i * self.frame_size : (i + 1) * self.frame_size]).to(self.device)
+                got = self._wav_mimi.encode(chunk[None, None])
+                codes.append([int(c) for c in got[0, :, 0].tolist()])
+        return codes
 
 
 def runnable_mismatch(
@@ -106,6 +157,14 @@ def load_frontend(
     mimi = load_mimi(files, device, mimi_codebooks or lm_num_codebooks(files))
     tokenizer = load_tokenizer(files)
     check_runnable(files, loaded.lm, mimi, tokenizer)
+    spec: PersonaPlexSpec | None = None
+    voices: VoiceCatalog | None = None
+    if files.personaplex:
+        spec = PersonaPlexSpec.from_config(files.raw_config, int(loaded.lm.card))
+        folder = files.voices
+        if folder is not None and folder.is_file():
+            folder = unpack_voices(folder, Path(cache_dir) if cache_dir is not None else default_cache_dir())
+        voices = VoiceCatalog(folder, cfg.voice)
     return FrontendModels(
         files=files,
         device=device,
@@ -114,4 +173,7 @@ def load_frontend(
         tokenizer=tokenizer,
         oracle_weight=loaded.oracle_weight,
         has_oracle=loaded.has_oracle,
+        personaplex=spec,
+        voices=voices,
+        depformer_steps=DEPFORMER_STEPS if files.personaplex else int(loaded.lm.dep_q),
     )

@@ -19,6 +19,7 @@ import torch
 
 from kame.audio import frames_of
 from kame.frontend.engine import EngineCore, SlotOutput
+from kame.frontend.prompts import PromptPlan
 from kame.media import FRAME_RATE
 
 
@@ -65,15 +66,21 @@ def run_offline(
     slot: int = 0,
     before_step: StepHook | None = None,
     on_output: Callable[[SlotOutput], None] | None = None,
+    prompt: PromptPlan | None = None,
 ) -> RunResult:
     """Run ``pcm`` (24 kHz mono) through ``slot``; the reply has the input's length.
+
+    ``prompt``: a PersonaPlex checkpoint's system prompts (voice and role), stepped
+    before the first frame (None there: the default voice, no role).
 
     ``before_step(step, t_s)`` runs before each step (the tandem loop hooks in
     here to apply ASR/LLM results that are due).
     """
     if seed is not None:
         torch.manual_seed(seed)
-    core.attach(slot)
+    core.attach(slot, prompt)
+    while core.prompting(slot):  # a PersonaPlex session's system prompts, before the input's first frame
+        core.prompt_tick()
     frames = frames_of(pcm, core.frame_size)
     by_step: dict[int, list[OracleInjection]] = {}
     for inj in injections:

@@ -37,7 +37,7 @@ from kame.asr.echo_guard import EchoGuard, EchoVerdict
 from kame.asr.events import AsrEvent, EventType
 from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
-from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
+from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull, PromptRequest
 from kame.media import SAMPLE_RATE
 from kame.oracle.choice import OracleChoice
 from kame.oracle.loop import OracleLoop
@@ -200,6 +200,12 @@ class Pipeline:
         self._clock = _FeedClock()
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        self._started_t = time.monotonic()
+        #: Seconds from :meth:`start` to the slot's first reply frame (after a PersonaPlex slot's system
+        #: prompts); None until then.
+        self.first_reply_s: float | None = None
+        #: Input frames that arrived while the slot stepped its system prompts (not heard, no reply frame).
+        self.prompt_frames = 0
         self._turn = _ClientTurn()
         #: The server's echo guard settings (``asr.echo_guard``); a session turns it on or off (``echo_guard``).
         self.echo_config = echo_guard or EchoGuardConfig()
@@ -219,12 +225,17 @@ class Pipeline:
     async def start(self) -> None:
         """Attach a slot, then open the ASR stream and the oracle loop with the session's settings."""
         self.slot = self._new_slot()
+        self._started_t = time.monotonic()
         try:
-            await self.slot.attach()
+            await self.slot.attach(self._prompt())
             self._open_parts()
         except BaseException:
             await self.aclose(flush_asr=False)
             raise
+
+    def _prompt(self) -> PromptRequest:
+        """The voice and persona the slot starts with (used by PersonaPlex checkpoints only)."""
+        return PromptRequest(voice=self.settings.voice, persona=self.settings.instructions)
 
     @property
     def slot_index(self) -> int | None:
@@ -335,7 +346,7 @@ class Pipeline:
         while True:
             slot = self._new_slot()
             try:
-                await slot.attach()
+                await slot.attach(self._prompt())
                 return slot
             except EngineFull:
                 if time.monotonic() >= deadline:
@@ -377,6 +388,31 @@ class Pipeline:
             self._switch_turns(settings.client_turns)
         self.echo.enabled = self._echo_enabled(settings)
         self.settings = settings
+        if self.takes_prompts and (settings.voice, settings.instructions) != (old.voice, old.instructions):
+            self._restart_prompts()
+
+    @property
+    def takes_prompts(self) -> bool:
+        """The engine steps system prompts (a PersonaPlex checkpoint): voice and persona start a session."""
+        return getattr(self.engine.core, "prompts", None) is not None
+
+    def _restart_prompts(self) -> None:
+        """A new voice or persona: the slot starts again from its system prompts (PersonaPlex conditions a
+        session only at its start), in the background; the session's settings are already the new ones."""
+        if self.slot is None or self._closed:
+            return
+        self.slot.prompt = self._prompt()  # first_reply_s still counts from the connection
+
+        async def restart() -> None:
+            try:
+                await self.reset()
+            except Exception as exc:  # noqa: BLE001 - the session learns it as an engine failure
+                log.exception("restarting the system prompts failed")
+                self._put(EngineDown(message=f"restarting the system prompts failed ({exc.__class__.__name__})"))
+
+        task = asyncio.get_running_loop().create_task(restart(), name="kame-prompt-restart")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _switch_llm(self, settings: SessionSettings) -> None:
         """``llm`` changed: stop the oracle loop (its request is cancelled in the background; the slot's
@@ -598,6 +634,11 @@ class Pipeline:
         if isinstance(item, Exception):
             self._put(EngineDown(message=str(item)))
             return
+        if item.prompting:  # a PersonaPlex prompt step: the session has no reply yet (its server sends nothing)
+            self.prompt_frames += 1
+            return
+        if self.first_reply_s is None:
+            self.first_reply_s = time.monotonic() - self._started_t
         if self.oracle is not None:
             self.oracle.on_assistant_token(item.text_id, item.step)
         text_id = item.text_id

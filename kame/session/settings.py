@@ -33,6 +33,8 @@ class SessionSettings:
     oracle_policy: Policy | None = None
     barge_in: BargeInPolicy | None = None
     instructions: str | None = None
+    #: The voice (a PersonaPlex checkpoint's voice name; None: its default). The persona is ``instructions``.
+    voice: str | None = None
     oracle_delay_s: float | None = None
     text_temperature: float | None = None
     text_topk: int | None = None

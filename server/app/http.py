@@ -67,10 +67,22 @@ async def health(request: Request) -> JSONResponse:
             "default": backends.default_name if backends is not None else None,
             "names": backends.names if backends is not None else [],
         },
+        "voices": _voices(host),
         "versions": state.versions,
         "uptime_s": round(time.monotonic() - state.started, 1),
     }
     return JSONResponse(body, status_code=503 if failed else 200)
+
+
+def _voices(host: Any) -> dict[str, Any]:
+    """The checkpoint's voices (a PersonaPlex checkpoint's folder; none: it speaks with one voice)."""
+    models = getattr(host, "models", None)
+    catalog = getattr(models, "voices", None)
+    return {
+        "names": [] if catalog is None else catalog.names,
+        "default": None if catalog is None else catalog.default,
+        "persona": getattr(models, "personaplex", None) is not None,
+    }
 
 
 @router.get("/ready")

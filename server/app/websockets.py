@@ -56,7 +56,19 @@ def realtime_info(state: AppState, session_id: str, model: str) -> realtime.Serv
         default_backend=registry.default_name if registry is not None and registry.names else None, cfg=state.cfg,
         tools_backends=[n for n in host.backend_names() if registry is not None and registry.tools_allowed(n)],
         mcp_servers=host.tools.mcp_server_names if host.tools is not None else [],
+        **voice_info(state),
     )
+
+
+def voice_info(state: AppState) -> dict[str, Any]:
+    """The checkpoint's voices, its default voice and whether it takes a persona (PersonaPlex)."""
+    models = state.host.models
+    voices = getattr(models, "voices", None)
+    return {
+        "voices": [] if voices is None else voices.names,
+        "default_voice": None if voices is None else voices.default,
+        "personas": getattr(models, "personaplex", None) is not None,
+    }
 
 
 def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
@@ -108,7 +120,9 @@ def live_info(state: AppState, session_id: str, **extra: Any) -> live.LiveServer
     from dataclasses import replace
 
     info = live.server_info(session_id, f"kame:{state.cfg.frontend.checkpoint}"[:128], state.cfg, time.time())
-    return replace(info, **extra)
+    voices = voice_info(state)
+    return replace(info, voices=tuple(voices["voices"]), default_voice=voices["default_voice"],
+                   personas=voices["personas"], **extra)
 
 
 def live_wire_args(state: AppState) -> dict[str, Any]:

@@ -513,6 +513,8 @@ class SessionRuntime:
     def _frame(self, frame: AssistantFrame) -> None:
         index = self.frames_out
         self.frames_out += 1
+        if index == 0 and self.pipeline is not None and self.pipeline.first_reply_s is not None:
+            self.metrics.first_reply_seconds.observe(self.pipeline.first_reply_s)
         if self.recorder is not None:
             self.recorder.assistant_audio(frame.pcm)
             if frame.piece is not None:

@@ -30,6 +30,9 @@ const ui = {
   reset: $("reset"),
   backend: $("backend"),
   backendInfo: $("backend-info"),
+  voice: $("voice"),
+  voiceField: $("voice-field"),
+  voiceInfo: $("voice-info"),
   policy: $("policy"),
   policyInfo: $("policy-info"),
   instructions: $("instructions"),
@@ -250,6 +253,29 @@ async function loadBackends() {
   describeBackend(body.backends);
 }
 
+// A PersonaPlex checkpoint has voices (GET /health lists them): the picker shows only then. The voice and
+// the instructions (its persona there) condition the session at its start: changing them restarts it.
+async function loadVoices() {
+  let voices;
+  try {
+    const res = await fetch("/health", { cache: "no-store" });
+    voices = (await res.json()).voices;
+  } catch (err) {
+    return;
+  }
+  if (!voices || !voices.names || !voices.names.length) return;
+  ui.voice.replaceChildren(...voices.names.map((n) => new Option(n, n)));
+  ui.voice.value = voices.default || voices.names[0];
+  ui.voiceField.hidden = false;
+  const label = document.querySelector("label[for=instructions]");
+  if (voices.persona && label) label.textContent = "Instructions (the persona, and for the back-end)";
+  ui.voiceInfo.textContent = "The voice and the instructions (the persona) start the conversation: changing them starts it again.";
+}
+
+ui.voice.addEventListener("change", () => {
+  if (sessionReady) sendUpdate({ audio: { output: { voice: ui.voice.value } } }, { label: `voice ${ui.voice.value}` });
+});
+
 let backendList = [];
 function describeBackend(list = backendList) {
   backendList = list;
@@ -271,6 +297,8 @@ function applySession(session) {
   if (k.oracle_policy) ui.policy.value = k.oracle_policy;
   describeBackend();
   describePolicy();
+  const voice = session.audio && session.audio.output && session.audio.output.voice;
+  if (!ui.voiceField.hidden && voice && [...ui.voice.options].some((o) => o.value === voice)) ui.voice.value = voice;
 }
 
 ui.backend.addEventListener("change", () => {
@@ -621,6 +649,8 @@ function onSessionCreated(session) {
   if (client && client.transport === "webrtc") kameFields.events = true;
   if (Object.keys(kameFields).length) fields.kame = kameFields;
   if (ui.instructions.value.trim()) fields.instructions = ui.instructions.value.trim();
+  const voice = session.audio && session.audio.output && session.audio.output.voice;
+  if (!ui.voiceField.hidden && ui.voice.value && ui.voice.value !== voice) fields.audio = { output: { voice: ui.voice.value } };
   kame.session = session;
   sessionReady = true;
   if (retry.failures > 0) {
@@ -816,3 +846,4 @@ if (problem) {
   ui.connect.disabled = true;
 }
 loadBackends();
+loadVoices();

@@ -65,6 +65,13 @@ class ServerMetrics:
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600),
             registry=r,
         )
+        self.first_reply_seconds = Histogram(
+            "kame_first_reply_seconds",
+            "From a session's connection to its first reply frame (a PersonaPlex session's system prompts "
+            "come first: voice, silence, role, silence).",
+            buckets=(0.05, 0.1, 0.2, 0.5, 1, 2, 4, 6, 8, 10, 15, 30),
+            registry=r,
+        )
         self.step_seconds = Histogram(
             "kame_step_seconds", "Duration of one engine tick (all slots stepped together).", buckets=_STEP_BUCKETS, registry=r
         )

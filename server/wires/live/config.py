@@ -62,6 +62,11 @@ class LiveServerInfo:
     client: Mapping[str, Any] | None = None
     #: Whether sessions start with the echo guard on (``asr.echo_guard.enabled``).
     default_echo_guard: bool = False
+    #: A PersonaPlex checkpoint's voices (empty: one voice, ``audio.output.voice`` is ignored).
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    #: The front-end takes ``session.instructions`` as its persona (PersonaPlex).
+    personas: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ class LiveConfig:
     kame: KameLiveSettings = field(default_factory=KameLiveSettings)
     #: ``delegation.responses`` resolved (None: client delegation).
     responses: ResponsesDelegationSettings | None = None
+    #: The voice chosen at ``session.start`` (PersonaPlex checkpoints; None: the default).
+    voice: str | None = None
 
     @property
     def delegation_type(self) -> Literal["client", "responses"]:
@@ -320,6 +327,18 @@ _START_KNOWN = {"model", "audio", "client", "delegation", "input", "instructions
                 "triggers", "kame"}
 
 
+def _voice(value: Any, info: LiveServerInfo, event_id: str | None) -> str:
+    """A voice of the checkpoint (``NAME`` or ``NAME.pt``), or ``invalid_value`` naming them."""
+    from kame.frontend.voices import voice_stem
+
+    param = "session.audio.output.voice"
+    stem = voice_stem(value) if isinstance(value, str) else None
+    if stem is None or stem not in info.voices:
+        raise LiveError("invalid_value", f"{param}: {repr(value)[:64]} is not one of this checkpoint's voices: "
+                        f"{', '.join(info.voices)}", param=param, client_event_id=event_id)
+    return stem
+
+
 def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str | None = None) -> Parsed:
     """``session.start``'s ``session`` -> the resolved configuration, or :class:`LiveError`."""
     infos: list[Info] = []
@@ -328,6 +347,7 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
         raise LiveError("missing_required_parameter", "session.model is required (any name: kame serves its own model)",
                         param="session.model", client_event_id=event_id)
     fmt = DEFAULT_FORMAT
+    voice: str | None = None
     audio = session.get("audio")
     if audio is not None:
         audio = _object(audio, "session.audio", event_id)
@@ -338,7 +358,10 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
         if audio.get("format") is not None:
             fmt = _audio_format(audio["format"], event_id)
         output = audio.get("output")
-        if output is not None and _object(output, "session.audio.output", event_id).get("voice") is not None:
+        requested = None if output is None else _object(output, "session.audio.output", event_id).get("voice")
+        if requested is not None and info.voices:
+            voice = _voice(requested, info, event_id)
+        elif requested is not None:
             infos.append(_ignored("session.audio.output.voice",
                                   f"Moshi speaks with the voice of its checkpoint ({VOICE!r})", event_id))
     delegation = _delegation(session.get("delegation"), event_id, infos, info)
@@ -355,7 +378,7 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
     sdk_validate(SessionConfig, plain, event_id, "session")
     history = _history(session, event_id) if session.get("input") is not None else ()
     kame = _kame(session["kame"], KameLiveSettings(), info, event_id) if session.get("kame") is not None else KameLiveSettings()
-    if instructions and instructions.strip():
+    if instructions and instructions.strip() and not info.personas:
         infos.append(Info("context_only",
                           "session.instructions are kept as context for delegations: the Moshi front-end takes no "
                           "text instructions", client_event_id=event_id))
@@ -393,6 +416,7 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
         acknowledgement_delay_ms=delegation.ack,
         kame=kame,
         responses=delegation.responses,
+        voice=voice,
     )
     return Parsed(config, tuple(infos))
 
@@ -437,6 +461,7 @@ def _speculative_ignored(event_id: str | None) -> Info:
 
 def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]:
     """The ``session`` of ``session.started`` / ``updated`` / ``closed`` (``SessionResource`` plus ``kame``)."""
+    voice = config.voice or info.default_voice or VOICE
     delegation: dict[str, Any] = {"type": config.delegation_type}
     if config.responses is not None:
         delegation["responses"] = config.responses.as_config()
@@ -447,8 +472,8 @@ def session_resource(config: LiveConfig, info: LiveServerInfo) -> dict[str, Any]
         "expires_at": config.expires_at,
         "model": config.model,
         "status": "active",
-        "audio": {"output": {"voice": VOICE}} if info.webrtc else {"format": config.audio.to_json(),
-                                                                    "output": {"voice": VOICE}},
+        "audio": {"output": {"voice": voice}} if info.webrtc else {"format": config.audio.to_json(),
+                                                                    "output": {"voice": voice}},
         "delegation": delegation,
         "instructions": config.instructions,
         "store": False,

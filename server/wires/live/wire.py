@@ -143,7 +143,12 @@ class LiveWire(Wire):
         if out.settings is not None:  # started or updated: answered once the pipeline took the settings
             self._held += events
             events = []
-            commands.append(SettingsIn(live_settings(self.settings, out.settings)))
+            settings = live_settings(self.settings, out.settings)
+            config = self.live.config
+            if out.started and config is not None:  # voice and persona: chosen at session.start only
+                persona = config.instructions if self.live.info.personas else settings.instructions
+                settings = replace(settings, voice=config.voice, instructions=persona)
+            commands.append(SettingsIn(settings))
         if events:
             commands.append(Reply(self._out(events)))
         for refused in out.errors:

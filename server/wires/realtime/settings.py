@@ -70,6 +70,11 @@ class ServerInfo:
     max_function_output_chars: int = MAX_OUTPUT_CHARS
     #: Whether sessions start with the echo guard on (``asr.echo_guard.enabled``).
     default_echo_guard: bool = False
+    #: A PersonaPlex checkpoint's voices (empty: the checkpoint has one voice, ``audio.output.voice`` is ignored).
+    voices: Sequence[str] = ()
+    default_voice: str | None = None
+    #: The front-end takes the instructions as its persona (PersonaPlex) besides the back-end.
+    personas: bool = False
 
 
 # --------------------------------------------------------------------------- validation
@@ -209,6 +214,9 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
     _check_audio_beta(session)
     _check_modalities(session)
     changes: dict[str, Any] = {}
+    voice = _requested_voice(session)
+    if voice is not None and info.voices:
+        changes["voice"] = _voice(voice, info)
     if "instructions" in session:
         value = session["instructions"]
         if value is not None and not isinstance(value, str):
@@ -248,6 +256,26 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
     known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools", "tool_choice"}
     ignored = tuple(sorted(str(k) for k in session if k not in known))
     return replace(current, **changes), ignored
+
+
+def _requested_voice(session: Mapping[str, Any]) -> Any:
+    """``audio.output.voice`` (GA) or ``voice`` (beta), None when absent."""
+    audio = session.get("audio")
+    if isinstance(audio, Mapping) and isinstance(audio.get("output"), Mapping) and "voice" in audio["output"]:
+        return audio["output"]["voice"]
+    return session.get("voice")
+
+
+def _voice(value: Any, info: ServerInfo) -> str:
+    """A voice of the checkpoint (``NAME``, or ``NAME.pt`` as PersonaPlex's clients send it)."""
+    from kame.frontend.voices import voice_stem
+
+    param = "session.audio.output.voice"
+    stem = voice_stem(value) if isinstance(value, str) else None
+    if stem is None or stem not in info.voices:
+        raise ClientError("invalid_value", f"{param}: {repr(value)[:64]} is not one of this checkpoint's voices: "
+                          f"{', '.join(info.voices)}", param=param)
+    return stem
 
 
 def _parse_kame(kame: Mapping[str, Any], info: ServerInfo) -> dict[str, Any]:
@@ -330,7 +358,8 @@ def session_object(settings: SessionSettings, info: ServerInfo, *, kame_events: 
                 else None,
                 "noise_reduction": None,
             },
-            "output": {"format": dict(AUDIO_FORMAT), "voice": VOICE, "speed": 1.0},
+            "output": {"format": dict(AUDIO_FORMAT), "voice": settings.voice or info.default_voice or VOICE,
+                       "speed": 1.0},
         },
         "tools": session_tools(settings.functions),
         "tool_choice": session_tool_choice(settings.tool_choice or "auto"),

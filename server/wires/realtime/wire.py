@@ -397,6 +397,9 @@ def server_info(
     cfg: Any,
     tools_backends: list[str] | None = None,
     mcp_servers: list[str] | None = None,
+    voices: list[str] | None = None,
+    default_voice: str | None = None,
+    personas: bool = False,
 ) -> ServerInfo:
     """What ``session.kame.server`` shows and ``session.update`` is checked against (``cfg``: the KameConfig)."""
     return ServerInfo(
@@ -417,4 +420,7 @@ def server_info(
         mcp_servers=tuple(mcp_servers or ()),
         max_function_output_chars=cfg.tools.max_client_output_chars,
         default_echo_guard=cfg.asr.echo_guard.enabled,
+        voices=tuple(voices or ()),
+        default_voice=default_voice,
+        personas=personas,
     )

@@ -1,0 +1,213 @@
+"""A server on a tiny PersonaPlex-layout checkpoint: voices on /health, per-session voice on the Realtime and
+Live wires (the official ``openai`` SDK), unknown voices refused naming the checkpoint's, and the time to the
+first reply frame in /metrics. The server runs in this process (uvicorn in a thread): no shared server has a
+PersonaPlex checkpoint, and a run's budget of server processes is spent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.moshi_client import free_port
+
+
+class InProcessServer:
+    """``kame serve``'s app on a PersonaPlex checkpoint, served by uvicorn in a thread of this process."""
+
+    def __init__(self, ckpt: Path, cache_dir: Path) -> None:
+        import threading
+
+        import uvicorn
+
+        from kame.server.app.factory import create_app
+        from kame.server.config import AppConfig
+
+        cfg = AppConfig.model_validate({
+            "cache_dir": str(cache_dir), "device": "cpu", "asr": {"kind": "none"},
+            "frontend": {"checkpoint": str(ckpt), "batch_size": 2, "dtype": "float32"},
+            "server": {"warmup_steps": 1, "gc_interval_s": 0},
+        })
+        self.app = create_app(cfg, device="cpu", environ={})
+        self.port = free_port()
+        self.http_url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> InProcessServer:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while True:
+            status, body = self.get("/health")
+            if status == 200 and json.loads(body).get("status") == "ok":
+                return self
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def get(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.http_url + path, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return 0, "{}"
+
+    def metric(self, name: str) -> float:
+        for line in self.get("/metrics")[1].splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+
+
+
+@pytest.fixture(scope="module")
+def pp_server(kame_cache_dir: Path, tiny_personaplex_ckpt: Path) -> Iterator[InProcessServer]:
+    srv = InProcessServer(tiny_personaplex_ckpt, kame_cache_dir).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _client(server: InProcessServer) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="sk-unused")
+
+
+def test_health_lists_voices(pp_server: InProcessServer) -> None:
+    status, body = pp_server.get("/health")
+    assert status == 200
+    voices = json.loads(body)["voices"]
+    assert voices == {"names": ["NATF2", "VARM1"], "default": "NATF2", "persona": True}
+
+
+def test_realtime_voice_per_session_and_first_reply_metric(pp_server: InProcessServer) -> None:
+    before = pp_server.metric("kame_first_reply_seconds_count")
+    frame = base64.b64encode((0.05 * np.random.default_rng(0).standard_normal(480) * 32767).astype("<i2").tobytes())
+
+    async def main() -> tuple[Any, Any, Any, int]:
+        async with _client(pp_server).realtime.connect(model="personaplex") as conn:
+            created = await asyncio.wait_for(conn.recv(), 10)
+            await conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": "Nope"}}})
+            refused = await asyncio.wait_for(conn.recv(), 5)
+            await conn.session.update(session={"type": "realtime", "instructions": "Be kind.",
+                                               "audio": {"output": {"voice": "VARM1.pt"}}})
+            updated = await asyncio.wait_for(conn.recv(), 5)
+            audio = 0
+            for _ in range(200):  # 20 ms of audio each, faster than real time: the prompts end meanwhile
+                await conn.input_audio_buffer.append(audio=frame.decode())
+                await asyncio.sleep(0.01)
+                try:
+                    while True:
+                        event = await asyncio.wait_for(conn.recv(), 0.001)
+                        if event.type in ("response.output_audio.delta", "kame.output_audio.delta"):
+                            audio += 1
+                except asyncio.TimeoutError:
+                    pass
+                if audio >= 3:
+                    break
+        return created, refused, updated, audio
+
+    created, refused, updated, audio = asyncio.run(main())
+    assert created.session.audio.output.voice == "NATF2"  # the default voice
+    assert refused.type == "error" and refused.error.code == "invalid_value"
+    assert "NATF2, VARM1" in refused.error.message
+    assert updated.type == "session.updated" and updated.session.audio.output.voice == "VARM1"
+    assert updated.session.instructions == "Be kind."
+    assert audio >= 3
+    deadline = asyncio.run(_wait_metric(pp_server, "kame_first_reply_seconds_count", before + 1))
+    assert deadline
+
+
+async def _wait_metric(server: InProcessServer, name: str, at_least: float, timeout: float = 5.0) -> bool:
+    for _ in range(int(timeout / 0.1)):
+        if server.metric(name) >= at_least:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def test_live_voice_at_start_and_unknown_voice_refused(pp_server: InProcessServer) -> None:
+    async def start(voice: str) -> list[Any]:
+        events: list[Any] = []
+        async with _client(pp_server).live.connect() as conn:
+            await conn.send({"type": "session.start", "session": {
+                "model": "gpt-live-1", "instructions": "Be kind.", "audio": {"output": {"voice": voice}}}})
+            async for event in conn:
+                events.append(event)
+                if event.type in ("session.started", "error"):
+                    break
+        return events
+
+    ok = asyncio.run(start("VARM1"))[-1]
+    assert ok.type == "session.started" and ok.session.audio.output.voice == "VARM1"
+    refused = asyncio.run(start("NOPE"))[-1]
+    assert refused.type == "error" and refused.error.code == "invalid_value"
+    assert "NATF2, VARM1" in refused.error.message
+
+
+def test_kame_mic_sends_its_voice(pp_server: InProcessServer, tmp_path: Path) -> None:
+    """``kame mic --voice`` reaches the session: an unknown one comes back refused, naming the voices (a known
+    one is applied the same way: the Realtime test above)."""
+    import subprocess
+    import sys
+
+    from kame.audio import write_wav
+
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_wav(wav_in, (0.05 * np.random.default_rng(1).standard_normal(24000)).astype(np.float32))
+    res = subprocess.run(
+        [sys.executable, "-m", "kame.cli", "mic", "--server", pp_server.http_url, "--voice", "NOPE",
+         "--input-wav", str(wav_in), "--output-wav", str(wav_out), "--tail", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "'NOPE' is not one of this checkpoint's voices: NATF2, VARM1" in res.stdout + res.stderr, res.stdout[-2000:]
+
+
+def test_browser_voice_picker(pp_server: InProcessServer, tmp_path: Path) -> None:
+    """The page shows the checkpoint's voices, and the one picked before connecting is the session's."""
+    from playwright.sync_api import sync_playwright
+
+    from kame.audio import write_wav
+    from tests.support.browser import BASE_ARGS, CHROMIUM, Console
+
+    mic = tmp_path / "mic.wav"
+    write_wav(mic, (0.05 * np.random.default_rng(2).standard_normal(48000)).astype(np.float32))
+    console = Console()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            *BASE_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={mic}"])
+        try:
+            page = console.watch(browser.new_page(), "personaplex")
+            page.goto(pp_server.http_url + "/?transport=websocket")
+            page.wait_for_function("() => document.querySelectorAll('#voice option').length === 2", timeout=15000)
+            assert page.is_visible("#voice-field") and page.input_value("#voice") == "NATF2"
+            assert "persona" in page.inner_text("label[for=instructions]")
+            page.select_option("#voice", "VARM1")
+            page.click("#connect")
+            page.wait_for_function("() => window.kame.session?.audio?.output?.voice === 'VARM1'", timeout=20000)
+            page.select_option("#voice", "NATF2")  # while live: an update, and the session says so
+            page.wait_for_function("() => window.kame.session?.audio?.output?.voice === 'NATF2'", timeout=20000)
+        finally:
+            browser.close()
+    assert console.errors == [], console.errors
