@@ -211,3 +211,39 @@ def test_browser_voice_picker(pp_server: InProcessServer, tmp_path: Path) -> Non
         finally:
             browser.close()
     assert console.errors == [], console.errors
+
+
+def _chat_notices(server: InProcessServer, voice_prompt: str) -> list[str]:
+    """The 0x05 notices of an ``/api/chat`` session that asks for ``voice_prompt`` (and kame's messages)."""
+    import asyncio
+    import contextlib
+    import urllib.parse
+
+    import websockets
+
+    query = urllib.parse.urlencode({"voice_prompt": voice_prompt, "text_prompt": "You are a pirate.",
+                                    "kame_messages": "1"})
+
+    async def main() -> list[bytes]:
+        got: list[bytes] = []
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}/api/chat?{query}") as ws:
+            got.append(bytes(await asyncio.wait_for(ws.recv(), 30)))
+            with contextlib.suppress(asyncio.TimeoutError):
+                while len(got) < 6:
+                    got.append(bytes(await asyncio.wait_for(ws.recv(), 0.5)))
+        return got
+
+    got = asyncio.run(main())
+    assert got[0] == b"\x00", got[:2]
+    return [m[1:].decode() for m in got if m[:1] == b"\x05"]
+
+
+def test_chat_voice_prompt_chooses_the_voice_or_falls_back_with_a_notice(pp_server: InProcessServer) -> None:
+    """``/api/chat?voice_prompt=NAME.pt`` (PersonaPlex's clients): a known voice is taken without a word; an
+    unknown one gets the default voice and one 0x05 notice naming the checkpoint's voices."""
+    known = _chat_notices(pp_server, "VARM1.pt")
+    assert not any("voice" in n for n in known), known
+    unknown = _chat_notices(pp_server, "NOPE.pt")
+    voice_notices = [n for n in unknown if n.startswith("voice_prompt:")]
+    assert len(voice_notices) == 1, unknown
+    assert "'NOPE.pt'" in voice_notices[0] and "NATF2, VARM1" in voice_notices[0] and "using 'NATF2'" in voice_notices[0]

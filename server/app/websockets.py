@@ -38,7 +38,15 @@ def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
     settings = params.apply(replace(admitted.params.settings, record=_recording(state)))
     info = session_server_info(state.host, settings)
     vocab = state.host.models.vocab if state.host.models is not None else MOSHI_VOCAB
-    notices = params.notices()
+    catalog = getattr(state.host.models, "voices", None)
+    has_voices = catalog is not None and bool(catalog.names)
+    notices = params.notices(has_voices=has_voices)
+    if catalog is not None and has_voices:
+        # PersonaPlex's own server falls back to its default voice rather than refuse: so does this wire
+        voice, unknown = catalog.choose(params.voice_prompt)
+        settings = replace(settings, voice=voice)
+        if unknown is not None:
+            notices.insert(0, f"voice_prompt: {unknown}")
     for notice in notices:
         admitted.log.info("chat parameter: %s", notice)
     wire = moshi.MoshiWire(state.host.sample_rate, state.host.frame_size, server_info=info,

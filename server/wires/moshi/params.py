@@ -82,10 +82,13 @@ class ChatParams:
         """The session's settings with the text prompt as its instructions."""
         return replace(settings, instructions=self.text_prompt) if self.text_prompt is not None else settings
 
-    def notices(self) -> list[str]:
-        """One line per parameter accepted without effect (sent as 0x05 where the client gets kame's messages)."""
+    def notices(self, has_voices: bool = False) -> list[str]:
+        """One line per parameter accepted without effect (sent as 0x05 where the client gets kame's messages).
+
+        ``has_voices``: the checkpoint has voices (PersonaPlex), so ``voice_prompt`` chooses one (an unknown
+        name's notice comes from the voice catalogue, which also picks the default instead)."""
         out: list[str] = []
-        if self.voice_prompt is not None:
+        if self.voice_prompt is not None and not has_voices:
             out.append(f"voice_prompt {self.voice_prompt[:64]!r} accepted, not applied: this checkpoint has no voice "
                        "prompts, Moshi speaks in its own voice")
         if self.seed is not None:
