@@ -17,10 +17,11 @@ from starlette import status
 from kame.oracle.config import OracleConfig
 from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, EndIn, Fault, OracleResetIn, Outgoing, Reply, SettingsIn
+from kame.server.runtime.wire import AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.wire import MAX_CLIENT_ERRORS, LiveWire
 from kame.session import events as pe
+from kame.session.commands import SpeakAnswer as OracleResetIn  # the runtime's command became the session's
 from kame.session.settings import SessionSettings
 
 INFO = LiveServerInfo(session_id="feedbeef0001", asr="whisper", admitted_at=1_800_000_000.0, usage_interval_s=1.0)

@@ -3,7 +3,7 @@
 Pure decisions live elsewhere (:mod:`~kame.oracle.debounce`,
 :mod:`~kame.oracle.switch`, :mod:`~kame.oracle.prompt`,
 :mod:`~kame.oracle.word_tokenizer`); this class wires them to the clock, the
-back-ends and the session's engine slot:
+back-ends and the session's oracle stream (its pipeline):
 
 * every user event is judged at once by the debouncer; a start cancels the
   running request (its HTTP stream is closed) and sends a new one built from
@@ -68,7 +68,8 @@ Emit = Callable[[PipelineEvent], None]
 
 
 class OracleSink(Protocol):
-    """Where oracle tokens go: the session's engine slot (non-blocking calls)."""
+    """Where oracle tokens go: the session's oracle stream, whose one writer into the engine slot is the session's
+    pipeline (non-blocking calls)."""
 
     def oracle_reset(self, first_ids: list[int]) -> None: ...
 

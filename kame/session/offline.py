@@ -23,6 +23,7 @@ import numpy as np
 from kame.audio import frames_of
 from kame.frontend.runner import FRAME_RATE, OracleInjection
 from kame.media import SAMPLE_RATE
+from kame.session.commands import SpeakAnswer
 from kame.session.events import AssistantFrame, EngineDown
 from kame.session.root import SessionRoot
 from kame.session.settings import SessionSettings
@@ -90,7 +91,7 @@ async def run_tandem_file(
             for inj in by_step.get(step, []):
                 ids = encode_answer(inj.text) if encode_answer else []
                 if ids:
-                    pipeline.oracle_reset(ids)
+                    pipeline.apply(SpeakAnswer(tuple(ids), time.monotonic()))
                     record("oracle.injected", {"step": step, "text": inj.text, "tokens": len(ids) + 1})
             pipeline.feed(frame)
         await asyncio.wait_for(collector, timeout=30 + len(frames) / FRAME_RATE)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,14 +50,15 @@ from kame.server.runtime.wire import (
     Fault,
     FunctionOutputIn,
     Ignored,
-    OracleResetIn,
     Outgoing,
     Reply,
     ResetIn,
     SettingsIn,
     Wire,
+    WireIO,
 )
-from kame.session.commands import ClearTurn, CommitTurn
+from kame.session.answers import AnswerWritten
+from kame.session.commands import ClearTurn, CommitTurn, SpeakAnswer
 from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineDown, LlmError, PipelineEvent
 
 if TYPE_CHECKING:
@@ -69,8 +70,6 @@ if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.server.telemetry.protocol_metrics import ProtocolMetrics
     from kame.session.pipeline import Pipeline
-    from kame.session.responses.backend import ResponsesOffer
-    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
     from kame.session.settings import SessionSettings
 
 #: Client faults logged at info level before the rest go to debug.
@@ -169,6 +168,7 @@ class SessionRuntime:
 
     async def _run(self) -> None:
         pipeline = self.new_pipeline(self.settings)
+        pipeline.on_answer_written = self._answer_written
         entered = False
         try:
             async with pipeline:
@@ -223,7 +223,7 @@ class SessionRuntime:
                 self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
                 bind = getattr(self.wire, "bind", None)
                 if callable(bind):
-                    bind(_RuntimeIO(self))
+                    bind(WireIO(send=self._queue, use_responses=pipeline.use_responses))
                 for name, work in (
                     ("receive", self._receive),
                     ("feed", self._feed_loop),
@@ -287,7 +287,7 @@ class SessionRuntime:
     def _write(self, out: Outgoing) -> Awaitable[None]:
         return self.transport.send(out)
 
-    def _queue(self, messages: list[Outgoing] | tuple[Outgoing, ...]) -> None:
+    def _queue(self, messages: Sequence[Outgoing]) -> None:
         if self.ended is not None:
             return
         for out in messages:
@@ -337,8 +337,8 @@ class SessionRuntime:
             self._queue(list(command.messages))
         elif isinstance(command, Fault):
             self._fault(command)
-        elif isinstance(command, OracleResetIn):
-            self._oracle_reset(command)
+        elif isinstance(command, SpeakAnswer):
+            self._speak(command)
         elif isinstance(command, EndIn):
             self.end_with(command.end)
         elif isinstance(command, ConversationIn):
@@ -351,25 +351,28 @@ class SessionRuntime:
         still wait in the pacer); what comes after one waits behind it, in order; everything else at once."""
         if self.pipeline is None:
             return
+        if isinstance(command.command, SpeakAnswer):
+            self._speak(command.command)
+            return
         if self._after_audio or (isinstance(command.command, (CommitTurn, ClearTurn)) and self._pacer.queued):
             self._after_audio.append((self.frames_in + self._pacer.queued, command))
             return
         self.pipeline.apply(command.command)
 
-    def _oracle_reset(self, command: OracleResetIn) -> None:
-        """A client's answer goes to the oracle FIFO at once (not behind the step in progress), timed."""
-        if self.pipeline is None or not command.ids:
-            return
-        observe = self.pmetrics.answer_fifo_seconds.labels(protocol=self.protocol).observe if self.pmetrics else None
-        received = command.received_t
+    def _speak(self, command: SpeakAnswer) -> None:
+        """A client's answer goes to the session at once: never behind audio the pacer still holds, nor behind a
+        commit waiting for it (the pipeline puts it in the oracle FIFO, not behind the step in progress)."""
+        if self.pipeline is not None:
+            self.pipeline.apply(command)
 
-        def done(at: float) -> None:
-            if observe is not None:
-                observe(max(0.0, at - received))
-
-        self.pipeline.oracle_reset(list(command.ids), done=done)
-        self.metrics.oracle_resets.inc()
-        self.metrics.oracle_tokens.inc(len(command.ids) + 1)
+    def _answer_written(self, written: AnswerWritten) -> None:
+        """What a client's answer or a Responses round wrote to the oracle stream, counted (the own LLM's
+        writes are counted from its events)."""
+        if written.new_sequence:
+            self.metrics.oracle_resets.inc()
+            if written.fifo_s is not None and self.pmetrics is not None:
+                self.pmetrics.answer_fifo_seconds.labels(protocol=self.protocol).observe(written.fifo_s)
+        self.metrics.oracle_tokens.inc(written.tokens)
 
     def _fault(self, fault: Fault) -> None:
         fault = self.limits.refused(fault)
@@ -574,55 +577,3 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.close({"reason": reason, "code": code})
             self.recorder = None
-
-
-class _RuntimeIO:
-    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, and the answer source it
-    creates on its oracle and its tasks."""
-
-    def __init__(self, runtime: SessionRuntime) -> None:
-        self._runtime = runtime
-        self._n = 0
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        self._runtime._queue(list(messages))
-
-    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
-        return offer.answer_source(
-            use,
-            oracle_reset=lambda answer: self.oracle_reset(answer.ids, time.monotonic()),
-            oracle_push=self.oracle_push,
-            spawn=lambda work: self.spawn(work, "responses"),
-        )
-
-    def oracle_reset(self, ids: Sequence[int], received_t: float) -> None:
-        self._runtime._oracle_reset(OracleResetIn(tuple(ids), received_t))
-
-    def oracle_push(self, ids: Sequence[int]) -> None:
-        pipeline = self._runtime.pipeline
-        if pipeline is not None and ids:
-            pipeline.oracle_push(list(ids))
-            self._runtime.metrics.oracle_tokens.inc(len(ids))
-
-    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        if self._runtime.ended is not None:  # too late: nothing would cancel it
-            work.close()
-            return asyncio.create_task(asyncio.sleep(0), name="kame-wire-too-late")
-        self._n += 1
-        key = f"wire-{name}-{self._n}"
-        runtime = self._runtime
-
-        async def guarded() -> Any:
-            try:
-                return await work
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                runtime.log.exception("wire task %s failed", name)
-                return None
-            finally:
-                runtime._tasks.pop(key, None)
-
-        task = asyncio.create_task(guarded(), name=f"kame-{key}")
-        runtime._tasks[key] = task
-        return task

@@ -10,14 +10,14 @@ implementing :class:`Wire` plus a :class:`~kame.server.runtime.route.WireRoute`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kame.server.runtime.end import SessionEnd
-from kame.session.commands import ConversationCommand
+from kame.session.commands import ConversationCommand, SpeakAnswer
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
@@ -109,15 +109,6 @@ class Fault:
 
 
 @dataclass(frozen=True)
-class OracleResetIn:
-    """An answer the client wrote (a Live ``session.commentary.append``): a new oracle sequence of these
-    token ids, now, without any LLM; ``received_t`` (monotonic) is when its message arrived."""
-
-    ids: tuple[int, ...]
-    received_t: float
-
-
-@dataclass(frozen=True)
 class EndIn:
     """The client asked to end the session (Live ``session.close``)."""
 
@@ -138,7 +129,9 @@ class Ignored:
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | OracleResetIn | EndIn | ConversationIn | Ignored
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | SpeakAnswer | EndIn | ConversationIn | Ignored
+"""What a wire hands the runtime. A client's answer (Live ``session.commentary.append``) is the session's own
+command, :class:`~kame.session.commands.SpeakAnswer`: the runtime passes it on at once."""
 
 
 class Wire:
@@ -223,7 +216,8 @@ class Wire:
         return []
 
 
-class WireIO(Protocol):
+@dataclass(frozen=True)
+class WireIO:
     """What the runtime lends a wire whose answer source works between client messages.
 
     A wire that needs it (the Live wire in Responses delegation: its back-end
@@ -232,15 +226,9 @@ class WireIO(Protocol):
     message. Everything here only queues: the audio loop never waits on it.
     """
 
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        """Queue messages for the client, in order with everything else the runtime queues."""
-
-    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
-        """The wire's command: this session answers in Responses delegation on ``offer``'s back-ends.
-
-        The runtime creates the session's answer source with its own oracle
-        (an answer resets it, as :class:`OracleResetIn` does, and streams on)
-        and its tasks (cancelled when the session ends; a failure is logged,
-        never ends it).
-        """
-        ...
+    #: Queue messages for the client, in order with everything else the runtime queues.
+    send: Callable[[Sequence[Outgoing]], None]
+    #: The wire's command: this session answers in Responses delegation on an offer's back-ends. The session
+    #: (:meth:`kame.session.pipeline.Pipeline.use_responses`) starts the answer source on its own oracle stream
+    #: and tasks, and returns it.
+    use_responses: Callable[[ResponsesOffer, UseResponses], ResponsesAnswerSource]

@@ -30,7 +30,7 @@ from kame.session.responses.source import (
 
 @dataclass(frozen=True)
 class ResponsesPort:
-    """How a Live session in Responses delegation reaches the session side (the runtime's, on a server)."""
+    """How a Live session in Responses delegation reaches the session side (its pipeline, through the runtime's ``WireIO``, on a server)."""
 
     use: Callable[[UseResponses], ResponsesAnswerSource]  #: the session creates the answer source
     send: Callable[[LiveEvent], None]  #: queue an event for the client (in order with what the calls return)

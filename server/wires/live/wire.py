@@ -9,8 +9,8 @@ what that returns into the runtime's commands and messages:
 - ``session.start`` / ``session.update`` -> ``SettingsIn`` (Moshi's text
   sampling, recording); ``session.started`` / ``updated`` go out once the
   pipeline took them;
-- ``session.commentary.append`` -> ``OracleResetIn``: the answer's oracle
-  sequence goes to the FIFO at once (the runtime measures how fast), and
+- ``session.commentary.append`` -> the session's ``SpeakAnswer``: the answer's
+  oracle sequence goes to the FIFO at once (the session reports how fast), and
   ``kame.oracle.reset`` tells the client what reached Moshi;
 - ``session.close`` -> ``EndIn`` (``session.closed``, ``close_requested``);
 - refused commands -> ``Fault`` with the ``error`` event (a client that keeps
@@ -20,8 +20,9 @@ The pipeline of a session on this wire asks no LLM (``SessionSettings.llm``
 is False): in client delegation the application's appends are the
 oracle's only source (docs/protocol.md section 4); in Responses delegation
 (``responses``: the server's back-ends) the answer source's rounds ask
-them in tasks of the session, which the runtime lends through
-:meth:`LiveWire.bind` (section 5): the wire starts none of its own.
+them in tasks of the session: the session starts that answer source, on
+its own oracle stream, when the wire asks through :meth:`LiveWire.bind`'s
+``WireIO`` (section 5); the wire starts nothing of its own.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from kame.server.runtime.wire import (
     Command,
     EndIn,
     Fault,
-    OracleResetIn,
     Outgoing,
     Reply,
     SettingsIn,
@@ -66,6 +66,7 @@ from kame.server.wires.live.events import (
 from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session import events as pe
+from kame.session.commands import SpeakAnswer
 from kame.session.responses.backend import ResponsesOffer
 from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 from kame.session.settings import SessionSettings
@@ -113,7 +114,7 @@ class LiveWire(Wire):
 
     # ------------------------------------------------------------------ Responses delegation
     def bind(self, io: WireIO) -> None:
-        """The runtime's side: its send queue, and the answer source it creates on the server's back-ends."""
+        """The runtime's side: its send queue, and the session's way to start the Responses answer source."""
         self._io = io
 
     def _use_responses(self, use: UseResponses) -> ResponsesAnswerSource:
@@ -151,7 +152,7 @@ class LiveWire(Wire):
         if out.audio:
             commands.append(AudioIn(out.frames))
         for answer in out.answers:
-            commands.append(OracleResetIn(answer.ids, now))
+            commands.append(SpeakAnswer(answer.ids, now))
             fed = KameEvent("kame.oracle.reset", {"delegation_id": answer.delegation_id, "text": answer.text,
                                                   "tokens": answer.steps})
             commands.append(Reply(self._out([fed])))
