@@ -178,3 +178,65 @@ def test_the_check_refuses_a_backward_import() -> None:
     assert violations("kame.oracle.loop", relative)
     assert not violations("kame.eval.session", imports_of("kame.eval.session", "import kame.client.reconnect\n", False))
     assert not violations("kame.commands.serve", imports_of("kame.commands.serve", "from kame.server.config import AppConfig\n", False))
+
+
+def runtime_imports_of(module: str, source: str, is_package: bool) -> list[Import]:
+    """The kame modules ``module`` imports when it runs: :func:`imports_of` without ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    return imports_of(module, ast.unparse(tree), is_package)
+
+
+#: Packages of the server that must not import each other when they run (imports for types may stay).
+NO_RUNTIME_CYCLE = (("kame.server.webrtc", "kame.server.app"),)
+
+
+def test_webrtc_never_imports_the_app_at_run_time() -> None:
+    """``server/app`` mounts the WebRTC endpoints; what both need (a session's offers) lives below them."""
+    problems = []
+    for module, path in all_modules().items():
+        for low, high in NO_RUNTIME_CYCLE:
+            if module == low or module.startswith(low + "."):
+                for imp in runtime_imports_of(module, path.read_text(), path.name == "__init__.py"):
+                    if imp.target == high or imp.target.startswith(high + "."):
+                        problems.append(f"{module}:{imp.line} imports {imp.target}")
+    assert problems == [], "\n".join(problems)
+    found = runtime_imports_of("kame.server.webrtc.live", "if TYPE_CHECKING:\n    from kame.server.app import x\n"
+                               "def f():\n    from kame.server.app.websockets import y\n", False)
+    assert [i.target for i in found] == ["kame.server.app.websockets"]  # the check sees lazy imports
+
+
+#: The session's oracle stream: only the session (its pipeline and answer sources) writes it.
+ORACLE_WRITES = frozenset({"oracle_reset", "oracle_push", "oracle_clear"})
+#: What builds an answer source: the session does (the pipeline), never a wire or the runtime.
+SOURCE_BUILDERS = frozenset({"OracleLoop", "ResponsesAnswerSource", "SourceHooks", "answer_source"})
+
+
+def calls_of(source: str) -> list[tuple[str, int]]:
+    """Every called name (``f(...)``) or attribute (``x.f(...)``) with its line."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name is not None:
+                out.append((name, node.lineno))
+    return out
+
+
+def test_only_the_session_writes_the_oracle_and_builds_answer_sources() -> None:
+    """The roads an answer took around the session (the runtime resetting the oracle for a wire, a wire or
+    the runtime building an answer source) stay closed: server/ passes session commands."""
+    problems = []
+    for module, path in all_modules().items():
+        if not module.startswith("kame.server."):
+            continue
+        for name, line in calls_of(path.read_text()):
+            if name in ORACLE_WRITES:
+                problems.append(f"{module}:{line} writes the oracle ({name})")
+            elif name in SOURCE_BUILDERS and module.startswith(("kame.server.wires.", "kame.server.runtime.")):
+                problems.append(f"{module}:{line} builds an answer source ({name})")
+    assert problems == [], "\n".join(problems)
+    assert calls_of("self.pipeline.oracle_reset(ids)\nOracleLoop(x=1)\n") == [("oracle_reset", 1), ("OracleLoop", 2)]

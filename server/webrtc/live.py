@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kame.server.access.auth import token_ok
 from kame.server.access.ephemeral import is_ephemeral
+from kame.server.offers import live_info, live_wire_args
 from kame.server.webrtc.sdp import OfferError
 from kame.server.webrtc.signaling import (
     answer_offer,
@@ -88,7 +89,6 @@ def _read_body(raw: bytes) -> tuple[dict[str, Any], str]:
 
 @router.post(SESSIONS_PATH)
 async def create_session(request: Request) -> Response:
-    from kame.server.app.websockets import live_info, live_wire_args
     from kame.server.wires.live.channel import parse_permissions
     from kame.server.wires.live.config import parse_start
     from kame.server.wires.live.events import LiveError

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kame.server.access.auth import bearer_token, origin_ok, token_ok
 from kame.server.access.ephemeral import EphemeralGrant, EphemeralKeyError, is_ephemeral, ttl_seconds
+from kame.server.offers import realtime_info
 from kame.server.telemetry.logs import session_logger
 from kame.server.webrtc.sdp import OfferError, check_offer
 
@@ -183,7 +184,6 @@ async def create_client_secret(request: Request) -> Response:
 
 def _session_settings(state: AppState, session: Any, grant: EphemeralGrant | None, session_id: str) -> tuple[Any, Any, str | None]:
     """(settings, info, None), or (None, None, the one-sentence reason) for a ``session`` config."""
-    from kame.server.app.websockets import realtime_info
     from kame.server.wires.realtime.events import ClientError
     from kame.server.wires.realtime.settings import parse_session_update
     from kame.session.settings import SessionSettings
