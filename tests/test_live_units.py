@@ -54,7 +54,7 @@ from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.transcript import AssistantTranscript, UserTranscript
 from kame.server.wires.live.usage import UsageClock, close_reason
 from kame.session.commands import CommandRefused
-from kame.session.delegation import DelegationBook, DelegationPolicy
+from kame.session.delegation_rules import DelegationBook, DelegationPolicy
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

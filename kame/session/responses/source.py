@@ -1,7 +1,7 @@
 """The Responses conversation as an answer source: who answers a Live session in Responses delegation.
 
 With ``delegation.type: "responses"`` kame's own back-end answers each
-delegation (:mod:`.delegations`), with the client's functions; the client
+delegation (:mod:`.rounds`), with the client's functions; the client
 only runs function calls. :class:`ResponsesAnswerSource` joins that driver
 and the speculative requests (:mod:`.speculation`) to the session:
 
@@ -41,7 +41,7 @@ from kame.oracle.debounce import Debouncer
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 from kame.session.answers import Encode, OracleAnswer, commentary_answer
 from kame.session.responses.conversation import ClientMessage, ConversationLog, Note, UserSpeech
-from kame.session.responses.delegations import (
+from kame.session.responses.rounds import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,

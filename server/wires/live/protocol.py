@@ -81,7 +81,7 @@ from kame.server.wires.live.transcript import (
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
 from kame.session.commands import CommandRefused
-from kame.session.delegated import ContextItem, Delegated, DelegatedAnswers
+from kame.session.delegated_answers import ContextItem, Delegated, DelegatedAnswers
 from kame.session.responses.source import ResponsesAnswerSource
 
 Encode = Callable[[str], Sequence[int]]

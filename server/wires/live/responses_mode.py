@@ -55,6 +55,6 @@ def use_responses(
     history: Sequence[tuple[str, str]] = (),
 ) -> UseResponses:
     """The command for the session's Responses answer source; ``judge`` tells how its delegations stand
-    (:meth:`kame.session.delegated.DelegatedAnswers.judge`), its events go to the client as Live events."""
+    (:meth:`kame.session.delegated_answers.DelegatedAnswers.judge`), its events go to the client as Live events."""
     send = port.send
     return UseResponses(settings, lambda event: send(live_event(event)), judge, encode, oracle_config, history)

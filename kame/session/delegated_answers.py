@@ -4,9 +4,9 @@ In client delegation the application answers (its appends); in Responses
 delegation a Responses conversation does (kame's back-end with the client's
 functions, :class:`~kame.session.responses.source.ResponsesAnswerSource`).
 Either way the session decides *when* to delegate
-(:class:`~kame.session.delegation.DelegationPolicy` on the user's transcript,
+(:class:`~kame.session.delegation_rules.DelegationPolicy` on the user's transcript,
 or the client's own request), keeps the book of open delegations
-(:class:`~kame.session.delegation.DelegationBook`: is a late answer still
+(:class:`~kame.session.delegation_rules.DelegationBook`: is a late answer still
 spoken?), turns a spoken commentary into an oracle answer
 (:func:`~kame.session.answers.commentary_answer`) and keeps what was appended
 as context. :class:`DelegatedAnswers` holds all of that for one session, so
@@ -28,7 +28,7 @@ from typing import Any, Literal
 from kame.oracle.config import OracleConfig
 from kame.session.answers import Encode, OracleAnswer, commentary_answer
 from kame.session.commands import CommandRefused
-from kame.session.delegation import Delegate, DelegationBook, DelegationMode, DelegationPolicy
+from kame.session.delegation_rules import Delegate, DelegationBook, DelegationMode, DelegationPolicy
 from kame.session.responses.source import ResponsesAnswerSource
 
 #: What a client appends: a spoken answer (``commentary``) or silent context.
