@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import UserError
 from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
-from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 if TYPE_CHECKING:
     import torch

@@ -27,11 +27,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             {
                 "kame",
                 "kame.errors",
-                "kame.media",
                 "kame.audio",
-                "kame.echo", "kame.echo_linear",
-                "kame.pcm",
-                "kame.loudness",
                 "kame.stats",
                 "kame.versions",
                 "kame.vocab",

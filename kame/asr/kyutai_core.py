@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from kame.audio.media import FRAME_RATE, FRAME_SIZE
 from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
 from kame.frontend.loading import load_lm, load_mimi, load_tokenizer, resolve_dtype
-from kame.media import FRAME_RATE, FRAME_SIZE
 from kame.vocab import TextVocab
 
 STT_CODEBOOKS = 32

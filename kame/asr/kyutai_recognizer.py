@@ -29,8 +29,8 @@ from kame.asr.kyutai_turns import SttTurns
 from kame.asr.recognizer import AsrUnavailableError, Recognizer
 from kame.asr.stream import AsrStream, EventCallback
 from kame.asr.transcriber import Transcriber, TranscriberStats
+from kame.audio.media import FRAME_RATE, FRAME_SIZE
 from kame.errors import UserError
-from kame.media import FRAME_RATE, FRAME_SIZE
 
 log = logging.getLogger(__name__)
 

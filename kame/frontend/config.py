@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kame.media import FRAME_S
+from kame.audio.media import FRAME_S
 
 
 class SamplingConfig(BaseModel):

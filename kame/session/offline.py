@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from kame.audio import frames_of
+from kame.audio.files import frames_of
+from kame.audio.media import SAMPLE_RATE
 from kame.frontend.runner import FRAME_RATE, OracleInjection
-from kame.media import SAMPLE_RATE
 from kame.session.commands import SpeakAnswer
 from kame.session.events import AssistantFrame, EngineDown
 from kame.session.root import SessionRoot

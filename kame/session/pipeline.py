@@ -42,10 +42,10 @@ import numpy as np
 from kame.asr.config import EchoGuardConfig
 from kame.asr.echo_guard import EchoGuard, EchoVerdict
 from kame.asr.events import AsrEvent, EventType
+from kame.audio.media import SAMPLE_RATE
 from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull
-from kame.media import SAMPLE_RATE
 from kame.oracle.choice import OracleChoice
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog

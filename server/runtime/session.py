@@ -34,8 +34,8 @@ import numpy as np
 from starlette import status
 from starlette.websockets import WebSocketDisconnect
 
+from kame.audio.media import FRAME_S
 from kame.frontend.engine_thread import EngineFailed, EngineFull
-from kame.media import FRAME_S
 from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd, close_reason, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import UserError
-from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 HANDSHAKE_WAIT_S = 1.0
 TAIL_S = 0.5

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.media import SAMPLE_RATE
 from kame.eval.duplex.align import align_output
 from kame.eval.duplex.client import SampleSessionError, Target, stream_sample, to_wire_rate
 from kame.eval.duplex.report import write_report
@@ -37,7 +38,6 @@ from kame.eval.duplex.samples import LABEL_FILE, Sample, SampleProblem, load_sam
 from kame.eval.duplex.scoring import SampleScore, Span, aggregate, score_backchannel, score_sample
 from kame.eval.duplex.words import read_words, write_words
 from kame.eval.vad import VadConfig, speech_segments
-from kame.media import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 OUTPUT_RATE = SAMPLE_RATE

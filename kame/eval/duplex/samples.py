@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
+from kame.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 TASKS = ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel")
 INPUT_RATE = 16000

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from openai.types.live.session_config import SessionConfig
 
-from kame.media import SAMPLE_RATE
+from kame.audio.media import SAMPLE_RATE
 from kame.server.wires.live.audio import (
     DEFAULT_FORMAT,
     G711_RATE,

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
 from kame.server.wires.ids import Ids
 from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut

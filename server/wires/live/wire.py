@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette import status
 
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
 from kame.redaction import client_safe
 from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
