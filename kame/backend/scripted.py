@@ -20,7 +20,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kame.backend.base import (
     BackendHealth,
@@ -30,7 +30,12 @@ from kame.backend.base import (
     normalize_turn_messages,
 )
 from kame.backend.config import BackendConfig, ScriptedConfig, ScriptedToolRule
-from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport
+from kame.backend.tools import ToolCallDelta
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from kame.backend.tools import TurnOptions
 
 
 def split_words(text: str) -> list[str]:
@@ -92,15 +97,7 @@ class ScriptedBackend:
             yield word
 
     async def stream_turn(
-        self,
-        messages: Sequence[Any],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        tool_choice: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        model: str | None = None,
-        report: TurnReport | None = None,
+        self, messages: Sequence[Any], **options: Unpack[TurnOptions]
     ) -> AsyncGenerator[str | ToolCallDelta, None]:
         """One LLM turn with tools: text words, then (per ``tool_rules``) one call.
 
@@ -108,6 +105,8 @@ class ScriptedBackend:
         reason (no token usage: nothing is counted).
         """
         msgs = normalize_turn_messages(messages)
+        tools, tool_choice, max_tokens = options.get("tools"), options.get("tool_choice"), options.get("max_tokens")
+        report = options.get("report")
         offered = {t.name for t in tools or ()} if tool_choice != "none" else set()
         text, call = self._turn_script(msgs, offered)
         words = split_words(text)
