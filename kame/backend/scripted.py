@@ -84,17 +84,26 @@ class ScriptedBackend:
         temperature: float | None = None,
     ) -> AsyncGenerator[str, None]:
         """Yield the reply word by word (``max_tokens`` caps the number of words)."""
-        words = split_words(self.reply_for(messages))
+        async for word in self._paced(self._words(self.reply_for(messages), max_tokens)):
+            yield word
+
+    def _words(self, text: str, max_tokens: int | None) -> list[str]:
+        """``text``'s words, at most ``max_tokens`` (or the configured default) of them."""
+        words = split_words(text)
         limit = max_tokens if max_tokens is not None else self._default_max_tokens
-        if limit is not None:
-            words = words[:limit]
+        return words[:limit] if limit is not None else words
+
+    async def _paced(self, words: list[str], then: list[float] | None = None) -> AsyncGenerator[str, None]:
+        """``words`` at the configured pace (first token delay, then ``chunks_per_s``); ``then`` receives the
+        time the word after the last one would be due."""
         loop = asyncio.get_running_loop()
         start = loop.time() + self.cfg.first_token_delay_s
         period = 1.0 / self.cfg.chunks_per_s
         for i, word in enumerate(words):
-            delay = start + i * period - loop.time()
-            await asyncio.sleep(max(delay, 0.0))
+            await asyncio.sleep(max(start + i * period - loop.time(), 0.0))
             yield word
+        if then is not None:
+            then.append(start + len(words) * period)
 
     async def stream_turn(
         self, messages: Sequence[Any], **options: Unpack[TurnOptions]
@@ -109,18 +118,11 @@ class ScriptedBackend:
         report = options.get("report")
         offered = {t.name for t in tools or ()} if tool_choice != "none" else set()
         text, call = self._turn_script(msgs, offered)
-        words = split_words(text)
-        limit = max_tokens if max_tokens is not None else self._default_max_tokens
-        if limit is not None:
-            words = words[:limit]
-        loop = asyncio.get_running_loop()
-        start = loop.time() + self.cfg.first_token_delay_s
-        period = 1.0 / self.cfg.chunks_per_s
-        for i, word in enumerate(words):
-            await asyncio.sleep(max(start + i * period - loop.time(), 0.0))
+        due: list[float] = []
+        async for word in self._paced(self._words(text, max_tokens), due):
             yield word
         if call is not None:
-            await asyncio.sleep(max(start + len(words) * period - loop.time(), 0.0))
+            await asyncio.sleep(max(due[0] - asyncio.get_running_loop().time(), 0.0))
             self._calls += 1
             yield ToolCallDelta(0, f"call_scripted_{self._calls}", call.tool, json.dumps(call.arguments))
         if report is not None:
