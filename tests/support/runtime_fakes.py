@@ -85,6 +85,9 @@ class FakePipeline:
     def apply(self, command: ConversationCommand) -> None:
         self.commands.append(command)
 
+    def use_responses(self, offer: Any, use: Any) -> Any:
+        raise RuntimeError("the fake pipeline has no Responses delegation")
+
     async def next_event(self) -> PipelineEvent:
         return await self.events.get()
 
