@@ -27,6 +27,13 @@ from tests.support.runtime_fakes import FakeHost, FakeWebSocket
 INFO = LiveServerInfo(session_id="feedbeef0002", admitted_at=1_800_000_000.0)
 
 
+class FakeTextSocket(FakeWebSocket):
+    """The fake socket, speaking JSON text (the Live wire's events)."""
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(data)  # type: ignore[arg-type]
+
+
 def word_ids(text: str) -> list[int]:
     return [10 + len(w) for w in text.split()]
 
@@ -35,7 +42,7 @@ def test_a_commentary_goes_to_the_session_at_once_ahead_of_queued_audio() -> Non
     cfg = ServerConfig(idle_timeout_s=30, input_burst_s=0.1, input_buffer_s=5.0)
     metrics = ServerMetrics()
     host = FakeHost()
-    ws = FakeWebSocket()
+    ws = FakeTextSocket()
 
     def push(event: dict[str, Any]) -> None:
         ws.incoming.put_nowait({"type": "websocket.receive", "text": json.dumps(event)})
@@ -64,6 +71,9 @@ def test_a_commentary_goes_to_the_session_at_once_ahead_of_queued_audio() -> Non
         return fed_then, 25, session
 
     fed_then, frames_sent, session = asyncio.run(main())
+    assert session.ended is not None and session.ended.label == "client_closed", session.ended
+    types = [json.loads(m)["type"] for m in ws.sent]
+    assert [t for t in types if t != "info"][:3] == ["session.started", "session.commentary.appended", "kame.oracle.reset"]
     (command,) = host.pipeline.commands
     assert isinstance(command, SpeakAnswer) and list(command.ids) == word_ids("Paris, of course.")
     assert fed_then < frames_sent // 2  # most of the audio was still queued: the answer did not wait for it
