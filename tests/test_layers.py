@@ -236,3 +236,43 @@ def test_only_the_session_writes_the_oracle_and_builds_answer_sources() -> None:
                 problems.append(f"{module}:{line} builds an answer source ({name})")
     assert problems == [], "\n".join(problems)
     assert calls_of("self.pipeline.oracle_reset(ids)\nOracleLoop(x=1)\n") == [("oracle_reset", 1), ("OracleLoop", 2)]
+
+
+def _command_fields(source: str) -> list[tuple[str, int]]:
+    """Class attributes annotated with a session command (``command: ConversationCommand``, ``x: SpeakAnswer``)."""
+    from typing import get_args
+
+    from kame.session.commands import ConversationCommand
+
+    names = {"ConversationCommand", *(c.__name__ for c in get_args(ConversationCommand))}
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign):
+                    used = {n.id for n in ast.walk(item.annotation) if isinstance(n, ast.Name)}
+                    used |= {n.attr for n in ast.walk(item.annotation) if isinstance(n, ast.Attribute)}
+                    if isinstance(item.annotation, ast.Constant) and isinstance(item.annotation.value, str):
+                        used |= set(item.annotation.value.replace("|", " ").replace(".", " ").split())
+                    if used & names:
+                        out.append((f"{node.name}.{ast.unparse(item.target)}", item.lineno))
+    return out
+
+
+def test_a_client_message_is_typed_twice_at_most() -> None:
+    """The wire's decoded event, then the session's command: the runtime takes the session's commands as they
+    are (no third type wrapping them, as the runtime's ``ConversationIn`` did)."""
+    from typing import get_args
+
+    from kame.server.runtime.wire import Command
+    from kame.session.commands import ConversationCommand
+
+    assert set(get_args(ConversationCommand)) <= set(get_args(Command))
+    problems = []
+    for module, path in all_modules().items():
+        if module.startswith("kame.server."):
+            problems += [f"{module}:{line} wraps a session command ({field})" for field, line in _command_fields(path.read_text())]
+    assert problems == [], "\n".join(problems)
+    wrapper = "@dataclass(frozen=True)\nclass ConversationIn:\n    command: ConversationCommand\n"
+    assert _command_fields(wrapper) == [("ConversationIn.command", 3)]  # the check sees the wrapper that was
+    assert _command_fields("class A:\n    speak: 'sc.SpeakAnswer | None'\n") == [("A.speak", 2)]

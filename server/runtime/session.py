@@ -45,7 +45,6 @@ from kame.server.runtime.watchdog import watch, watch_period
 from kame.server.runtime.wire import (
     AudioIn,
     Command,
-    ConversationIn,
     EndIn,
     Fault,
     FunctionOutputIn,
@@ -58,7 +57,7 @@ from kame.server.runtime.wire import (
     WireIO,
 )
 from kame.session.answers import AnswerWritten
-from kame.session.commands import ClearTurn, CommitTurn, SpeakAnswer
+from kame.session.commands import ClearTurn, CommitTurn, ConversationCommand, SpeakAnswer
 from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineDown, LlmError, PipelineEvent
 
 if TYPE_CHECKING:
@@ -120,7 +119,7 @@ class SessionRuntime:
         )
         self._feed_wake = asyncio.Event()
         #: commits and clears waiting for the audio sent before them: (frames fed by then, command)
-        self._after_audio: list[tuple[int, ConversationIn]] = []
+        self._after_audio: list[tuple[int, ConversationCommand]] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.started = self.last_audio = now
         self.faults = 0
@@ -337,27 +336,26 @@ class SessionRuntime:
             self._queue(list(command.messages))
         elif isinstance(command, Fault):
             self._fault(command)
-        elif isinstance(command, SpeakAnswer):
-            self._speak(command)
         elif isinstance(command, EndIn):
             self.end_with(command.end)
-        elif isinstance(command, ConversationIn):
-            self._conversation(command)
         elif isinstance(command, Ignored):
             self.log.debug("ignored: %s", command.what)
+        else:
+            self._conversation(command)
 
-    def _conversation(self, command: ConversationIn) -> None:
+    def _conversation(self, command: ConversationCommand) -> None:
         """A commit or a clear of the user's turn applies after the audio the client sent before it (some may
-        still wait in the pacer); what comes after one waits behind it, in order; everything else at once."""
+        still wait in the pacer); what comes after one waits behind it, in order; everything else (a client's
+        answer first of all) at once."""
         if self.pipeline is None:
             return
-        if isinstance(command.command, SpeakAnswer):
-            self._speak(command.command)
+        if isinstance(command, SpeakAnswer):
+            self._speak(command)
             return
-        if self._after_audio or (isinstance(command.command, (CommitTurn, ClearTurn)) and self._pacer.queued):
+        if self._after_audio or (isinstance(command, (CommitTurn, ClearTurn)) and self._pacer.queued):
             self._after_audio.append((self.frames_in + self._pacer.queued, command))
             return
-        self.pipeline.apply(command.command)
+        self.pipeline.apply(command)
 
     def _speak(self, command: SpeakAnswer) -> None:
         """A client's answer goes to the session at once: never behind audio the pacer still holds, nor behind a
@@ -426,7 +424,7 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.user_audio(frame)
         while self._after_audio and self._after_audio[0][0] <= self.frames_in:
-            self.pipeline.apply(self._after_audio.pop(0)[1].command)
+            self.pipeline.apply(self._after_audio.pop(0)[1])
 
     async def _feed_loop(self) -> None:
         while True:
@@ -525,10 +523,10 @@ class SessionRuntime:
             self.frames_dropped += 1
             self.metrics.frames_dropped.labels(direction="out").inc()
         for out in self.wire.frame(frame, index, send_audio):
-            if isinstance(out, ConversationIn):
-                self._conversation(out)
-            else:
+            if isinstance(out, Outgoing):
                 self._queue((out,))
+            else:
+                self._conversation(out)
 
     def _event(self, event: PipelineEvent) -> None:
         self.metrics.on_event(event)

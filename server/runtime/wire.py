@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kame.server.runtime.end import SessionEnd
-from kame.session.commands import ConversationCommand, SpeakAnswer
+from kame.session.commands import ConversationCommand
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
@@ -116,22 +116,18 @@ class EndIn:
 
 
 @dataclass(frozen=True)
-class ConversationIn:
-    """A change to the conversation or to who answers, for the pipeline (:mod:`kame.session.commands`)."""
-
-    command: ConversationCommand
-
-
-@dataclass(frozen=True)
 class Ignored:
     """A message that asks for nothing (logged at debug level)."""
 
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | SpeakAnswer | EndIn | ConversationIn | Ignored
-"""What a wire hands the runtime. A client's answer (Live ``session.commentary.append``) is the session's own
-command, :class:`~kame.session.commands.SpeakAnswer`: the runtime passes it on at once."""
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | EndIn | Ignored | ConversationCommand
+"""What a wire hands the runtime. A change to the conversation or to who answers is the session's own command
+(:mod:`kame.session.commands`), passed to the pipeline as the wire decoded it, not wrapped: a client message is
+typed twice at most (the wire's decoded event, then this command). A client's answer (Live
+``session.commentary.append``, :class:`~kame.session.commands.SpeakAnswer`) is applied at once; a commit or a
+clear of the user's turn after the audio sent before it."""
 
 
 class Wire:
@@ -162,11 +158,11 @@ class Wire:
         protocol can mute the microphone (Live's ``input_audio.mute``) silences it here."""
         return audio
 
-    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationIn]:
+    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationCommand]:
         """An output frame (``index`` counts every frame of the session); with ``send_audio`` False its
-        audio is dropped (the client lags) but its text and the protocol's lifecycle go on. A
-        :class:`ConversationIn` among the messages goes to the pipeline (Realtime: the words of audio
-        withheld after a cancel leave the back-end's history)."""
+        audio is dropped (the client lags) but its text and the protocol's lifecycle go on. A session command
+        among the messages goes to the pipeline (Realtime: the words of audio withheld after a cancel leave the
+        back-end's history)."""
         return []
 
     def event(self, event: PipelineEvent) -> list[Outgoing]:
