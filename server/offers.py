@@ -38,11 +38,9 @@ def live_info(state: AppState, session_id: str, **extra: Any) -> live.LiveServer
 
 
 def live_wire_args(state: AppState) -> dict[str, Any]:
-    """The keyword arguments of a Live wire on this server (the tokenizer, the oracle, Responses delegation)."""
-    host = state.host
-    assert host.root is not None, "host not ready"
-    return {"encode": host.root.encode, "oracle_config": state.cfg.oracle, "frame_size": host.frame_size,
-            "responses": _responses_offer(state)}
+    """The keyword arguments of a Live wire on this server (its frame size, Responses delegation); the tokenizer
+    and the oracle settings are the session's (its pipeline builds the answers)."""
+    return {"frame_size": state.host.frame_size, "responses": _responses_offer(state)}
 
 
 def _responses_offer(state: AppState) -> ResponsesOffer | None:

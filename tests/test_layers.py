@@ -206,8 +206,10 @@ def test_webrtc_never_imports_the_app_at_run_time() -> None:
 
 #: The session's oracle stream: only the session (its pipeline and answer sources) writes it.
 ORACLE_WRITES = frozenset({"oracle_reset", "oracle_push", "oracle_clear"})
-#: What builds an answer source: the session does (the pipeline), never a wire or the runtime.
-SOURCE_BUILDERS = frozenset({"OracleLoop", "ResponsesAnswerSource", "SourceHooks", "answer_source"})
+#: What builds an answer source: the session does (the pipeline), never server/ (a wire, the runtime, the app):
+#: the own LLM's loop, the Responses source, and the delegated answers a Live wire translates.
+SOURCE_BUILDERS = frozenset({"OracleLoop", "ResponsesAnswerSource", "SourceHooks", "answer_source",
+                             "DelegatedAnswers", "answers_with"})
 
 
 def calls_of(source: str) -> list[tuple[str, int]]:
@@ -222,20 +224,35 @@ def calls_of(source: str) -> list[tuple[str, int]]:
     return out
 
 
+def answer_roads(module: str, source: str) -> list[str]:
+    """Where a module of server/ writes the oracle or builds an answer source (empty: it does neither)."""
+    if not module.startswith("kame.server."):
+        return []
+    problems = []
+    for name, line in calls_of(source):
+        if name in ORACLE_WRITES:
+            problems.append(f"{module}:{line} writes the oracle ({name})")
+        elif name in SOURCE_BUILDERS:
+            problems.append(f"{module}:{line} builds an answer source ({name})")
+    return problems
+
+
 def test_only_the_session_writes_the_oracle_and_builds_answer_sources() -> None:
     """The roads an answer took around the session (the runtime resetting the oracle for a wire, a wire or
-    the runtime building an answer source) stay closed: server/ passes session commands."""
+    the runtime building an answer source, the Live protocol building its delegated answers) stay closed:
+    server/ passes session commands, and asks the session for its answers."""
     problems = []
     for module, path in all_modules().items():
-        if not module.startswith("kame.server."):
-            continue
-        for name, line in calls_of(path.read_text()):
-            if name in ORACLE_WRITES:
-                problems.append(f"{module}:{line} writes the oracle ({name})")
-            elif name in SOURCE_BUILDERS and module.startswith(("kame.server.wires.", "kame.server.runtime.")):
-                problems.append(f"{module}:{line} builds an answer source ({name})")
+        problems += answer_roads(module, path.read_text())
     assert problems == [], "\n".join(problems)
     assert calls_of("self.pipeline.oracle_reset(ids)\nOracleLoop(x=1)\n") == [("oracle_reset", 1), ("OracleLoop", 2)]
+    # the road that was: the Live protocol building the session's delegated answers itself
+    was = "self.answers = DelegatedAnswers(info.default_delegation, 3, encode=encode, oracle_config=oc, new_id=f)\n"
+    assert answer_roads("kame.server.wires.live.protocol", was) == [
+        "kame.server.wires.live.protocol:1 builds an answer source (DelegatedAnswers)"]
+    assert answer_roads("kame.server.wires.live.protocol", "self.answers = answers_with(encode, oc)(mode, 3, f)\n")
+    assert not answer_roads("kame.server.wires.live.protocol", "self.answers = self.open_answers(mode, 3, f)\n")
+    assert not answer_roads("kame.session.pipeline", was)  # the session builds them
 
 
 def _command_fields(source: str) -> list[tuple[str, int]]:

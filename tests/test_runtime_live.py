@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from kame.oracle.config import OracleConfig
 from kame.server.config import ServerConfig
 from kame.server.runtime.session import SessionRuntime
 from kame.server.telemetry.logs import session_logger
@@ -41,14 +40,14 @@ def word_ids(text: str) -> list[int]:
 def test_a_commentary_goes_to_the_session_at_once_ahead_of_queued_audio() -> None:
     cfg = ServerConfig(idle_timeout_s=30, input_burst_s=0.1, input_buffer_s=5.0)
     metrics = ServerMetrics()
-    host = FakeHost()
+    host = FakeHost(encode=word_ids)  # the session's tokenizer: its pipeline builds the answers
     ws = FakeTextSocket()
 
     def push(event: dict[str, Any]) -> None:
         ws.incoming.put_nowait({"type": "websocket.receive", "text": json.dumps(event)})
 
     async def main() -> tuple[int, int, SessionRuntime]:
-        wire = LiveWire(INFO, SessionSettings(), encode=word_ids, oracle_config=OracleConfig())
+        wire = LiveWire(INFO, SessionSettings())
         session = SessionRuntime(ws, wire, session_id="feedbeef0002", new_pipeline=host.new_pipeline,  # type: ignore[arg-type]
                                  settings=SessionSettings(), metrics=metrics,
                                  protocol_metrics=ProtocolMetrics(metrics.registry), cfg=cfg,

@@ -64,6 +64,7 @@ from kame.session.commands import (
     commit_key,
     utterance_key,
 )
+from kame.session.delegated_answers import DelegatedAnswers
 from kame.session.events import (
     AnswerCancelled,
     AsrFailed,
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from kame.frontend.engine_thread import EngineThread
     from kame.oracle.config import OracleConfig
     from kame.session.answers import OracleAnswer
+    from kame.session.delegation_rules import DelegationMode
     from kame.session.responses.backend import ResponsesOffer
     from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
@@ -611,6 +613,15 @@ class Pipeline:
     def _written(self, written: AnswerWritten) -> None:
         if self.on_answer_written is not None:
             self.on_answer_written(written)
+
+    # ------------------------------------------------------------------ delegated answers (a Live wire's)
+    def delegated_answers(self, mode: DelegationMode, backchannel_words: int,
+                          new_id: Callable[[], str]) -> DelegatedAnswers:
+        """Who answers this session when its answers are written outside its own LLM (a wire's
+        :data:`~kame.session.delegated_answers.OpenAnswers`): the session's book of delegations, with its own
+        tokenizer and oracle settings. The spoken answers it makes come back as :class:`SpeakAnswer`."""
+        return DelegatedAnswers(mode, backchannel_words, encode=self.encode, oracle_config=self.oracle_config,
+                                new_id=new_id)
 
     # ------------------------------------------------------------------ the Responses delegation
     def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:

@@ -222,7 +222,8 @@ class SessionRuntime:
                 self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
                 bind = getattr(self.wire, "bind", None)
                 if callable(bind):
-                    bind(WireIO(send=self._queue, use_responses=pipeline.use_responses))
+                    bind(WireIO(send=self._queue, use_responses=pipeline.use_responses,
+                                delegated_answers=pipeline.delegated_answers))
                 for name, work in (
                     ("receive", self._receive),
                     ("feed", self._feed_loop),

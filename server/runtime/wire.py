@@ -24,6 +24,7 @@ from kame.session.settings import SessionSettings
 if TYPE_CHECKING:
     from starlette.types import Message
 
+    from kame.session.delegated_answers import OpenAnswers
     from kame.session.responses.backend import ResponsesOffer
     from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
@@ -214,12 +215,14 @@ class Wire:
 
 @dataclass(frozen=True)
 class WireIO:
-    """What the runtime lends a wire whose answer source works between client messages.
+    """What the runtime lends a wire whose answers are the session's, or whose answer source works between
+    client messages.
 
-    A wire that needs it (the Live wire in Responses delegation: its back-end
-    rounds stream while no client message arrives) has a ``bind(io)`` method;
-    the runtime calls it once the session is served, before the first client
-    message. Everything here only queues: the audio loop never waits on it.
+    A wire that needs it (the Live wire: the session's delegated answers; in
+    Responses delegation, back-end rounds that stream while no client message
+    arrives) has a ``bind(io)`` method; the runtime calls it once the session
+    is served, before the first client message. Everything here only builds
+    or queues: the audio loop never waits on it.
     """
 
     #: Queue messages for the client, in order with everything else the runtime queues.
@@ -228,3 +231,6 @@ class WireIO:
     #: (:meth:`kame.session.pipeline.Pipeline.use_responses`) starts the answer source on its own oracle stream
     #: and tasks, and returns it.
     use_responses: Callable[[ResponsesOffer, UseResponses], ResponsesAnswerSource]
+    #: The session's delegated answers (who answers, when kame delegates), built by the session
+    #: (:meth:`kame.session.pipeline.Pipeline.delegated_answers`): a wire builds no answer source.
+    delegated_answers: OpenAnswers

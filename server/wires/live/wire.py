@@ -22,19 +22,21 @@ oracle's only source (docs/protocol.md section 4); in Responses delegation
 (``responses``: the server's back-ends) the answer source's rounds ask
 them in tasks of the session: the session starts that answer source, on
 its own oracle stream, when the wire asks through :meth:`LiveWire.bind`'s
-``WireIO`` (section 5); the wire starts nothing of its own.
+``WireIO`` (section 5). Who answers and when kame delegates
+(:class:`~kame.session.delegated_answers.DelegatedAnswers`) is the
+session's too, asked for through the same ``WireIO`` at ``session.start``:
+the wire builds no answer source and starts nothing of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starlette import status
 
 from kame.audio.media import FRAME_SIZE
-from kame.oracle.config import OracleConfig
 from kame.redaction import client_safe
 from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S
 from kame.server.runtime.end import SessionEnd
@@ -51,7 +53,6 @@ from kame.server.runtime.wire import (
 )
 from kame.server.wires.ids import Ids
 from kame.server.wires.live import decode
-from kame.server.wires.live.commentary import Encode
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
 from kame.server.wires.live.events import (
     ErrorEvent,
@@ -67,6 +68,8 @@ from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session import events as pe
 from kame.session.commands import SpeakAnswer
+from kame.session.delegated_answers import DelegatedAnswers
+from kame.session.delegation_rules import DelegationMode
 from kame.session.responses.backend import ResponsesOffer
 from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 from kame.session.settings import SessionSettings
@@ -93,11 +96,11 @@ class LiveWire(Wire):
     max_messages_per_s = MAX_MESSAGES_PER_S
     max_client_errors = MAX_CLIENT_ERRORS
 
-    def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
-                 oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
+    def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, frame_size: int = FRAME_SIZE,
                  responses: ResponsesOffer | None = None) -> None:
         """``responses``: offer Responses delegation on the server's back-ends (the session side creates its
-        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``)."""
+        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``). The session's
+        delegated answers come through :meth:`bind`'s ``WireIO.delegated_answers`` at ``session.start``."""
         self.settings = settings
         self._io: WireIO | None = None
         self._offer = responses
@@ -105,17 +108,24 @@ class LiveWire(Wire):
         if responses is not None:
             info = replace(info, responses=responses.catalog)
             port = ResponsesPort(use=self._use_responses, send=self._send_later)
-        self.live = LiveProtocol(info, encode=encode, oracle_config=oracle_config, ids=Ids(info.session_id[:8]),
+        self.live = LiveProtocol(info, answers=self._delegated_answers, ids=Ids(info.session_id[:8]),
                                  frame_size=frame_size, responses=port)
         self.encoder = LiveEncoder(self.live.ids)
         self._now = 0.0
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
 
-    # ------------------------------------------------------------------ Responses delegation
+    # ------------------------------------------------------------------ the session's answers
     def bind(self, io: WireIO) -> None:
-        """The runtime's side: its send queue, and the session's way to start the Responses answer source."""
+        """The runtime's side: its send queue, the session's delegated answers and its way to start the Responses
+        answer source."""
         self._io = io
+
+    def _delegated_answers(self, mode: DelegationMode, backchannel_words: int,
+                           new_id: Callable[[], str]) -> DelegatedAnswers:
+        if self._io is None:  # a session starts in a served session only
+            raise RuntimeError("the session's answers need the session runtime (LiveWire.bind)")
+        return self._io.delegated_answers(mode, backchannel_words, new_id)
 
     def _use_responses(self, use: UseResponses) -> ResponsesAnswerSource:
         if self._io is None or self._offer is None:  # Responses delegation runs in a served session only
