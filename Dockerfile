@@ -18,17 +18,27 @@ FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# Python: the base's when it has python3 with venv, else Debian/Ubuntu's packages.
-RUN if python3 -c 'import ensurepip, venv' 2>/dev/null; then echo "python3 from the base image"; \
+# Python: the base's when it has python3 with venv, else Debian/Ubuntu's packages. torch.compile (Triton on
+# CUDA, inductor on CPU; frontend.compile) builds kernels at warm-up: it needs gcc, g++ and the Python headers
+# at run time, which a runtime base lacks.
+RUN pkgs=""; \
+    python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs="python3 python3-venv ca-certificates"; \
+    { command -v gcc && command -v g++; } >/dev/null 2>&1 || pkgs="$pkgs gcc g++"; \
+    python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+      2>/dev/null || pkgs="$pkgs python3-dev"; \
+    if [ -z "$pkgs" ]; then echo "python3, its headers and a C/C++ compiler from the base image"; \
     else apt-get update \
-      && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+      && apt-get install -y --no-install-recommends $pkgs \
       && rm -rf /var/lib/apt/lists/*; fi
 
 # Non-root user; models and generated files live on a volume.
 RUN useradd --create-home --uid 10001 kame
+# Kernels torch.compile built (inductor, Triton) stay on the volume: a restart loads them instead of compiling.
 ENV HOME=/home/kame \
     HF_HOME=/data/huggingface \
-    KAME_CACHE_DIR=/data/kame
+    KAME_CACHE_DIR=/data/kame \
+    TORCHINDUCTOR_CACHE_DIR=/data/torchinductor \
+    TRITON_CACHE_DIR=/data/triton
 RUN mkdir -p /data /opt/kame && chown -R kame:kame /data /opt/kame
 VOLUME ["/data"]
 

@@ -24,6 +24,7 @@ COMMANDS = (
     "mic",
     "eval",
     "download",
+    "plan",
     "make_tiny_checkpoint",
     "config",
 )

@@ -56,6 +56,7 @@ ENV_NOT_SETTINGS = frozenset(
         "KAME_IMAGE_CACHE",  # scripts/test_image.sh
         "KAME_IMAGE_DOCKER",
         "KAME_UPDATE_GOLDEN",  # tests/support/golden.py: rewrite the golden logs
+        "KAME_TEST_CACHE_DIR",  # tests/support/real_width.py: the released-width checkpoint, kept between runs
         "KAME_IMAGE",  # deploy/docker-compose.cpu.yml, read by docker-compose on the host
         "KAME_PORT_HOST",
     }

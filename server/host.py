@@ -25,11 +25,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import UserError
 from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
+from kame.frontend.moshi_gate import compiled_graphs
 
 if TYPE_CHECKING:
     import torch
@@ -212,9 +211,16 @@ class ModelHost:
         stt = self._shared_stt(asr_cfg, device)
         if stt is None and asr_cfg.kind != "none":
             from kame.asr.factory import create_recognizer
+            from kame.frontend.loading import resolve_device
+            from kame.frontend.moshi_gate import MoshiMode, resolve_compile
 
             log.info("loading ASR (%s)", asr_cfg.kind)
-            self.recognizer = create_recognizer(asr_cfg, sessions=self.max_sessions, cache_dir=self.cfg.cache_dir)
+            asr_device = resolve_device(asr_cfg.device).type if asr_cfg.kind == "kyutai" else "cpu"
+            mode = MoshiMode(compile=resolve_compile(fcfg.compile, asr_device), cuda_graphs=fcfg.cuda_graphs)
+            self.recognizer = create_recognizer(
+                asr_cfg, sessions=self.max_sessions, cache_dir=self.cfg.cache_dir, mode=mode,
+                warmup_steps=self.cfg.server.warmup_steps,
+            )
         core = EngineCore(self.models, fcfg, batch_size=self.max_sessions, stt=stt)
         if device.type == "cpu":
             log.info("engine: %d torch thread(s) on the CPU (frontend.cpu_threads)", torch.get_num_threads())
@@ -242,6 +248,7 @@ class ModelHost:
         from kame.asr.kyutai_shared import SharedKyutaiAsr, same_mimi
         from kame.frontend.checkpoint import resolve_checkpoint
         from kame.frontend.loading import load_mimi, resolve_device
+        from kame.frontend.moshi_gate import MoshiMode, resolve_compile
 
         assert self.models is not None
         files = resolve_checkpoint(asr_cfg.model or DEFAULT_MODEL)
@@ -249,7 +256,9 @@ class ModelHost:
             log.info("ASR: Kyutai STT runs its own engine (other device or other Mimi)")
             return None
         log.info("ASR: Kyutai STT %s shares the front-end engine (one Mimi encode per frame)", files.source)
-        stt = SttCore(files, device, self.max_sessions, dtype=self.cfg.frontend.dtype, own_mimi=False)
+        fcfg = self.cfg.frontend
+        mode = MoshiMode(compile=resolve_compile(fcfg.compile, device.type), cuda_graphs=fcfg.cuda_graphs)
+        stt = SttCore(files, device, self.max_sessions, dtype=fcfg.dtype, own_mimi=False, mode=mode)
         self.models.mimi = load_mimi(self.models.files, device, 32)
         self.recognizer = SharedKyutaiAsr(
             asr_cfg, stt.piece_of, delay_frames=stt.delay_frames, prefix_frames=stt.silence_prefix_frames
@@ -257,20 +266,10 @@ class ModelHost:
         return stt
 
     def _warm_up(self, core: EngineCore) -> None:
-        """A few ticks of silence on every slot, then leave them detached (attach resets a slot)."""
-        steps = self.cfg.server.warmup_steps
-        if steps <= 0:
-            return
-        t0 = time.monotonic()
-        slots = list(range(core.batch_size))
-        silence = np.zeros(core.frame_size, np.float32)
-        for s in slots:
-            core.attach(s)
-        for _ in range(steps):
-            core.tick({s: silence for s in slots})
-        for s in slots:
-            core.detach(s)
-        log.info("warm-up: %d ticks of %d slots in %.2f s", steps, len(slots), time.monotonic() - t0)
+        """Silent ticks of every slot (and a shared STT's) before the host is ready; see :func:`warm_up_engine`."""
+        from kame.frontend.warmup import warm_up_engine
+
+        warm_up_engine(core, self.cfg.server.warmup_steps)
 
     async def aclose(self) -> None:
         self._stopping.set()
@@ -327,6 +326,23 @@ class ModelHost:
 
     def backend_names(self) -> list[str]:
         return self.backends.names if self.backends is not None else []
+
+    def describe_engine(self) -> dict[str, Any] | None:
+        """For ``/health``: the engine as it runs (None until it is built): compile and CUDA graphs in effect."""
+        core = self.core
+        if core is None:
+            return None
+        from moshi.utils.compile import _is_cuda_graph_enabled
+
+        graphs = core.device.type == "cuda" and core.mode.cuda_graphs and _is_cuda_graph_enabled()
+        return {
+            "device": str(core.device),
+            "dtype": str(next(iter(core.models.lm.parameters())).dtype).removeprefix("torch."),
+            "batch_size": core.batch_size,
+            "compile": core.mode.compile,
+            "cuda_graphs": bool(graphs),
+            "compiled_graphs": compiled_graphs(),
+        }
 
     def describe_models(self) -> dict[str, Any]:
         """For ``/health``: what is loaded (no filesystem paths, no URLs)."""

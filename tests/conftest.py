@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import gc_pauses, moshi_client
+from tests.support import gc_pauses, lineless, moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
 from tests.support.scheduling import scope_of_tests
 from tests.support.servers import (
@@ -149,6 +149,21 @@ class _requester:
 
     def __exit__(self, *exc: object) -> None:
         moshi_client.CURRENT_REQUESTER.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A traceback entry without a line number (tests/support/lineless.py) would end the session in an
+    INTERNALERROR that hides the failure: the entry gets the nearest line, the report names the frame."""
+    mended: list[str] = []
+    if call.excinfo is not None:
+        mended = lineless.lineless_frames(call.excinfo.value)
+        if mended and lineless.fill_lines(call.excinfo.value):
+            call.excinfo = pytest.ExceptionInfo.from_exception(call.excinfo.value)
+    report = yield
+    if mended:
+        report.sections.append(("frames without a line number", "\n".join(mended)))
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

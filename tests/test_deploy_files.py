@@ -79,8 +79,10 @@ def test_dockerfile_installs_like_the_readme() -> None:
     assert user and user[-1] != "root"
     volume = re.search(r'VOLUME \["(/\w+)"\]', df)
     assert volume is not None
-    for var in ("HF_HOME", "KAME_CACHE_DIR"):
+    for var in ("HF_HOME", "KAME_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert re.search(rf"{var}={volume.group(1)}/", df), f"{var} is not on the volume"
+    # torch.compile needs a compiler and the Python headers at run time; a runtime base has neither
+    assert 'pkgs="$pkgs gcc g++"' in df and 'pkgs="$pkgs python3-dev"' in df
     from kame.server.app.serving import shutdown_budget_s
 
     server = AppConfig().server

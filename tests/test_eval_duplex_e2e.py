@@ -21,7 +21,9 @@ import pytest
 
 from kame.cli import main as kame_main
 from kame.eval.duplex.relevance import RelevanceJudge
+from kame.eval.duplex.samples import read_wav, write_wav
 from kame.eval.judge import Judge, JudgeConfig
+from tests.support.duplex_sets import generate_set, make_v15_set, sample_dirs
 from tests.support.llm_server import LlmServer, Reply
 from tests.support.moshi_client import ServerProcess
 
@@ -38,9 +40,7 @@ def server(demo_server: ServerProcess) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("duplex-set")
-    assert kame_main(["eval", "duplex", str(root), "--generate", "--per-task", "4", "--seed", "3"]) == 0
-    return root
+    return generate_set(tmp_path_factory.mktemp("duplex-set"))
 
 
 @pytest.fixture(autouse=True)
@@ -54,14 +54,19 @@ def _frames(path: Path) -> tuple[int, int]:
 
 
 def test_generated_set_is_reproducible(generated: Path, tmp_path: Path) -> None:
-    assert kame_main(["eval", "duplex", str(tmp_path), "--generate", "--per-task", "4", "--seed", "3"]) == 0
+    """Sample n depends only on the seed (not on the count): the first two of a second, smaller set are the
+    module's first two, byte for byte. Other tests of this file write their outputs into the module's sample
+    folders (as the benchmark's clients do) and may run first on this worker: only inputs are compared."""
+    assert kame_main(["eval", "duplex", str(tmp_path), "--generate", "--per-task", "2", "--seed", "3"]) == 0
     for task in ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel"):
-        for d in sorted((generated / task).iterdir()):
-            assert (d / "input.wav").read_bytes() == (tmp_path / task / d.name / "input.wav").read_bytes()
+        again = sample_dirs(tmp_path / task)
+        assert [d.name for d in again] == ["001", "002"]
+        for d in again:
+            assert (d / "input.wav").read_bytes() == (generated / task / d.name / "input.wav").read_bytes()
             assert _frames(d / "input.wav")[1] == 16000
-    voices = {json.loads((d / "meta.json").read_text())["voice"] for d in (generated / "backchannel").iterdir()}
+    voices = {json.loads((d / "meta.json").read_text())["voice"] for d in sample_dirs(generated / "backchannel")}
     rates = {json.loads((d / "meta.json").read_text())["wpm"] for t in ("pause_handling", "user_interruption")
-             for d in (generated / t).iterdir()}
+             for d in sample_dirs(generated / t)}
     assert len(voices) >= 2 and len(rates) >= 2
     lab = json.loads((generated / "user_interruption" / "001" / "interrupt.json").read_text())[0]
     assert lab["interrupt"] and lab["context"] and lab["timestamp"][0] < lab["timestamp"][1]
@@ -75,9 +80,14 @@ def test_smoke_chat_turn_taking(server: ServerProcess, generated: Path, tmp_path
                     "--concurrency", "4"])
     wall = time.monotonic() - t0
     assert rc == 0
-    longest = max(_frames(d / "input.wav")[0] / 16000 for d in data.iterdir() if d.is_dir())
+    longest = max(_frames(d / "input.wav")[0] / 16000 for d in sample_dirs(data))
     assert wall < longest + 60, wall  # 4 at once: about one sample's length, plus ASR
-    for d in sorted(p for p in data.iterdir() if p.is_dir()):
+    # the data folder holds its sample folders only; each gained exactly what the benchmark's inference and ASR
+    # steps write (output.wav, output.json); kame's results are beside it, named for the run
+    assert all(p.is_dir() for p in data.iterdir())
+    for d in sample_dirs(data):
+        assert sorted(p.name for p in d.iterdir()) == ["input.wav", "meta.json", "output.json", "output.wav",
+                                                       "turn_taking.json"]
         n_in, _ = _frames(d / "input.wav")
         n_out, rate = _frames(d / "output.wav")
         assert rate == 24000 and abs(n_out / rate - n_in / 16000) < 1e-3
@@ -85,13 +95,14 @@ def test_smoke_chat_turn_taking(server: ServerProcess, generated: Path, tmp_path
         assert isinstance(out["text"], str) and isinstance(out["chunks"], list)
         for c in out["chunks"]:
             assert set(c) == {"text", "timestamp"} and c["timestamp"][0] <= c["timestamp"][1]
-    doc = json.loads((data / "results.json").read_text())
+    results = generated / "smooth_turn_taking.kame-oracle-on"
+    doc = json.loads((results / "results.json").read_text())
     row = doc["rows"][0]
     assert row["samples"] == 4 and 0.0 <= row["tor"] <= 1.0 and row["wire"] == "chat"
     assert row["dataset"] == "kame-generated (seed 3)" and row["alignment"] == "arrival"
     assert row["asr"].startswith("faster-whisper")
     assert all(s["received_s"] > 0.8 * longest / 2 for s in row["per_sample"])  # audio came back all along
-    assert "not shown" in (data / "results.md").read_text() and (data / "results.png").is_file()
+    assert "not shown" in (results / "results.md").read_text() and (results / "results.png").is_file()
 
 
 def test_realtime_oracle_on_and_off(server: ServerProcess, generated: Path, tmp_path: Path) -> None:
@@ -107,8 +118,12 @@ def test_realtime_oracle_on_and_off(server: ServerProcess, generated: Path, tmp_
     def events(variant: str) -> list[dict]:
         evs = []
         for d in sorted((out / variant).iterdir()):
-            assert (d / "interrupt.json").is_file() and (d / "input.wav").is_file() and (d / "output.json").is_file()
-            evs += [json.loads(line) for line in (d / "events.jsonl").read_text().splitlines()]
+            assert sorted(p.name for p in d.iterdir()) == ["input.wav", "interrupt.json", "output.json", "output.wav"]
+            # the output's transcript starts where the benchmark's ASR step crops it: at the interruption's end
+            end = json.loads((d / "interrupt.json").read_text())[0]["timestamp"][1]
+            assert all(c["timestamp"][0] >= end for c in json.loads((d / "output.json").read_text())["chunks"])
+            log = out / "events" / variant / f"{d.name}.jsonl"  # kame's own event log: with the results
+            evs += [json.loads(line) for line in log.read_text().splitlines()]
         return evs
 
     off, on = events("oracle-off"), events("oracle-on")
@@ -117,6 +132,40 @@ def test_realtime_oracle_on_and_off(server: ServerProcess, generated: Path, tmp_
     assert not [e for e in off if e["type"].startswith("kame.oracle.") or e["type"].startswith("kame.backend.")]
     # with the oracle on, the scripted back-end answers the transcribed speech and its answer reaches Moshi
     assert [e for e in on if e["type"] == "kame.oracle.reset"]
+
+
+def test_v15_both_runs_and_behaviour(server: ServerProcess, generated: Path, tmp_path: Path) -> None:
+    """A v1.5 folder as the benchmark ships it: each sample runs twice (input.wav and clean_input.wav, both
+    sessions at once), gains exactly the files its inference and ASR steps write, and is labelled by the
+    judge through an OpenAI-compatible endpoint that answers for the benchmark's model name."""
+    data = make_v15_set(generated, tmp_path / "v1.5" / "background_speech")
+    llm = LlmServer(["gpt-4o-2024-08-06"]).start()
+    try:
+        llm.set_default(Reply('{"behaviour": ["C_RESUME"]}'))
+        rc = kame_main(["eval", "duplex", str(data), "--task", "v1.5/background_speech", "--server", server.http_url,
+                        "--concurrency", "4", "--judge-model", "gpt-4o-2024-08-06", "--judge-base-url", llm.base_url])
+        sent = [r.body["messages"][-1]["content"] for r in llm.chat_requests()]
+    finally:
+        llm.stop()
+    assert rc == 0
+    for d in sample_dirs(data):
+        assert sorted(p.name for p in d.iterdir()) == [
+            "clean_input.json", "clean_input.wav", "clean_output.json", "clean_output.wav", "input.json",
+            "input.wav", "metadata.json", "output.json", "output.wav"]
+        for out, inp in (("output.wav", "input.wav"), ("clean_output.wav", "clean_input.wav")):
+            n_out, rate = _frames(d / out)
+            n_in, in_rate = _frames(d / inp)
+            assert rate == 24000 and abs(n_out / rate - n_in / in_rate) < 1e-3
+        for js in ("input.json", "clean_input.json", "output.json", "clean_output.json"):
+            doc = json.loads((d / js).read_text())
+            assert set(doc) == {"text", "chunks"}
+        assert json.loads((d / "clean_input.json").read_text())["chunks"]  # the espeak question is heard
+    doc = json.loads((tmp_path / "v1.5" / "background_speech.kame-oracle-on" / "results.json").read_text())
+    row = doc["rows"][0]
+    assert row["task"] == "v1.5/background_speech" and row["samples"] == 1 and row["labelled"] == 1
+    assert row["behaviour"] == {"C_RESPOND": 0.0, "C_RESUME": 1.0, "C_UNCERTAIN_HANDLING": 0.0, "C_UNKNOWN": 0.0}
+    assert len(sent) == 1 and all('"input_clean"' in m and '"output_noisy"' in m for m in sent)
+    assert all(s["received_s"] > 1.0 and s["clean_received_s"] > 1.0 for s in row["per_sample"])
 
 
 def test_relevance_judge_and_cache(tmp_path: Path) -> None:
@@ -145,7 +194,8 @@ def test_relevance_judge_and_cache(tmp_path: Path) -> None:
 
 def test_refused_session_is_retried(browser_server: ServerProcess, generated: Path, tmp_path: Path) -> None:
     """One slot (tests/support/servers.py ``BROWSER``), two sessions at once (past the CLI's clamp to the free
-    slots): the second is refused (1013) and tried again once the first is over; both samples are scored."""
+    slots): the second is refused (1013) and tried again once the first is over; both samples (cut to 2.5 s:
+    their length is not what is tested) are scored."""
     from kame.eval.duplex.client import Target
     from kame.eval.duplex.runner import DuplexConfig, Variant, run_duplex
 
@@ -160,10 +210,11 @@ def test_refused_session_is_retried(browser_server: ServerProcess, generated: Pa
     for name in ("001", "002"):
         src = generated / "smooth_turn_taking" / name
         (data / name).mkdir(parents=True)
-        for f in ("input.wav", "turn_taking.json"):
-            (data / name / f).write_bytes((src / f).read_bytes())
+        pcm, rate = read_wav(src / "input.wav")
+        write_wav(data / name / "input.wav", pcm[: round(2.5 * rate)], rate)
+        (data / name / "turn_taking.json").write_bytes((src / "turn_taking.json").read_bytes())
     cfg = DuplexConfig(task="smooth_turn_taking", data_dir=data, variants=[Variant("v")], dataset="t",
                        concurrency=2, target=Target.parse(browser_server.http_url), asr=Asr(), say=said.append)
-    doc = asyncio.run(run_duplex(cfg, data))
+    doc = asyncio.run(run_duplex(cfg, tmp_path / "results"))
     assert doc["skipped"] == [] and doc["rows"][0]["samples"] == 2, doc["skipped"]
     assert any("1013" in s or "full" in s for s in said), said

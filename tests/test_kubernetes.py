@@ -136,7 +136,7 @@ def test_config_map_and_environment_are_what_kame_reads(docs: list[dict[str, Any
     dep = one(docs, "Deployment", "kame")
     models = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
     one(docs, "PersistentVolumeClaim", models["persistentVolumeClaim"]["claimName"])
-    for var in ("HF_HOME", "KAME_CACHE_DIR"):
+    for var in ("HF_HOME", "KAME_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert env[var].startswith(mounts["models"] + "/"), f"{var} is not on the model volume"
 
 

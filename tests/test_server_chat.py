@@ -52,6 +52,9 @@ def test_health_reports_state_sessions_device_models_backends_versions(server: S
     assert body["status"] == "ok"
     assert body["sessions"] == {"active": 0, "max": 8, "free": 8}
     assert body["device"] == "cpu"
+    # the engine as it runs: frontend.compile auto is off on CPU, and CUDA graphs exist only on CUDA
+    assert body["engine"] == {"device": "cpu", "dtype": "float32", "batch_size": 8, "compile": False,
+                              "cuda_graphs": False, "compiled_graphs": 0}
     assert body["models"]["frontend"]["checkpoint"] == "tiny:0"
     assert body["models"]["frontend"]["loaded"] is True
     assert body["models"]["asr"]["kind"] == "none"

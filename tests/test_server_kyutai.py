@@ -25,6 +25,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, kame_cache_dir: Path):  # t
 def test_shared_kyutai_stt_serves_a_session(server: ServerProcess) -> None:
     log = server.log_path.read_text()
     assert "shares the front-end engine" in log
+    assert "warm-up: 4 ticks of 2 slots with the shared STT" in log  # compiled and graphed before ready
     status, health = server.get_json("/health")
     assert status == 200 and health["status"] == "ok"
 

@@ -16,7 +16,6 @@ models share a device.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ import torch
 from kame.audio.media import FRAME_RATE, FRAME_SIZE
 from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
 from kame.frontend.loading import load_lm, load_mimi, load_tokenizer, resolve_dtype
+from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
 from kame.vocab import TextVocab
 
 STT_CODEBOOKS = 32
@@ -71,7 +71,10 @@ class SttCore:
         dtype: str = "auto",
         own_mimi: bool = True,
         eot_head: int = 2,
+        mode: MoshiMode | None = None,
     ) -> None:
+        """``mode``: compile and CUDA graphs (``frontend.compile``, ``frontend.cuda_graphs``); default: compile on
+        CUDA only, graphs on. An engine that steps this core sets :attr:`mode` to its own."""
         from moshi.models.lm import LMGen
 
         self.files = files
@@ -94,7 +97,9 @@ class SttCore:
                 EOT_MODEL,
             )
         self.gen = LMGen(self.lm, use_sampling=False, temp=0.0, temp_text=0.0, support_out_of_sync=True)
-        self._guard = contextlib.nullcontext if device.type == "cuda" else _no_compile()
+        self.mode = mode or MoshiMode(compile=resolve_compile("auto", device.type))
+        if self.mode.compile:
+            make_kernels_compilable()
         self._mask_host = torch.zeros(batch_size, dtype=torch.bool)
         self._mask: torch.Tensor | None = None
         self._mimi_mask: torch.Tensor | None = None
@@ -173,8 +178,6 @@ class SttCore:
             out[slot] = SttStep(text_id=int(text[slot]), end_prob=None if end is None else float(end[slot]))
         return out
 
-
-def _no_compile() -> Any:
-    from moshi.utils.compile import no_compile
-
-    return no_compile
+    def _guard(self) -> Any:
+        """Every model call: alone in moshi, with this core's compile and CUDA-graph mode."""
+        return moshi_call(self.mode)

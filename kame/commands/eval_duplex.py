@@ -1,10 +1,11 @@
-"""``kame eval duplex DATA_DIR --task TASK --server URL``: Full-Duplex-Bench v1 on a kame server.
+"""``kame eval duplex DATA_DIR --task TASK --server URL``: Full-Duplex-Bench v1 and v1.5 on a kame server.
 
-Streams every sample of a task folder (the benchmark's released data, or
-kame's generated set: ``kame eval duplex --generate DIR``) at real time,
-writes ``output.wav`` / ``output.json`` per sample as the benchmark's
-clients do, and scores them into ``results.json``, ``results.md`` (the
-table) and ``results.png`` (the plot). ``--compare`` runs the same samples
+Streams every sample of a task folder (the benchmark's released data, v1
+or v1.5, or kame's generated set: ``kame eval duplex --generate DIR``) at
+real time, writes into each sample folder what the benchmark's own
+inference and ASR steps write there, and scores them into
+``results.json``, ``results.md`` (the table) and ``results.png`` (the
+plot), in a results folder outside the data (``--results``). ``--compare`` runs the same samples
 with the oracle on and off and with each answer-switch policy, side by
 side. See docs/evaluation.md, part II.
 """
@@ -33,14 +34,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("data_dir", metavar="DATA_DIR", help="A task folder of sample folders (input.wav + label); "
                    "with --generate, where to write kame's generated set (one folder per task).")
-    p.add_argument("--task", choices=TASKS, default=None, help="The benchmark's task name.")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="The benchmark's task: v1's pause_handling, smooth_turn_taking, user_interruption, backchannel, "
+                        "or v1.5's subsets as v1.5/user_interruption, v1.5/user_backchannel, v1.5/talking_to_other, "
+                        "v1.5/background_speech.")
     p.add_argument("--server", default=None, metavar="URL", help="The server: http://HOST:PORT.")
     p.add_argument("--wire", choices=WIRES, default="chat",
                    help="chat: /api/chat, as the benchmark's Moshi client (default); realtime: /v1/realtime with "
                         "kame's events on.")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="Write outputs to DIR/VARIANT/SAMPLE/ (with a copy of input and label) and the results to "
-                        "DIR; default: into each sample's folder, results into DATA_DIR. Needed with --compare.")
+                        "DIR; default: into each sample's folder. Needed with --compare.")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="Where results.json/.md/.png, the judges' caches and the event logs go (never inside a data "
+                        "folder: the benchmark's scripts read every entry there); default: --out, else a folder "
+                        "beside DATA_DIR named DATA_DIR.kame-VARIANT.")
+    p.add_argument("--overwrite", action="store_true",
+                   help="Run the samples whose output.wav is already there again (default: keep it, as the "
+                        "benchmark's clients do; its transcript is written if missing).")
     p.add_argument("--concurrency", type=int, default=1, metavar="N",
                    help="Sessions at once (default 1; at most the server's free sessions).")
     p.add_argument("--alignment", choices=ALIGNMENTS, default="arrival",
@@ -61,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Whisper model for the word times (default: the bundled tiny.en).")
     p.add_argument("--score-only", action="store_true",
                    help="Do not stream: score the output.wav/output.json already in the sample folders.")
-    p.add_argument("--judge-model", default=None, metavar="M", help="Relevance judge (user_interruption).")
+    p.add_argument("--judge-model", default=None, metavar="M",
+                   help="Judge: relevance (user_interruption) or behaviour after the overlap (v1.5 tasks).")
     p.add_argument("--judge-base-url", default=None, metavar="U", help="OpenAI-compatible base URL of the judge.")
     p.add_argument("--judge-api-key-env", default=None, metavar="NAME",
                    help="Environment variable with the judge's key (default OPENAI_API_KEY).")
@@ -115,6 +127,30 @@ def _dataset_name(data_dir: Path, given: str | None) -> str:
     return data_dir.name
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    p, f = path.resolve(), folder.resolve()
+    return p == f or f in p.parents
+
+
+def results_folder(data_dir: Path, out: Path | None, given: str | None, variant_names: list[str]) -> Path:
+    """Where the run's own files go: ``given``, else ``out``, else ``DATA_DIR.kame-VARIANT(S)`` beside the data.
+
+    Never inside a folder the benchmark's scripts read (the data folder, or a variant's folder under ``out``):
+    they take every entry there for a sample."""
+    if given:
+        results = Path(given)
+    elif out is not None:
+        results = out
+    else:
+        results = data_dir.parent / f"{data_dir.resolve().name}.kame-{'+'.join(variant_names)}"
+    data_folders = [data_dir] + ([out / v for v in variant_names] if out is not None else [])
+    for folder in data_folders:
+        if _inside(results, folder):
+            raise UserError(f"--results {results}: inside the data folder {folder}, whose every entry the "
+                            "benchmark's scripts read as a sample; choose a folder outside it")
+    return results
+
+
 def run(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     if args.generate:
@@ -127,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
               f"into {data_dir}, seed {args.seed}", flush=True)
         return 0
     if args.task is None:
-        raise UserError("--task is required (pause_handling, smooth_turn_taking, user_interruption, backchannel)")
+        raise UserError("--task is required (pause_handling, smooth_turn_taking, user_interruption, backchannel, "
+                        "v1.5/user_interruption, v1.5/user_backchannel, v1.5/talking_to_other, v1.5/background_speech)")
     if not data_dir.is_dir():
         raise UserError(f"{data_dir}: not a folder")
     if args.concurrency < 1:
@@ -136,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--server is required (or --score-only to score outputs already recorded)")
     from kame.eval.duplex.client import Target
     from kame.eval.duplex.runner import DuplexConfig, run_duplex
+    from kame.eval.duplex.samples import is_v15
     from kame.eval.duplex.scoring import load_human_timing
     from kame.eval.vad import VadConfig
     from kame.session.settings import ORACLE_POLICIES
@@ -179,11 +217,12 @@ def run(args: argparse.Namespace) -> int:
         asr = WordAsr(args.asr_model)
         asr_name = asr.name
     out = Path(args.out) if args.out else None
-    results_dir = out or data_dir
+    results_dir = results_folder(data_dir, out, args.results, [v.name for v in vs])
     cfg = DuplexConfig(task=args.task, data_dir=data_dir, variants=vs, dataset=_dataset_name(data_dir, args.dataset),
                        alignment=args.alignment, concurrency=concurrency, target=target, out_dir=out,
                        score_only=args.score_only, asr=asr, asr_name=asr_name, human=human,
-                       vad=VadConfig(kind=args.vad), say=lambda s: print(s, flush=True))
+                       vad=VadConfig(kind=args.vad), say=lambda s: print(s, flush=True), results_dir=results_dir,
+                       overwrite=args.overwrite)
 
     async def main() -> dict[str, Any]:
         judge = None
@@ -197,7 +236,12 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"--judge-model {args.judge_model}: no API key in ${key_env}")
             judge = Judge(JudgeConfig(args.judge_model, args.judge_base_url, key), {})
             results_dir.mkdir(parents=True, exist_ok=True)
-            cfg.relevance = RelevanceJudge(judge, results_dir)
+            if is_v15(args.task):
+                from kame.eval.duplex.overlap import BehaviourJudge
+
+                cfg.behaviour = BehaviourJudge(judge, results_dir)
+            else:
+                cfg.relevance = RelevanceJudge(judge, results_dir)
         try:
             return await run_duplex(cfg, results_dir)
         finally:

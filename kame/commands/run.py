@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, type=Path, help="Reply wav (24 kHz mono, same length as the input).")
     p.add_argument("--oracle", action="append", default=[], metavar="TEXT@SECONDS",
                    help="Inject TEXT into the oracle stream at SECONDS (split on the last @). Repeatable.")
+    p.add_argument("--lora-weight", default=None, metavar="FILE",
+                   help="LoRA adapters for a checkpoint whose config.json sets lora (frontend.lora_weights).")
+    p.add_argument("--no-fuse-lora", "--no_fuse_lora", dest="fuse_lora", action="store_false", default=None,
+                   help="Keep LoRA adapters as separate layers instead of fusing them (frontend.fuse_lora false).")
     p.add_argument("--seed", type=int, default=None, help="Sampling seed (reproducible output).")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: config, auto).")
     p.add_argument("--text-out", type=Path, default=None, help="JSON lines, one per text token: step, t_s, id, piece.")
@@ -61,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             "frontend.checkpoint": args.checkpoint,
             "device": args.device,
             "frontend.seed": args.seed,
+            "frontend.lora_weights": args.lora_weight,
+            "frontend.fuse_lora": args.fuse_lora,
             "asr.kind": args.asr if tandem else None,
             "oracle.policy": args.oracle_policy,
         },

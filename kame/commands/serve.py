@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from kame.server.config import AppConfig
 
 NAME = "serve"
@@ -23,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None, help="Listen port (default 8998).")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: config).")
     p.add_argument("--max-sessions", type=int, default=None, help="Concurrent sessions = engine slots (frontend.batch_size).")
+    p.add_argument("--lora-weight", default=None, metavar="FILE",
+                   help="LoRA adapters for a checkpoint whose config.json sets lora (frontend.lora_weights).")
+    p.add_argument("--no-fuse-lora", "--no_fuse_lora", dest="fuse_lora", action="store_false", default=None,
+                   help="Keep LoRA adapters as separate layers instead of fusing them (frontend.fuse_lora false).")
     p.add_argument("--ssl-certfile", type=Path, default=None, help="TLS certificate (PEM), with --ssl-keyfile.")
     p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
     p.add_argument(
@@ -77,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             "server.port": args.port,
             "device": args.device,
             "frontend.batch_size": args.max_sessions,
+            "frontend.lora_weights": args.lora_weight,
+            "frontend.fuse_lora": args.fuse_lora,
             "server.ssl_certfile": args.ssl_certfile,
             "server.ssl_keyfile": args.ssl_keyfile,
             "server.client_dir": args.client_dir,
@@ -121,12 +129,42 @@ def run(args: argparse.Namespace) -> int:
 
     device = choose_device(cfg)
     log.info("kame serve: %s device=%s", versions_line(), device)
+    if device.type == "cuda":
+        check_memory(cfg, device)
     if applied:
         log.info("malloc: %s", " ".join(f"{k}={v}" for k, v in applied.items()))
 
     from kame.server.app.serving import run_server
 
     return run_server(cfg, str(device), environ=environ)
+
+
+def memory_refusal(cfg: AppConfig, free_bytes: int, total_bytes: int, device: str = "cuda") -> str | None:
+    """The one line that refuses ``frontend.batch_size`` when the plan (weights, KV caches, headroom) does not
+    fit ``free_bytes`` of a card of ``total_bytes``; None when it fits. Pure given the figures: no GPU needed."""
+    from kame.frontend.memory_plan import refusal
+    from kame.frontend.plan_models import build_plan
+    from kame.server.host import engine_batch_size
+
+    plan = build_plan(cfg, device="cuda").plan
+    return refusal(plan, engine_batch_size(cfg), free_bytes, total_bytes, device)
+
+
+def check_memory(cfg: AppConfig, device: torch.device) -> None:
+    """Before loading: the plan against the card's free memory (``torch.cuda.mem_get_info``)."""
+    import torch
+
+    from kame.errors import CheckpointError, UserError
+
+    free, total = torch.cuda.mem_get_info(device)
+    try:
+        line = memory_refusal(cfg, free, total, str(device))
+    except CheckpointError as exc:  # an architecture not on disk yet: loading will download it
+        log.warning("no memory plan before loading: %s", exc)
+        return
+    if line is not None:
+        raise UserError(line)
+    log.info("memory plan: frontend.batch_size %d fits %.1f GiB free on %s", cfg.frontend.batch_size, free / 1024**3, device)
 
 
 def apply_switch_interval(ms: float) -> bool:

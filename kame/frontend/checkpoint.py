@@ -47,6 +47,8 @@ class CheckpointFiles:
     lm_gen_config: dict[str, Any] = field(default_factory=dict)
     stt_config: dict[str, Any] = field(default_factory=dict)
     model_type: str = "moshi"
+    #: the LoRA adapters named by config.json's ``lora_name`` (a fine-tune saved by moshi-finetune)
+    lora_weights: Path | None = None
 
     @property
     def mimi_config(self) -> dict[str, Any] | None:
@@ -78,10 +80,11 @@ def _default_names() -> dict[str, str]:
 def _split_config(raw: dict[str, Any] | None) -> tuple[dict[str, str | None], dict[str, Any] | None, dict[str, Any]]:
     names: dict[str, str | None] = dict(_default_names())
     names["mimi_config_name"] = None
+    names["lora_name"] = None
     if raw is None:
         return names, None, {}
     lm_kwargs = {k: v for k, v in raw.items() if k not in NON_LM_KEYS}
-    for key in ("moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"):
+    for key in ("moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name", "lora_name"):
         if raw.get(key):
             names[key] = raw[key]
     extra: dict[str, Any] = {k: raw[k] for k in ("model_type", "lm_gen_config", "stt_config") if k in raw}
@@ -138,6 +141,7 @@ def resolve_local(directory: Path) -> CheckpointFiles:
         lm_gen_config=dict(extra.get("lm_gen_config") or {}),
         stt_config=dict(extra.get("stt_config") or {}),
         model_type=str(extra.get("model_type", "moshi")),
+        lora_weights=_local_or_hf(directory, str(names["lora_name"]), "LoRA weights") if names["lora_name"] else None,
     )
 
 
@@ -263,7 +267,22 @@ def resolve_hub(repo: str, revision: str | None = None) -> CheckpointFiles:
         lm_gen_config=dict(extra.get("lm_gen_config") or {}),
         stt_config=dict(extra.get("stt_config") or {}),
         model_type=str(extra.get("model_type", "moshi")),
+        lora_weights=get(names["lora_name"]) if names["lora_name"] else None,
     )
+
+
+def resolve_lora_file(spec: str | Path) -> Path:
+    """A LoRA file given by hand (``--lora-weight``): a local path, or ``hf://OWNER/REPO/FILE``."""
+    text = str(spec)
+    hf = parse_hf_name(text)
+    if hf is not None:
+        got = _hub_file(hf[0], hf[1], None)
+        assert got is not None
+        return got
+    path = Path(os.path.expanduser(text.removeprefix("file://")))
+    if not path.is_file():
+        raise CheckpointError(f"LoRA weights {path}: no such file")
+    return path
 
 
 TINY_PREFIX = "tiny:"

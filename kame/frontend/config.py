@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kame.audio.media import FRAME_S
+
+#: The most engine slots one server may have (frontend.batch_size).
+MAX_BATCH_SIZE = 256
 
 
 class SamplingConfig(BaseModel):
@@ -33,15 +36,32 @@ class FrontendConfig(BaseModel):
         description="Hub repo id or local directory (a local directory wins over a Hub id).",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    lora_weights: str | None = Field(
+        None,
+        description="LoRA adapters (safetensors; local path or hf://OWNER/REPO/FILE) for a checkpoint whose "
+        "config.json sets lora (moshi-finetune's output); overrides its lora_name (kame serve --lora-weight).",
+    )
+    fuse_lora: bool = Field(
+        True,
+        description="Fuse the LoRA adapters into the weights at load (as KAME's and moshi's servers do); false keeps "
+        "them as separate layers (kame serve --no-fuse-lora): more memory and compute a step.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )
-    batch_size: int = Field(8, ge=1, le=256, description="Engine slots = concurrent sessions on one model "
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Engine slots = concurrent sessions on one model "
                             "(kame serve --max-sessions; server.max_sessions is its deprecated old name).")
     cuda_graphs: bool = Field(
         True,
         description="Use moshi's CUDA graphs on GPU for every step of the front-end engine "
-        "(and a Kyutai STT sharing it); false turns them off.",
+        "(and a Kyutai STT, shared or on its own engine); false turns them off.",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile of moshi's kernels for the front-end engine and a Kyutai STT "
+        "(CUDA: Triton, needs gcc and the Python headers; CPU: inductor, needs g++); auto = on for CUDA, "
+        "off on CPU. Decides whatever NO_TORCH_COMPILE held; a failure to compile at warm-up is logged and "
+        "the server runs eager.",
     )
     oracle_idle: Literal["auto", "pad", "zero"] = Field(
         "auto",
@@ -64,3 +84,11 @@ class FrontendConfig(BaseModel):
         "1 avoids OpenMP spin contention with the server's other threads.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``on``/``off`` as a boolean."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value

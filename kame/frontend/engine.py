@@ -21,10 +21,9 @@ through the text-logits hook: logits are rescaled by
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ import torch
 
 from kame.frontend.config import FrontendConfig
 from kame.frontend.models import FrontendModels
+from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
 
@@ -122,8 +122,13 @@ class EngineCore:
             support_out_of_sync=True,
             on_text_logits_hook=self._text_logits_hook,
         )
-        self._compile_guard = self._no_compile_context()
+        self.mode = MoshiMode(compile=resolve_compile(cfg.compile, self.device.type), cuda_graphs=cfg.cuda_graphs)
+        if self.mode.compile:
+            make_kernels_compilable()
+        self._compile_guard = self._gate()
         self.stt = stt
+        if stt is not None:
+            stt.mode = self.mode  # stepped inside this engine's calls: one mode for both
         self._stt_mask = torch.zeros(self.batch_size, dtype=torch.bool)
         self._stt_silence: torch.Tensor | None = None
         self._stt_lag: dict[int, deque[torch.Tensor]] = {}  # slot -> STT input delayed by the silence prefix
@@ -146,35 +151,31 @@ class EngineCore:
         self._mimi_mask: torch.Tensor | None = None
         self._lm_mask: torch.Tensor | None = None
         self.ticks = 0
+        self.log_step_errors = True  #: off while a warm-up handles a failure itself (compile fallback)
         with self._compile_guard():
             models.mimi.streaming_forever(self.batch_size)
             self.lm_gen.streaming_forever(self.batch_size)
 
     # ------------------------------------------------------------------ set-up helpers
-    def _no_compile_context(self) -> Any:
-        """The context every model call runs in.
+    def _gate(self) -> Any:
+        """The context every model call runs in: alone in moshi, with this engine's :class:`MoshiMode`.
 
-        torch.compile only pays off on GPU; on CPU it costs ~20 s and gains
-        nothing. ``frontend.cuda_graphs: false`` turns moshi's CUDA graphs
-        off for every call of this engine (moshi's ``no_cuda_graph`` flag is
-        read at each call, so it must surround them all, not just the first).
+        ``frontend.compile`` decides whether moshi's kernels compile and
+        ``frontend.cuda_graphs: false`` turns moshi's CUDA graphs off; both
+        are process globals in moshi read at each call, so they are set
+        around every call (see :mod:`kame.frontend.moshi_gate`).
         """
-        from moshi.utils.compile import no_compile, no_cuda_graph
 
-        guards: list[Callable[[], Any]] = []
-        if self.device.type != "cuda":
-            guards.append(no_compile)
-        if not self.cfg.cuda_graphs:
-            guards.append(no_cuda_graph)
-
-        @contextlib.contextmanager
-        def guard() -> Iterator[None]:
-            with contextlib.ExitStack() as stack:
-                for make in guards:
-                    stack.enter_context(make())
-                yield
+        def guard() -> Any:
+            return moshi_call(self.mode)
 
         return guard
+
+    def disable_compile(self) -> None:
+        """Run eager from now on (compiling failed); a shared STT follows."""
+        self.mode = MoshiMode(compile=False, cuda_graphs=self.mode.cuda_graphs)
+        if self.stt is not None:
+            self.stt.mode = self.mode
 
     @property
     def mimi(self) -> Any:
@@ -323,7 +324,8 @@ class EngineCore:
             with self._compile_guard(), torch.no_grad():
                 out_tokens, pcm_out, stt_out = self._model_step()
         except Exception as exc:  # noqa: BLE001 - report and keep the engine alive
-            log.exception("engine step failed for slots %s", stepped)
+            if self.log_step_errors:
+                log.exception("engine step failed for slots %s", stepped)
             raise EngineStepError(stepped, exc) from exc
         self.ticks += 1
         results: dict[int, SlotOutput] = {}

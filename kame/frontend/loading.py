@@ -146,22 +146,132 @@ def _no_init_on_meta() -> Iterator[None]:
             setattr(torch.nn.init, name, original)
 
 
-def load_lm(files: CheckpointFiles, device: str | torch.device, dtype: torch.dtype) -> LoadedLM:
+#: LMModel keywords moshi's ``get_moshi_lm`` pops to build LoRA layers (with their defaults there).
+LORA_KEYS = ("lora", "lora_rank", "lora_scaling")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """A LoRA fine-tune as its config.json declares it (moshi-finetune writes ``lora``, ``lora_rank``,
+    ``lora_scaling``; the adapter file is ``lora_name`` or ``--lora-weight``)."""
+
+    rank: int
+    scaling: float
+    weights: Path | None  # None: the config declares LoRA layers but names no file
+    fuse: bool = True
+
+
+def split_lora(lm_kwargs: dict[str, Any] | None) -> tuple[dict[str, Any] | None, tuple[int, float] | None]:
+    """``lm_kwargs`` without moshi's LoRA keywords, and (rank, scaling) when ``lora`` is set."""
+    if lm_kwargs is None:
+        return None, None
+    rest = {k: v for k, v in lm_kwargs.items() if k not in LORA_KEYS}
+    if not lm_kwargs.get("lora"):
+        return rest, None
+    # moshi's defaults when the keys are absent (get_moshi_lm)
+    return rest, (int(lm_kwargs.get("lora_rank", 128)), float(lm_kwargs.get("lora_scaling", 2.0)))
+
+
+def lora_settings(files: CheckpointFiles, weights: Path | None = None, fuse: bool = True) -> LoraSettings | None:
+    """The checkpoint's LoRA (``weights`` overrides its ``lora_name``), or None; a file without
+    ``lora: true`` in config.json, or ``lora: true`` without a file, is one sentence."""
+    _, lora = split_lora(files.lm_kwargs)
+    path = weights if weights is not None else files.lora_weights
+    if lora is None:
+        if path is not None:
+            raise CheckpointError(
+                f"checkpoint {files.source}: LoRA weights {path} given, but its config.json does not set "
+                f"\"lora\": true (with lora_rank and lora_scaling, as moshi-finetune writes them)"
+            )
+        return None
+    if path is None:
+        raise CheckpointError(
+            f"checkpoint {files.source}: config.json sets \"lora\": true but names no LoRA weights "
+            f"(lora_name): set frontend.lora_weights (kame serve --lora-weight FILE)"
+        )
+    if path.suffix not in (".safetensors", ".sft", ".sfts"):
+        raise CheckpointError(f"LoRA weights {path}: only safetensors files are supported")
+    return LoraSettings(rank=lora[0], scaling=lora[1], weights=path, fuse=fuse)
+
+
+def build_empty_lm(files: CheckpointFiles, dtype: torch.dtype) -> Any:
+    """The LM of ``files`` on the meta device, through moshi's own ``get_moshi_lm`` (LoRA layers not
+    added: :func:`with_lora_layers` does that, on a copy or after the base weights are in)."""
+    from moshi.models import loaders
+
+    lm_kwargs, _ = split_lora(files.lm_kwargs)
+    try:
+        # The default device too: moshi builds a few Linears without a device argument (text_linear,
+        # depformer_in, linears: 0.2 B parameters at 7B), which would otherwise be allocated and
+        # initialised on the CPU (seconds, hundreds of MB) only to be replaced by the file's tensors.
+        with torch.device("meta"), _no_init_on_meta():
+            return loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs, device=torch.device("meta"), dtype=dtype)
+    except (TypeError, AssertionError) as exc:
+        raise CheckpointError(f"checkpoint {files.source}: config.json has an invalid LM setting ({exc})") from None
+
+
+def with_lora_layers(lm: Any, lora: LoraSettings) -> Any:
+    """A meta copy of ``lm`` with moshi's LoRA layers (what moshi's loader builds before reading a LoRA file)."""
+    import copy
+
+    from moshi.modules.lora import replace_all_linear_with_lora
+
+    probe = copy.deepcopy(lm)
+    replace_all_linear_with_lora(probe, lora.rank, lora.scaling, device=torch.device("meta"))
+    return probe
+
+
+def lora_shapes(probe: Any) -> dict[str, tuple[int, ...]]:
+    """The LoRA adapter tensors of a model built by :func:`with_lora_layers`, by state-dict name."""
+    return {
+        k: tuple(v.shape) for k, v in probe.state_dict().items() if k.endswith((".lora_A.weight", ".lora_B.weight"))
+    }
+
+
+def check_lora_file(probe: Any, lora: LoraSettings) -> None:
+    """The LoRA file's names and shapes against ``probe`` (either attention layout), from its header:
+    one sentence naming the first unknown, missing or misshapen key."""
+    assert lora.weights is not None
+    expected = lora_shapes(probe)
+    plan_load(lora.weights, _file_shapes(lora.weights), expected, fused_key_map(attention_modules(probe), expected))
+
+
+def _apply_lora(lm: Any, lora: LoraSettings, device: torch.device, dtype: torch.dtype) -> Any:
+    """moshi's own LoRA loader on the loaded base LM: adapters added, loaded, fused unless ``lora.fuse`` is off."""
+    from moshi.models import loaders
+
+    try:
+        return loaders.get_lora_moshi(
+            lm, lora_weights=lora.weights, lora_rank=lora.rank, lora_scaling=lora.scaling,
+            dtype=dtype, device=device, fuse_lora=lora.fuse,
+        )
+    except RuntimeError as exc:  # what the check above missed (moshi's own load_state_dict)
+        raise CheckpointError(f"LoRA weights {lora.weights}: cannot be loaded ({exc})") from None
+
+
+def load_lm(
+    files: CheckpointFiles,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    *,
+    lora_weights: Path | None = None,
+    fuse_lora: bool = True,
+) -> LoadedLM:
     """The LM with weights loaded, plus its oracle table (own or copied from text_emb).
 
     Both of Kyutai's layouts load: fused attention weights (the release
-    files) and moshi's per-step ones (what ``state_dict()`` gives).
+    files) and moshi's per-step ones (what ``state_dict()`` gives). A LoRA
+    fine-tune (``lora`` in config.json, adapters in ``lora_name`` or
+    ``lora_weights``) is added by moshi's own loader after the base weights,
+    fused into them unless ``fuse_lora`` is false, as KAME's and moshi's servers do.
     """
-    from moshi.models import loaders
-
     device = torch.device(device)
     if files.lm_weights.suffix not in (".safetensors", ".sft", ".sfts"):
         raise CheckpointError(f"checkpoint file {files.lm_weights}: only safetensors LM weights are supported")
-    try:
-        with _no_init_on_meta():
-            lm = loaders.get_moshi_lm(None, lm_kwargs=files.lm_kwargs, device=torch.device("meta"), dtype=dtype)
-    except TypeError as exc:
-        raise CheckpointError(f"checkpoint {files.source}: config.json has an invalid LM setting ({exc})") from None
+    lora = lora_settings(files, lora_weights, fuse_lora)
+    lm = build_empty_lm(files, dtype)
+    if lora is not None:  # a LoRA file that cannot load is refused before the base weights are read
+        check_lora_file(with_lora_layers(lm, lora), lora)
     expected = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
     file_shapes = _file_shapes(files.lm_weights)
     oracle_shape = file_shapes.get(ORACLE_KEY)
@@ -185,6 +295,8 @@ def load_lm(files: CheckpointFiles, device: str | torch.device, dtype: torch.dty
     oracle = state.pop(ORACLE_KEY, None)
     lm.load_state_dict(state, assign=True, strict=True)
     del state
+    if lora is not None:
+        lm = _apply_lora(lm, lora, device, dtype)
     lm.eval()
     text_weight = lm.text_emb.weight
     if oracle is None:

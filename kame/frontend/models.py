@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
+from kame.errors import CheckpointError
+from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint, resolve_lora_file
 from kame.frontend.config import FrontendConfig
 from kame.frontend.loading import (
     lm_num_codebooks,
@@ -62,6 +63,34 @@ class FrontendModels:
         return list(self.tokenizer.encode(text))
 
 
+def runnable_mismatch(
+    *, dep_q: int, n_q: int, card: int, text_card: int, mimi_cardinality: int, mimi_codebooks: int, tokenizer_pieces: int
+) -> str | None:
+    """Why an LM, Mimi and tokenizer that loaded cannot drive the engine together (None: they can). Each would
+    otherwise fail at the first step or in the middle of a session (an index out of range)."""
+    if dep_q <= 0:
+        return "its LM generates no audio (dep_q 0: a speech-to-text model?); the front-end needs a Moshi-type LM"
+    if card != mimi_cardinality:
+        return f"the LM's audio tokens have {card} values but Mimi's codebooks {mimi_cardinality} entries"
+    if max(dep_q, n_q - dep_q) > mimi_codebooks:
+        return f"the LM reads {max(dep_q, n_q - dep_q)} audio codebooks but Mimi has {mimi_codebooks}"
+    if tokenizer_pieces > text_card:
+        return (f"the tokenizer has {tokenizer_pieces} pieces but the LM's text (and oracle) table {text_card} rows: "
+                f"an oracle answer's tokens would be out of range")
+    return None
+
+
+def check_runnable(files: CheckpointFiles, lm: Any, mimi: Any, tokenizer: Any) -> None:
+    """:func:`runnable_mismatch` for loaded models: one sentence naming the checkpoint and the mismatch."""
+    why = runnable_mismatch(
+        dep_q=int(lm.dep_q), n_q=int(lm.n_q), card=int(lm.card), text_card=int(lm.text_card),
+        mimi_cardinality=int(mimi.cardinality), mimi_codebooks=int(mimi.total_codebooks),
+        tokenizer_pieces=int(tokenizer.vocab_size()),
+    )
+    if why is not None:
+        raise CheckpointError(f"checkpoint {files.source}: the engine cannot run it: {why}")
+
+
 def load_frontend(
     cfg: FrontendConfig,
     device: torch.device,
@@ -72,14 +101,17 @@ def load_frontend(
     """Resolve ``cfg.checkpoint`` (``tiny:SEED`` in ``cache_dir``, local dir or Hub id) and load its three parts."""
     files = resolve_checkpoint(cfg.checkpoint, cfg.revision, cache_dir=cache_dir)
     dtype = resolve_dtype(cfg.dtype, device)
-    loaded = load_lm(files, device, dtype)
+    lora = resolve_lora_file(cfg.lora_weights) if cfg.lora_weights else None
+    loaded = load_lm(files, device, dtype, lora_weights=lora, fuse_lora=cfg.fuse_lora)
     mimi = load_mimi(files, device, mimi_codebooks or lm_num_codebooks(files))
+    tokenizer = load_tokenizer(files)
+    check_runnable(files, loaded.lm, mimi, tokenizer)
     return FrontendModels(
         files=files,
         device=device,
         lm=loaded.lm,
         mimi=mimi,
-        tokenizer=load_tokenizer(files),
+        tokenizer=tokenizer,
         oracle_weight=loaded.oracle_weight,
         has_oracle=loaded.has_oracle,
     )

@@ -61,6 +61,7 @@ async def health(request: Request) -> JSONResponse:
         "status": status_of(state),
         "sessions": {"active": state.sessions.active, "max": host.max_sessions, "free": host.free_slots},
         "device": host.device,
+        "engine": host.describe_engine(),
         "models": host.describe_models(),
         "backends": {
             "default": backends.default_name if backends is not None else None,

@@ -1,6 +1,6 @@
 """One sample streamed into a kame server at real time, as the benchmark's own Moshi client does.
 
-``input.wav`` (16 kHz) is resampled to the wire's 24 kHz and sent in 80 ms
+``input.wav`` (any rate) is resampled to the wire's 24 kHz and sent in 80 ms
 frames on an absolute schedule; the client waits up to 1 s for the
 server's handshake and then sends anyway; it keeps receiving for 0.5 s
 after the input ends, then closes. What came back is aligned by

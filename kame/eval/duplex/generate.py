@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.eval.duplex.samples import INPUT_RATE, TASKS, write_wav
+from kame.eval.duplex.samples import INPUT_RATE, V1_TASKS, write_wav
 
 VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us+f3", "en-gb+f2")
 RATES = (140, 155, 170, 185)
@@ -159,7 +159,7 @@ LABEL_NAMES = {"pause_handling": "pause.json", "smooth_turn_taking": "turn_takin
                "user_interruption": "interrupt.json"}
 
 
-def generate(out: Path, per_task: int, seed: int = 0, tasks: tuple[str, ...] = TASKS) -> dict[str, Any]:
+def generate(out: Path, per_task: int, seed: int = 0, tasks: tuple[str, ...] = V1_TASKS) -> dict[str, Any]:
     """Write ``per_task`` samples of each task under ``out/TASK/NNN/``; returns ``dataset.json``'s content."""
     out.mkdir(parents=True, exist_ok=True)
     for task in tasks:

@@ -1,7 +1,8 @@
 """A Full-Duplex-Bench sample folder, loaded and checked. No network.
 
-A sample is a folder holding ``input.wav`` (the user's side, 16 kHz mono)
-and the task's label file:
+A sample is a folder holding ``input.wav`` (the user's side, mono, at any
+rate: the benchmark's are 16 kHz, its pause-handling example 48 kHz; the
+client resamples) and the task's label file. v1:
 
 - ``pause_handling``: ``pause.json`` (the pauses; the metric does not read them),
 - ``smooth_turn_taking``: ``turn_taking.json``, ``[{"timestamp": [turn_end_s, ...], ...}]``,
@@ -9,9 +10,15 @@ and the task's label file:
   ``[{"context": text, "interrupt": text, "timestamp": [start_s, end_s]}]``,
 - ``backchannel``: no label (the human timing data is separate, :mod:`.scoring`).
 
+v1.5 (overlap behaviour; its tasks named ``v1.5/<subset>`` after the
+benchmark's folders, so its ``user_interruption`` never meets v1's): every
+sample also holds ``clean_input.wav`` (the same turn without the overlap)
+and ``metadata.json``, ``{"context_text", "current_turn_text",
+"timestamps": [overlap_start_s, overlap_end_s]}``.
+
 A folder that cannot be used (no ``input.wav``, a missing or malformed
-label, another sample rate, no audio) is a :class:`SampleProblem`: one
-sentence, and the run goes on without it.
+label, no audio) is a :class:`SampleProblem`: one sentence, and the run
+goes on without it.
 """
 
 from __future__ import annotations
@@ -26,14 +33,23 @@ import numpy as np
 
 from kame.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 
-TASKS = ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel")
-INPUT_RATE = 16000
+V1_TASKS = ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel")
+#: v1.5's subsets (the benchmark's folder names), prefixed with the version.
+V15_TASKS = ("v1.5/user_interruption", "v1.5/user_backchannel", "v1.5/talking_to_other", "v1.5/background_speech")
+TASKS = V1_TASKS + V15_TASKS
+INPUT_RATE = 16000  # the benchmark's usual input rate (kame's generated set is written at it)
 LABEL_FILE = {
     "pause_handling": "pause.json",
     "smooth_turn_taking": "turn_taking.json",
     "user_interruption": "interrupt.json",
     "backchannel": None,
+    **{t: "metadata.json" for t in V15_TASKS},
 }
+CLEAN_INPUT = "clean_input.wav"
+
+
+def is_v15(task: str) -> bool:
+    return task in V15_TASKS
 
 
 class SampleProblem(Exception):
@@ -49,6 +65,8 @@ class Labels:
     interrupt_end_s: float | None = None
     context: str = ""
     interrupt: str = ""
+    overlap_start_s: float | None = None  # v1.5: the overlap event in input.wav
+    overlap_end_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,10 @@ class Sample:
     def input_path(self) -> Path:
         return self.directory / "input.wav"
 
+    @property
+    def clean_input_path(self) -> Path:
+        return self.directory / CLEAN_INPUT
+
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
     """Mono float32 and the rate of a 16-bit PCM WAV (channels averaged)."""
@@ -75,6 +97,11 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         raise ValueError(f"{8 * width}-bit samples (expected 16-bit PCM)")
     x = pcm16_to_float(raw)
     return x.reshape(-1, channels).mean(axis=1), rate
+
+
+def wav_rate(path: Path) -> int:
+    with wave.open(str(path), "rb") as w:
+        return int(w.getframerate())
 
 
 def write_wav(path: Path, pcm: np.ndarray, rate: int) -> None:
@@ -108,7 +135,24 @@ def parse_labels(task: str, data: Any) -> Labels:
         start, end = _timestamp(data[0], "interrupt.json's first entry", 2)
         return Labels(interrupt_start_s=start, interrupt_end_s=end,
                       context=str(data[0].get("context") or ""), interrupt=str(data[0].get("interrupt") or ""))
+    if is_v15(task):
+        if not isinstance(data, dict):
+            raise ValueError("metadata.json is not an object")
+        start, end = _timestamp({"timestamp": data.get("timestamps")}, "metadata.json", 2)
+        return Labels(context=str(data.get("context_text") or ""), interrupt=str(data.get("current_turn_text") or ""),
+                      overlap_start_s=start, overlap_end_s=end)
     return Labels()
+
+
+def _read_input(directory: Path, file: str) -> np.ndarray:
+    name = directory.name
+    try:
+        pcm, _ = read_wav(directory / file)
+    except (OSError, EOFError, ValueError, wave.Error) as exc:
+        raise SampleProblem(f"sample {name}: {file} is not a readable 16-bit PCM WAV ({exc}), skipped") from None
+    if pcm.size == 0:
+        raise SampleProblem(f"sample {name}: {file} holds no audio, skipped")
+    return pcm
 
 
 def load_sample(directory: Path, task: str) -> Sample:
@@ -117,14 +161,12 @@ def load_sample(directory: Path, task: str) -> Sample:
     wav = directory / "input.wav"
     if not wav.is_file():
         raise SampleProblem(f"sample {name}: no input.wav, skipped")
-    try:
-        pcm, rate = read_wav(wav)
-    except (OSError, EOFError, ValueError, wave.Error) as exc:
-        raise SampleProblem(f"sample {name}: input.wav is not a readable 16-bit PCM WAV ({exc}), skipped") from None
-    if rate != INPUT_RATE:
-        raise SampleProblem(f"sample {name}: input.wav is {rate} Hz, the benchmark's inputs are {INPUT_RATE} Hz, skipped")
-    if pcm.size == 0:
-        raise SampleProblem(f"sample {name}: input.wav holds no audio, skipped")
+    pcm = _read_input(directory, "input.wav")
+    rate = wav_rate(wav)
+    if is_v15(task):
+        if not (directory / CLEAN_INPUT).is_file():
+            raise SampleProblem(f"sample {name}: no {CLEAN_INPUT} (v1.5 runs the clean input too), skipped")
+        _read_input(directory, CLEAN_INPUT)
     label = LABEL_FILE[task]
     labels = Labels()
     if label is not None:

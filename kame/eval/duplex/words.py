@@ -2,7 +2,9 @@
 
 ``{"text": "...", "chunks": [{"text": word, "timestamp": [start_s, end_s]}, ...]}``,
 times in seconds on the input's clock (full duplex: output time = input
-time). The benchmark's own scoring scripts read exactly this file.
+time). The benchmark's own scoring scripts read exactly this file, and its
+v1.5 behaviour script the same layout in ``input.json``, ``clean_input.json``
+and ``clean_output.json``.
 """
 
 from __future__ import annotations
