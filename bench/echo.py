@@ -16,12 +16,12 @@ clipping, which the canceller never sees.
 The far end (the assistant) speaks espeak-ng sentences with known text at -20 dBFS; the near end
 (the user) speaks two sentences over it (double talk) from 4 s, at the same level at the
 microphone, and the assistant goes on for 3 s after the user stops. The microphone signal goes
-through :class:`kame.echo.EchoCanceller` block by block (80 ms, kame's frame) as ``kame mic`` does,
+through :class:`kame.audio.echo.EchoCanceller` block by block (80 ms, kame's frame) as ``kame mic`` does,
 as fast as it runs (the canceller does not need real time: each block is what a sound card would
 give).
 
 Variants: ``off`` (the microphone as is), ``aec3`` (WebRTC AEC3 alone), ``linear+aec3`` (kame's
-linear pre-canceller, :mod:`kame.echo_linear`, then AEC3: ``EchoCanceller``'s default) and
+linear pre-canceller, :mod:`kame.audio.echo_linear`, then AEC3: ``EchoCanceller``'s default) and
 ``linear`` (the pre-canceller alone, for diagnosis). Measured per condition and variant:
 
 * ERLE: the microphone's echo energy (plus noise) over the sent audio's, from 2 s to 4 s (2 s of
@@ -65,8 +65,8 @@ sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
 from kame.asr.config import TurnConfig
 from kame.asr.resample import ASR_RATE, StreamResampler
 from kame.asr.vad import TurnDetector, TurnStart
-from kame.echo import EchoCanceller, EchoPath
-from kame.echo_linear import LinearEchoCanceller
+from kame.audio.echo import EchoCanceller, EchoPath
+from kame.audio.echo_linear import LinearEchoCanceller
 from tests.support.speech import RATE, content_recall, content_words, synthesize
 
 FRAME = 1920

@@ -27,11 +27,11 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from kame.audio.media import FRAME_SIZE
 from kame.frontend.config import FrontendConfig  # noqa: E402
 from kame.frontend.engine import EngineCore  # noqa: E402
 from kame.frontend.models import load_frontend  # noqa: E402
 from kame.frontend.tiny import ensure_tiny_checkpoint  # noqa: E402
-from kame.media import FRAME_SIZE
 from kame.versions import versions_line  # noqa: E402
 
 FRAME = FRAME_SIZE

@@ -4,7 +4,7 @@ The connection is ``AsyncOpenAI(base_url=".../v1").live.connect()``, exactly
 what a GPT-Live application opens, so every message goes through the SDK's
 own serialisation and parsing. On top of it: audio in any Live format
 (PCM16 at 24 or 16 kHz, G.711 mu-law / A-law at 8 kHz) converted from and
-to 24 kHz float32 by :mod:`kame.pcm` (the one conversion module of kame's
+to 24 kHz float32 by :mod:`kame.audio.pcm` (the one conversion module of kame's
 wires, clients and recorders; the tests check its formats against audioop
 and tone analysis themselves), paced at real time on an absolute schedule,
 every event kept with its arrival time, and the same stream measures as the
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.pcm import EncodedAudioReader, stream_resampler, to_encoding
 from kame.client.event_session import Event, EventSession
 from kame.client.stats import FRAME, RATE, StreamStats
-from kame.pcm import EncodedAudioReader, stream_resampler, to_encoding
 
 AUDIO_EVENT = "session.output_audio.delta"
 

@@ -30,11 +30,11 @@ from urllib.parse import urlparse, urlunparse
 
 import numpy as np
 
+from kame.audio.echo import EchoCanceller, EchoPath, read_impulse_response
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
+from kame.audio.pcm import float_to_pcm16
 from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, describe, open_with_retry, retry_reason
-from kame.echo import EchoCanceller, EchoPath, read_impulse_response
 from kame.errors import UserError
-from kame.media import FRAME_SIZE, SAMPLE_RATE
-from kame.pcm import float_to_pcm16
 
 RATE = SAMPLE_RATE
 FRAME = FRAME_SIZE
@@ -425,7 +425,7 @@ async def _send_simulated(client: Any, pcm: np.ndarray, sim: EchoSimulation) -> 
 
 
 async def run_wav(opts: MicOptions, display: Display) -> MicResult:
-    from kame.audio import read_audio, write_wav
+    from kame.audio.files import read_audio, write_wav
 
     assert opts.input_wav is not None
     pcm = read_audio(opts.input_wav)

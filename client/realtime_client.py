@@ -31,9 +31,9 @@ from urllib.parse import urlencode
 
 import numpy as np
 
+from kame.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 from kame.client.event_session import Event, EventSession
 from kame.client.stats import FRAME, FRAME_S, RATE, StreamStats, percentile  # noqa: F401  (re-exported)
-from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 AUDIO_EVENTS = frozenset({"response.output_audio.delta", "kame.output_audio.delta"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.media import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.audio.media import FRAME_S, FRAME_SIZE, SAMPLE_RATE
 from kame.stats import percentile  # noqa: F401  (re-exported to the clients and benches)
 
 RATE = SAMPLE_RATE

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import UserError
 from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
 from kame.frontend.moshi_gate import compiled_graphs
-from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 if TYPE_CHECKING:
     import torch

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kame.audio.media import FRAME_S
 from kame.client.realtime_client import RealtimeClient, RealtimeStats
-from kame.media import FRAME_S
 from tests.support.moshi_client import FRAME, MoshiClient, ServerProcess
 
 BASELINE_S = 6.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from tests.support.speech import content_recall, silence, synthesize
 
 TEXT = "Remind me to call my mother after the meeting on Thursday."

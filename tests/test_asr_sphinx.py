@@ -13,7 +13,7 @@ import pytest
 from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer
 from kame.asr.process import ProcessStream
 from kame.asr.sphinx import PocketsphinxRecognizer
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from tests.support.speech import content_words, silence, synthesize, words
 
 FRAME = FRAME_SIZE

@@ -20,7 +20,7 @@ from kame.asr.stream import AsrStream, Inbox, ThreadedStream
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.asr.vad import TurnAudio, TurnDetector, TurnEnd, TurnStart
 from kame.asr.wav import load_wav_24k_mono, read_wav
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from kame.errors import UserError
 from tests.support.speech import noise, silence, synthesize
 

@@ -14,7 +14,7 @@ from kame.asr import AsrConfig, AsrEvent, EventType, create_recognizer, transcri
 from kame.asr.stream import ThreadedStream
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
 from kame.asr.whisper import WhisperRecognizer
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from tests.support.speech import content_recall, noise, silence, speech_end, synthesize, words
 
 FRAME = FRAME_SIZE

@@ -36,7 +36,7 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from tests.support.browser import BASE_ARGS, CHROMIUM, DESKTOP, PHONE, Console, events, kame, summary, wait_until
 from tests.support.moshi_client import ServerProcess
 from tests.support.servers import new_sessions, recorded_sessions

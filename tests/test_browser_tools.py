@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from tests.support.browser import BASE_ARGS, CHROMIUM, DESKTOP, Console, summary, wait_until
 from tests.support.moshi_client import ServerProcess
 from tests.support.speech import silence, synthesize

@@ -1,4 +1,4 @@
-"""kame/session/delegated.py: who answers a delegated session, without a wire, a tokenizer model or torch."""
+"""kame/session/delegated_answers.py: who answers a delegated session, without a wire, a tokenizer model or torch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from kame.oracle.config import OracleConfig
 from kame.session.commands import CommandRefused
-from kame.session.delegated import MAX_CONTEXT_CHARS, ContextItem, DelegatedAnswers
+from kame.session.delegated_answers import MAX_CONTEXT_CHARS, ContextItem, DelegatedAnswers
 
 
 def word_ids(text: str) -> list[int]:

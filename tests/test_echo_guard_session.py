@@ -14,7 +14,7 @@ import pytest
 
 from kame.asr.config import AsrConfig
 from kame.asr.factory import create_recognizer
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from kame.session.events import (
     AnswerCancelled,
     AssistantFrame,

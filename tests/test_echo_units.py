@@ -1,4 +1,4 @@
-"""kame.echo without a server: the canceller removes a simulated echo, keeps block lengths, gives WebRTC's
+"""kame.audio.echo without a server: the canceller removes a simulated echo, keeps block lengths, gives WebRTC's
 module each reference frame right before the microphone frame captured with it (a bounded queue between),
 its linear pre-canceller finds the delay, converges and keeps cancelling through double talk, the switch
 between the two AEC3 outputs follows the user's voice, and it refuses a reference or microphone at the wrong
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kame.echo
-from kame.echo import EchoCanceller, EchoInputError, EchoPath, read_impulse_response
+import kame.audio.echo
+from kame.audio.echo import EchoCanceller, EchoInputError, EchoPath, read_impulse_response
 
 RATE = 24000
 
@@ -80,7 +80,7 @@ def _numbered(first: int, frames: int, size: int) -> np.ndarray:
 
 
 def test_each_reference_frame_goes_in_right_before_its_microphone_frame(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    monkeypatch.setattr(kame.audio.echo, "_livekit_rtc", lambda: _FakeRtc)
     _RecordingModule.made = []
     aec = EchoCanceller(RATE, linear=False)  # the microphone as is: the module sees the numbers sent
     size = aec.frame
@@ -93,12 +93,12 @@ def test_each_reference_frame_goes_in_right_before_its_microphone_frame(monkeypa
 
 
 def test_the_reference_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    monkeypatch.setattr(kame.audio.echo, "_livekit_rtc", lambda: _FakeRtc)
     _RecordingModule.made = []
     aec = EchoCanceller(RATE, linear=False)
     size = aec.frame
     aec.far(_numbered(0, 80, size))  # 800 ms played before anything is captured
-    bound = kame.echo.MAX_QUEUE_MS // kame.echo.FRAME_MS
+    bound = kame.audio.echo.MAX_QUEUE_MS // kame.audio.echo.FRAME_MS
     (module,) = _RecordingModule.made
     # the oldest 300 ms went in on their own, in order; the last 500 ms wait
     assert module.calls == [("far", i) for i in range(80 - bound)]
@@ -107,7 +107,7 @@ def test_the_reference_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_with_the_pre_canceller_both_modules_get_every_reference_frame_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kame.echo, "_livekit_rtc", lambda: _FakeRtc)
+    monkeypatch.setattr(kame.audio.echo, "_livekit_rtc", lambda: _FakeRtc)
     _RecordingModule.made = []
     aec = EchoCanceller(RATE, linear=True)
     size = aec.frame
@@ -187,7 +187,7 @@ def test_impulse_response_files(tmp_path: Path) -> None:
 
 
 def test_linear_pre_canceller_finds_the_delay_converges_and_survives_double_talk() -> None:
-    from kame.echo_linear import LinearEchoCanceller
+    from kame.audio.echo_linear import LinearEchoCanceller
 
     frame = RATE // 100
     lin = LinearEchoCanceller(RATE, frame)
@@ -214,7 +214,7 @@ def test_linear_pre_canceller_finds_the_delay_converges_and_survives_double_talk
 
 
 def test_the_mix_sends_aec3_alone_until_its_output_carries_a_voice() -> None:
-    from kame.echo import _Mix
+    from kame.audio.echo import _Mix
 
     mix = _Mix()
     size = RATE // 100
@@ -249,7 +249,7 @@ def test_the_kalman_pre_canceller_converges_within_a_second_of_finding_the_delay
     """On coloured, pausing input a normalised LMS at a fixed step (the filter before) had removed 18 dB
     after 3 s and 36 dB after 6 s of this echo; the Kalman filter removes over 25 dB after 3 s (the delay
     is found after about 1 s) and over 45 dB after 6 s."""
-    from kame.echo_linear import LinearEchoCanceller
+    from kame.audio.echo_linear import LinearEchoCanceller
 
     frame = RATE // 100
     lin = LinearEchoCanceller(RATE, frame)
@@ -275,7 +275,7 @@ def test_the_kalman_pre_canceller_converges_within_a_second_of_finding_the_delay
 def test_the_kalman_prior_follows_a_decaying_room_and_the_measured_echo_level() -> None:
     """The initial state variance: the measured echo return loss (times the prior's scale) spread over the
     partitions with the 60 dB decay of the prior's RT60, the same in every bin."""
-    from kame.echo_linear import LinearEchoCanceller
+    from kame.audio.echo_linear import LinearEchoCanceller
 
     frame = RATE // 100
     lin = LinearEchoCanceller(RATE, frame)
@@ -295,7 +295,7 @@ def test_while_the_user_speaks_the_pre_cancellers_output_is_blended_in_once_it_h
     """The floor under the suppressor: with the user speaking, a quarter of the pre-canceller's own output
     (-12 dB) goes out with the other three quarters from AEC3-after-it, but only once the pre-canceller expects to remove
     6 dB or more; where only the assistant speaks none of it does."""
-    from kame.echo import _Mix
+    from kame.audio.echo import _Mix
 
     size = RATE // 100
     rng = np.random.default_rng(1)

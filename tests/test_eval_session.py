@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.eval.analysis import read_stereo_wav, turn_facts
 from kame.eval.runner import ServerTarget
 from kame.eval.session import DriveConfig, SessionError, drive_question
 from kame.eval.vad import VadConfig, speech_segments, turn_latency
-from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 RATE = SAMPLE_RATE
 FRAME = FRAME_SIZE

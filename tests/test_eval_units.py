@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kame.audio.media import SAMPLE_RATE
 from kame.errors import UserError
 from kame.eval import judge as judge_mod
 from kame.eval.questions import Question, load_judge_prompts, load_questions
@@ -23,7 +24,6 @@ from kame.eval.vad import (
     speech_segments,
     turn_latency,
 )
-from kame.media import SAMPLE_RATE
 
 RATE = SAMPLE_RATE
 REPO = Path(__file__).resolve().parent.parent

@@ -186,7 +186,7 @@ def test_config_file_is_the_shipped_one(fleet: tuple[HAProxy, list[ServerProcess
 
 @pytest.fixture(scope="module")
 def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kame.audio import write_wav
+    from kame.audio.files import write_wav
     from tests.support.speech import silence, synthesize
 
     path = tmp_path_factory.mktemp("q") / "q.wav"
@@ -397,7 +397,7 @@ def test_sigterm_under_load_drains_to_the_other_replicas(fleet: tuple[HAProxy, l
     (the mic's). Its sessions are told, run on for the grace, get 1001 and reconnect to the others;
     no new session lands on it while it drains; nobody gives up; the callers on the other replicas
     keep real-time cadence. (Last in the module: the drained replica is gone afterwards.)"""
-    from kame.audio import write_wav
+    from kame.audio.files import write_wav
 
     lb, replicas = fleet
     wait_all_idle(replicas, lb)

@@ -27,11 +27,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             {
                 "kame",
                 "kame.errors",
-                "kame.media",
                 "kame.audio",
-                "kame.echo", "kame.echo_linear",
-                "kame.pcm",
-                "kame.loudness",
                 "kame.stats",
                 "kame.versions",
                 "kame.vocab",
@@ -178,3 +174,122 @@ def test_the_check_refuses_a_backward_import() -> None:
     assert violations("kame.oracle.loop", relative)
     assert not violations("kame.eval.session", imports_of("kame.eval.session", "import kame.client.reconnect\n", False))
     assert not violations("kame.commands.serve", imports_of("kame.commands.serve", "from kame.server.config import AppConfig\n", False))
+
+
+def runtime_imports_of(module: str, source: str, is_package: bool) -> list[Import]:
+    """The kame modules ``module`` imports when it runs: :func:`imports_of` without ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    return imports_of(module, ast.unparse(tree), is_package)
+
+
+#: Packages of the server that must not import each other when they run (imports for types may stay).
+NO_RUNTIME_CYCLE = (("kame.server.webrtc", "kame.server.app"),)
+
+
+def test_webrtc_never_imports_the_app_at_run_time() -> None:
+    """``server/app`` mounts the WebRTC endpoints; what both need (a session's offers) lives below them."""
+    problems = []
+    for module, path in all_modules().items():
+        for low, high in NO_RUNTIME_CYCLE:
+            if module == low or module.startswith(low + "."):
+                for imp in runtime_imports_of(module, path.read_text(), path.name == "__init__.py"):
+                    if imp.target == high or imp.target.startswith(high + "."):
+                        problems.append(f"{module}:{imp.line} imports {imp.target}")
+    assert problems == [], "\n".join(problems)
+    found = runtime_imports_of("kame.server.webrtc.live", "if TYPE_CHECKING:\n    from kame.server.app import x\n"
+                               "def f():\n    from kame.server.app.websockets import y\n", False)
+    assert [i.target for i in found] == ["kame.server.app.websockets"]  # the check sees lazy imports
+
+
+#: The session's oracle stream: only the session (its pipeline and answer sources) writes it.
+ORACLE_WRITES = frozenset({"oracle_reset", "oracle_push", "oracle_clear"})
+#: What builds an answer source: the session does (the pipeline), never server/ (a wire, the runtime, the app):
+#: the own LLM's loop, the Responses source, and the delegated answers a Live wire translates.
+SOURCE_BUILDERS = frozenset({"OracleLoop", "ResponsesAnswerSource", "SourceHooks", "answer_source",
+                             "DelegatedAnswers", "answers_with"})
+
+
+def calls_of(source: str) -> list[tuple[str, int]]:
+    """Every called name (``f(...)``) or attribute (``x.f(...)``) with its line."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name is not None:
+                out.append((name, node.lineno))
+    return out
+
+
+def answer_roads(module: str, source: str) -> list[str]:
+    """Where a module of server/ writes the oracle or builds an answer source (empty: it does neither)."""
+    if not module.startswith("kame.server."):
+        return []
+    problems = []
+    for name, line in calls_of(source):
+        if name in ORACLE_WRITES:
+            problems.append(f"{module}:{line} writes the oracle ({name})")
+        elif name in SOURCE_BUILDERS:
+            problems.append(f"{module}:{line} builds an answer source ({name})")
+    return problems
+
+
+def test_only_the_session_writes_the_oracle_and_builds_answer_sources() -> None:
+    """The roads an answer took around the session (the runtime resetting the oracle for a wire, a wire or
+    the runtime building an answer source, the Live protocol building its delegated answers) stay closed:
+    server/ passes session commands, and asks the session for its answers."""
+    problems = []
+    for module, path in all_modules().items():
+        problems += answer_roads(module, path.read_text())
+    assert problems == [], "\n".join(problems)
+    assert calls_of("self.pipeline.oracle_reset(ids)\nOracleLoop(x=1)\n") == [("oracle_reset", 1), ("OracleLoop", 2)]
+    # the road that was: the Live protocol building the session's delegated answers itself
+    was = "self.answers = DelegatedAnswers(info.default_delegation, 3, encode=encode, oracle_config=oc, new_id=f)\n"
+    assert answer_roads("kame.server.wires.live.protocol", was) == [
+        "kame.server.wires.live.protocol:1 builds an answer source (DelegatedAnswers)"]
+    assert answer_roads("kame.server.wires.live.protocol", "self.answers = answers_with(encode, oc)(mode, 3, f)\n")
+    assert not answer_roads("kame.server.wires.live.protocol", "self.answers = self.open_answers(mode, 3, f)\n")
+    assert not answer_roads("kame.session.pipeline", was)  # the session builds them
+
+
+def _command_fields(source: str) -> list[tuple[str, int]]:
+    """Class attributes annotated with a session command (``command: ConversationCommand``, ``x: SpeakAnswer``)."""
+    from typing import get_args
+
+    from kame.session.commands import ConversationCommand
+
+    names = {"ConversationCommand", *(c.__name__ for c in get_args(ConversationCommand))}
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign):
+                    used = {n.id for n in ast.walk(item.annotation) if isinstance(n, ast.Name)}
+                    used |= {n.attr for n in ast.walk(item.annotation) if isinstance(n, ast.Attribute)}
+                    if isinstance(item.annotation, ast.Constant) and isinstance(item.annotation.value, str):
+                        used |= set(item.annotation.value.replace("|", " ").replace(".", " ").split())
+                    if used & names:
+                        out.append((f"{node.name}.{ast.unparse(item.target)}", item.lineno))
+    return out
+
+
+def test_a_client_message_is_typed_twice_at_most() -> None:
+    """The wire's decoded event, then the session's command: the runtime takes the session's commands as they
+    are (no third type wrapping them, as the runtime's ``ConversationIn`` did)."""
+    from typing import get_args
+
+    from kame.server.runtime.wire import Command
+    from kame.session.commands import ConversationCommand
+
+    assert set(get_args(ConversationCommand)) <= set(get_args(Command))
+    problems = []
+    for module, path in all_modules().items():
+        if module.startswith("kame.server."):
+            problems += [f"{module}:{line} wraps a session command ({field})" for field, line in _command_fields(path.read_text())]
+    assert problems == [], "\n".join(problems)
+    wrapper = "@dataclass(frozen=True)\nclass ConversationIn:\n    command: ConversationCommand\n"
+    assert _command_fields(wrapper) == [("ConversationIn.command", 3)]  # the check sees the wrapper that was
+    assert _command_fields("class A:\n    speak: 'sc.SpeakAnswer | None'\n") == [("A.speak", 2)]

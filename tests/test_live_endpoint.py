@@ -17,10 +17,12 @@ from starlette import status
 from kame.oracle.config import OracleConfig
 from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, EndIn, Fault, OracleResetIn, Outgoing, Reply, SettingsIn
+from kame.server.runtime.wire import AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn, WireIO
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.wire import MAX_CLIENT_ERRORS, LiveWire
 from kame.session import events as pe
+from kame.session.commands import SpeakAnswer as OracleResetIn  # the runtime's command became the session's
+from kame.session.delegated_answers import answers_with
 from kame.session.settings import SessionSettings
 
 INFO = LiveServerInfo(session_id="feedbeef0001", asr="whisper", admitted_at=1_800_000_000.0, usage_interval_s=1.0)
@@ -50,8 +52,20 @@ def replies(commands: list[Any]) -> list[dict[str, Any]]:
     return [e for c in commands if isinstance(c, Reply) for e in sent(list(c.messages))]
 
 
+def bound(encode: Callable[[str], list[int]], settings: SessionSettings | None = None) -> LiveWire:
+    """A Live wire as the runtime binds it: the session's answers (its tokenizer), no Responses delegation."""
+    wire = LiveWire(INFO, settings or SessionSettings())
+
+    def no_responses(offer: Any, use: Any) -> Any:
+        raise AssertionError("no Responses delegation here")
+
+    wire.bind(WireIO(send=lambda messages: None, use_responses=no_responses,
+                     delegated_answers=answers_with(encode, OracleConfig())))
+    return wire
+
+
 def started(encode: Callable[[str], list[int]], session: dict[str, Any] | None = None) -> LiveWire:
-    wire = LiveWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
+    wire = bound(encode)
     commands = wire.decode(msg({"type": "session.start", "event_id": "s", "session": session or {"model": "gpt-live-1"}}), 10.0)
     settings = [c for c in commands if isinstance(c, SettingsIn)]
     assert len(settings) == 1 and not replies(commands)  # session.started waits for the pipeline
@@ -65,7 +79,7 @@ def frame(index: int, piece: str | None = None, t: float = 10.0) -> pe.Assistant
 
 
 def test_start_runs_without_llm_with_the_extensions_sampling(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveWire(INFO, SessionSettings(backend="x"), encode=encode, oracle_config=OracleConfig())
+    wire = bound(encode, SessionSettings(backend="x"))
     assert wire.opening(SessionSettings()) == []  # the client speaks first
     commands = wire.decode(msg({"type": "session.start", "session": {"model": "m", "kame": {"text_topk": 7}}}), 1.0)
     (settings,) = [c for c in commands if isinstance(c, SettingsIn)]
@@ -121,7 +135,7 @@ def test_errors_are_faults_and_too_many_end_the_session(encode: Callable[[str], 
 
 
 def test_frames_and_transcripts(encode: Callable[[str], list[int]]) -> None:
-    fresh = LiveWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
+    fresh = bound(encode)
     assert fresh.frame(frame(0), 0, True) == []  # nothing before session.start
     wire = started(encode)
     outs = wire.frame(frame(0, "\u2581Hi"), 0, True)
@@ -163,7 +177,7 @@ def test_every_end_has_its_last_words(encode: Callable[[str], list[int]], label:
 
 
 def test_a_session_that_never_started_gets_only_its_error(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveWire(INFO, SessionSettings(), encode=encode, oracle_config=OracleConfig())
+    wire = bound(encode)
     assert wire.closing(SessionEnd("idle", status.WS_1000_NORMAL_CLOSURE, "idle timeout")) == []
     out = sent(wire.closing(SessionEnd("engine_error", 1011, "engine error", "engine error, please reconnect", "engine_error")))
     assert out[0]["type"] == "error" and out[0]["error"]["code"] == "engine_error"

@@ -18,6 +18,7 @@ from kame.server.wires.ids import Ids
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import ErrorEvent, KameEvent, LiveEncoder
 from kame.server.wires.live.protocol import LiveProtocol
+from kame.session.delegated_answers import answers_with
 from tests.support.live_pipecat import pipecat_live_events
 
 INFO = LiveServerInfo(session_id="0123456789ab", asr="whisper", admitted_at=1_800_000_000.0)
@@ -37,7 +38,7 @@ def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int
 
 def test_pipecats_client_events_are_accepted_and_its_parser_reads_ours(encode: Callable[[str], list[int]]) -> None:
     pc = pipecat_live_events()
-    wire = LiveProtocol(INFO, encode=encode, oracle_config=OracleConfig())
+    wire = LiveProtocol(INFO, answers=answers_with(encode, OracleConfig()))
     enc = LiveEncoder(Ids("pc"))
     sent: list[Any] = []
 

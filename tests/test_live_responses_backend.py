@@ -18,7 +18,7 @@ from kame.backend.resolve import ResolvedBackends
 from kame.session.responses.backend import registry_catalog, registry_source
 from kame.session.responses.config import parse_responses_config
 from kame.session.responses.conversation import ConversationLog, UserSpeech
-from kame.session.responses.delegations import DelegationDone, ResponsesDelegator
+from kame.session.responses.rounds import DelegationDone, ResponsesDelegator
 from kame.session.responses.settings import DelegationConfigError
 from kame.session.responses.stream import Usage
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from kame.backend.errors import BackendTimeout
 from kame.session.responses.config import parse_responses_config
 from kame.session.responses.conversation import ConversationLog, UserSpeech
-from kame.session.responses.delegations import (
+from kame.session.responses.rounds import (
     DelegationDone,
     ResponsesDelegator,
     RoundEnd,
@@ -408,7 +408,7 @@ class SlowTools:
     """Server-side tools for the driver (the ServerTools protocol): one slow lookup and one broken tool."""
 
     def __init__(self, delay_s: float) -> None:
-        from kame.session.responses.delegations import ServerTool
+        from kame.session.responses.rounds import ServerTool
         from kame.session.responses.settings import FunctionSpec
 
         self.delay_s = delay_s

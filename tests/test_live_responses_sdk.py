@@ -32,6 +32,7 @@ from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
 from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesPort
+from kame.session.delegated_answers import answers_with
 from kame.session.responses.backend import registry_catalog, registry_source
 from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
@@ -72,8 +73,7 @@ def app_for(registry: BackendRegistry, encode: Callable[[str], list[int]], answe
 
         wire = LiveProtocol(
             LiveServerInfo(session_id="sdk00001", asr="whisper", responses=registry_catalog(registry)),
-            encode=encode,
-            oracle_config=OracleConfig(),
+            answers=answers_with(encode, OracleConfig()),
             responses=ResponsesPort(
                 use=lambda use: ResponsesAnswerSource.start(
                     use, SourceHooks(source=registry_source(registry), oracle_reset=answers.append)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from kame.client.mic import websocket_url
 from kame.errors import UserError
 from tests.support.moshi_client import ServerProcess

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kame.audio import read_audio, write_wav
+from kame.audio.files import read_audio, write_wav
 from tests.support.moshi_client import ServerProcess
 from tests.support.speech import silence, synthesize
 

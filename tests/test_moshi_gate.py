@@ -18,9 +18,9 @@ import yaml
 from kame.asr.config import AsrConfig
 from kame.asr.kyutai_core import SttCore
 from kame.asr.stt_pacing import wait_before_step
+from kame.audio.media import FRAME_S, FRAME_SIZE
 from kame.frontend.config import FrontendConfig, SamplingConfig
 from kame.frontend.moshi_gate import _KERNELS, MoshiMode, compiled_graphs, make_kernels_compilable, moshi_call, resolve_compile
-from kame.media import FRAME_S, FRAME_SIZE
 
 
 @pytest.fixture(scope="module")

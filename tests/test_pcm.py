@@ -1,11 +1,11 @@
-"""kame.pcm, the one PCM16 / G.711 <-> float32 conversion: scale, clipping, rounding, odd bytes, G.711."""
+"""kame.audio.pcm, the one PCM16 / G.711 <-> float32 conversion: scale, clipping, rounding, odd bytes, G.711."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kame import pcm
-from kame.pcm import float_to_g711, float_to_pcm16, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
+from kame.audio import pcm
+from kame.audio.pcm import float_to_g711, float_to_pcm16, float_to_pcm16_bytes, g711_to_float, pcm16_to_float
 
 
 def test_full_scale_clips_and_rounds_without_wrapping() -> None:

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from kame.audio import read_audio, write_wav
+from kame.audio.files import read_audio, write_wav
+from kame.audio.pcm import float_to_pcm16
 from kame.cli import main as kame_main
 from kame.frontend.config import FrontendConfig
 from kame.frontend.engine import EngineCore, SlotOutput
 from kame.frontend.models import FrontendModels, load_frontend
 from kame.frontend.voices import UnknownVoice
-from kame.pcm import float_to_pcm16
 from tests.support.personaplex_ref import PersonaPlexReference, RefFrame
 
 ROLE = "Be kind."

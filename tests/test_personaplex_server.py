@@ -170,7 +170,7 @@ def test_kame_mic_sends_its_voice(pp_server: InProcessServer, tmp_path: Path) ->
     import subprocess
     import sys
 
-    from kame.audio import write_wav
+    from kame.audio.files import write_wav
 
     wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
     write_wav(wav_in, (0.05 * np.random.default_rng(1).standard_normal(24000)).astype(np.float32))
@@ -187,7 +187,7 @@ def test_browser_voice_picker(pp_server: InProcessServer, tmp_path: Path) -> Non
     """The page shows the checkpoint's voices, and the one picked before connecting is the session's."""
     from playwright.sync_api import sync_playwright
 
-    from kame.audio import write_wav
+    from kame.audio.files import write_wav
     from tests.support.browser import BASE_ARGS, CHROMIUM, Console
 
     mic = tmp_path / "mic.wav"

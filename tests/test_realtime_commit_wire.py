@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from kame.server.runtime.wire import ConversationIn, Fault, Reply, SettingsIn
+from kame.server.runtime.wire import Fault, Reply, SettingsIn
 from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session import commands as sc
@@ -35,8 +35,8 @@ def _send(wire: RealtimeWire, event: dict[str, Any], commands: list[Any]) -> lis
             out += [json.loads(o.data) for o in wire.settings_applied(c.settings, c)]
         elif isinstance(c, (Reply, Fault)):
             out += [json.loads(o.data) for o in (c.messages if isinstance(c, Reply) else c.reply)]
-        elif isinstance(c, ConversationIn):
-            commands.append(c.command)
+        elif isinstance(c, sc.ConversationCommand):  # the session's own command, not wrapped
+            commands.append(c)
     for e in out:
         ADAPTER.validate_python(e)
     return out

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter
 
-from kame.server.runtime.wire import Command, ConversationIn, Fault, FunctionOutputIn, Outgoing, Reply, SettingsIn
+from kame.server.runtime.wire import Command, Fault, FunctionOutputIn, Outgoing, Reply, SettingsIn
 from kame.server.wires.realtime.settings import ServerInfo
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session import commands as sc
@@ -62,8 +62,8 @@ class Client:
             return self.take(list(c.messages))
         if isinstance(c, Fault):
             return self.take(list(c.reply))
-        if isinstance(c, ConversationIn):
-            self.commands.append(c.command)
+        if isinstance(c, sc.ConversationCommand):  # the session's own command, not wrapped
+            self.commands.append(c)
         if isinstance(c, SettingsIn):
             return self.take(self.wire.settings_applied(c.settings, c))
         if isinstance(c, FunctionOutputIn):  # the pipeline took it (a call waited for it)
@@ -76,7 +76,7 @@ class Client:
             self.step += 1
             frame = pe.AssistantFrame(step=self.step, pcm=pcm, text_id=5 if piece else None, piece=piece, oracle_id=-1)
             out = self.wire.frame(frame, self.step, True)
-            self.commands += [o.command for o in out if isinstance(o, ConversationIn)]
+            self.commands += [o for o in out if isinstance(o, sc.ConversationCommand)]
             got += self.take([o for o in out if isinstance(o, Outgoing)])
         return got
 

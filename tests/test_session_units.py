@@ -163,3 +163,21 @@ def test_settings_apply_as_a_whole_or_not_at_all(engine: EngineThread) -> None:
     events = asyncio.run(main())
     started = [e for e in events if isinstance(e, LlmRequestStarted)]
     assert started[0].backend == "slow" and started[0].fields()["reason"] == "final"
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["real_time", "fast"])
+def test_an_injected_answer_lands_on_the_frame_of_its_time(engine: EngineThread, fast: bool) -> None:
+    """``kame run --oracle TEXT@2.0`` in tandem mode: the answer's start id is fed at step 25 (2.0 s / 80 ms), at
+    real time as SakanaAI's server feeds it, and with ``--fast`` too (frames queued ahead do not take it earlier)."""
+    from kame.frontend.runner import OracleInjection
+    from kame.session.offline import run_tandem_file
+
+    models = engine.core.models
+    injection = OracleInjection.parse("The answer is Paris.@2.0")
+    assert injection.step == 25
+    pcm = np.zeros(int(2.4 * 24000), np.float32)
+    result = asyncio.run(run_tandem_file(root_for(engine), pcm, settings=SessionSettings(llm=False),
+                                         injections=[injection], encode_answer=models.encode_text, fast=fast))
+    fed = [e["step"] for e in result.events if e["type"] == "oracle.token"]
+    assert fed and fed[0] == 25
+    assert [e["step"] for e in result.events if e["type"] == "oracle.injected"] == [25]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from tests.support.llm_server import LlmServer, Reply
 from tests.support.speech import silence, speech_end, synthesize
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import sync_playwright
 
-from kame.audio import write_wav
+from kame.audio.files import write_wav
 from tests.support.moshi_client import ServerProcess
 from tests.support.servers import APP_PORT, SECURED_TOKEN
 from tests.support.speech import silence, synthesize

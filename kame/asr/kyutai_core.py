@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from kame.audio.media import FRAME_RATE, FRAME_SIZE
 from kame.frontend.checkpoint import CheckpointFiles, resolve_checkpoint
 from kame.frontend.loading import load_lm, load_mimi, load_tokenizer, resolve_dtype
 from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
-from kame.media import FRAME_RATE, FRAME_SIZE
 from kame.vocab import TextVocab
 
 STT_CODEBOOKS = 32

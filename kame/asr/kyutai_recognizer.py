@@ -33,9 +33,9 @@ from kame.asr.recognizer import AsrUnavailableError, Recognizer
 from kame.asr.stream import AsrStream, EventCallback
 from kame.asr.stt_pacing import wait_before_step
 from kame.asr.transcriber import Transcriber, TranscriberStats
+from kame.audio.media import FRAME_RATE, FRAME_SIZE
 from kame.errors import UserError
 from kame.frontend.moshi_gate import MoshiMode, first_line
-from kame.media import FRAME_RATE, FRAME_SIZE
 
 log = logging.getLogger(__name__)
 

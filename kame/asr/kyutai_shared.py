@@ -24,7 +24,7 @@ import numpy as np
 from kame.asr.config import AsrConfig
 from kame.asr.kyutai_turns import SttTurns
 from kame.asr.stream import AsrStream, EngineTap
-from kame.media import FRAME_RATE, FRAME_SIZE
+from kame.audio.media import FRAME_RATE, FRAME_SIZE
 from kame.vocab import MOSHI_VOCAB, TextVocab
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import numpy as np
 from kame.asr.events import AsrEvent, Emission
 from kame.asr.resample import INPUT_RATE, as_mono_float32
 from kame.asr.transcriber import Transcriber
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 
 Pace = Literal["lockstep", "simulated"]
 FRAME = FRAME_SIZE  #: fed in Mimi frames, as sessions feed

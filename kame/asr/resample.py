@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kame.media import SAMPLE_RATE
-from kame.pcm import StreamResampler as _PcmStreamResampler
-from kame.pcm import as_mono_float32 as as_mono_float32
+from kame.audio.media import SAMPLE_RATE
+from kame.audio.pcm import StreamResampler as _PcmStreamResampler
+from kame.audio.pcm import as_mono_float32 as as_mono_float32
 
 #: Sample rate of the audio sessions feed (Mimi / Moshi frames).
 INPUT_RATE = SAMPLE_RATE
@@ -13,7 +13,7 @@ ASR_RATE = 16000
 
 
 class StreamResampler(_PcmStreamResampler):
-    """:class:`kame.pcm.StreamResampler` from the sessions' rate to the recognisers' by default."""
+    """:class:`kame.audio.pcm.StreamResampler` from the sessions' rate to the recognisers' by default."""
 
     def __init__(self, in_rate: int = INPUT_RATE, out_rate: int = ASR_RATE) -> None:
         super().__init__(in_rate, out_rate)

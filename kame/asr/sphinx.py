@@ -20,8 +20,8 @@ from kame.asr.process import ProcessStream
 from kame.asr.recognizer import AsrUnavailableError, Recognizer
 from kame.asr.stream import AsrStream, EventCallback
 from kame.asr.transcriber import SegmentingTranscriber, Utterance
+from kame.audio.pcm import float_to_pcm16_bytes
 from kame.errors import UserError
-from kame.pcm import float_to_pcm16_bytes
 
 
 def _decoder_kwargs(model: str | None) -> dict[str, Any]:

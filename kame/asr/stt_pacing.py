@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kame.media import FRAME_S
+from kame.audio.media import FRAME_S
 
 
 def wait_before_step(now: float, last_step: float | None, ready: Iterable[int], period: float = FRAME_S) -> float | None:

@@ -16,8 +16,8 @@ import webrtcvad
 
 from kame.asr.config import TurnConfig
 from kame.asr.resample import ASR_RATE
-from kame.loudness import at_least
-from kame.pcm import float_to_pcm16_bytes
+from kame.audio.loudness import at_least
+from kame.audio.pcm import float_to_pcm16_bytes
 
 FRAME_S = 0.03  #: WebRTC VAD accepts 10, 20 or 30 ms frames; 30 ms is the most reliable.
 START_WINDOW_S = 0.3  #: window over which ``start_s`` of voiced audio must be found

@@ -13,8 +13,8 @@ import numpy as np
 import soxr
 
 from kame.asr.resample import INPUT_RATE
+from kame.audio.pcm import pcm16_to_float
 from kame.errors import UserError
-from kame.pcm import pcm16_to_float
 
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 

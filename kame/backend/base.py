@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from 3.11; only read by the type checker here
+
+    from kame.backend.tools import TurnOptions
 
 Role = Literal["system", "user", "assistant"]
 HealthStatus = Literal["ok", "unreachable", "auth_error", "error"]
@@ -114,22 +119,11 @@ class ToolCapableBackend(Protocol):
     ``stream_turn`` yields text chunks (``str``) and
     :class:`~kame.backend.tools.ToolCallDelta` pieces of the calls the LLM
     makes; ``messages`` may hold tool rounds. Same cancellation contract
-    as ``stream``. ``model`` replaces the configured model for one request;
-    ``report`` (a :class:`~kame.backend.tools.TurnReport`) receives the
-    turn's finish reason and token usage.
+    as ``stream``. The options (:class:`~kame.backend.tools.TurnOptions`) are
+    the same for every back-end and the registry.
     """
 
-    def stream_turn(
-        self,
-        messages: Sequence[Any],
-        *,
-        tools: Sequence[Any] | None = None,
-        tool_choice: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        model: str | None = None,
-        report: Any = None,
-    ) -> AsyncGenerator[Any, None]: ...
+    def stream_turn(self, messages: Sequence[Any], **options: Unpack[TurnOptions]) -> AsyncGenerator[Any, None]: ...
 
 
 @runtime_checkable

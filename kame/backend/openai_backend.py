@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import openai
 from openai import AsyncOpenAI, Omit, Timeout
@@ -40,6 +40,11 @@ from kame.backend.errors import (
 from kame.backend.presets import apply_preset
 from kame.backend.tool_refusal import tools_refusal
 from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport, tool_choice_value
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from kame.backend.tools import TurnOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -243,15 +248,7 @@ class OpenAIBackend:
             await gen.aclose()
 
     async def stream_turn(
-        self,
-        messages: Sequence[Any],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        tool_choice: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        model: str | None = None,
-        report: TurnReport | None = None,
+        self, messages: Sequence[Any], **options: Unpack[TurnOptions]
     ) -> AsyncGenerator[str | ToolCallDelta, None]:
         """Stream one LLM turn with function tools: text chunks and tool-call deltas.
 
@@ -262,7 +259,9 @@ class OpenAIBackend:
         ``stream_options.include_usage``).
         """
         msgs = normalize_turn_messages(messages)
-        gen = self._stream_items(msgs, tools, tool_choice, max_tokens, temperature, model, report)
+        o = options
+        gen = self._stream_items(msgs, o.get("tools"), o.get("tool_choice"), o.get("max_tokens"), o.get("temperature"),
+                                 o.get("model"), o.get("report"))
         try:
             async for item in gen:
                 yield item

@@ -54,9 +54,12 @@ from kame.backend.errors import (
 from kame.backend.limits import Busy, Caps
 from kame.backend.resolve import ResolvedBackends, resolve_backends
 from kame.backend.stats import BackendEvent, Observer, StatsCollector
-from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport
+from kame.backend.tools import ToolCallDelta
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from kame.backend.tools import TurnOptions
     from kame.config import KameConfig
 
 log = logging.getLogger(__name__)
@@ -300,18 +303,7 @@ class BackendRegistry:
         )
         self._emit(BackendEvent("tools_refused", entry.name, requested=requested, error=exc.reason or exc.kind))
 
-    def stream_turn(
-        self,
-        name: str | None,
-        messages: Sequence[Any],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        tool_choice: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        model: str | None = None,
-        report: TurnReport | None = None,
-    ) -> TurnStream:
+    def stream_turn(self, name: str | None, messages: Sequence[Any], **options: Unpack[TurnOptions]) -> TurnStream:
         """Like :meth:`stream`, for one turn of the tool loop (``messages`` may hold tool rounds).
 
         With ``tools`` the request only goes to back-ends that allow tools:
@@ -322,14 +314,15 @@ class BackendRegistry:
         """
         resolved = self.resolve_name(name)
         msgs = normalize_turn_messages(messages)
+        tools, model, report = options.get("tools"), options.get("model"), options.get("report")
         if (tools or has_tool_rounds(msgs)) and not self.tools_allowed(resolved):
             raise BackendToolsNotAllowed(resolved, "this back-end may not be sent tools (allow_tools is off)")
         reply = TurnStream(resolved)
         opts: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
+            "max_tokens": options.get("max_tokens"),
+            "temperature": options.get("temperature"),
             "tools": list(tools) if tools else None,
-            "tool_choice": tool_choice if tools else None,
+            "tool_choice": options.get("tool_choice") if tools else None,
         }
         if model is not None:
             opts["model"] = model

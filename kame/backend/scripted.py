@@ -20,7 +20,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kame.backend.base import (
     BackendHealth,
@@ -30,7 +30,12 @@ from kame.backend.base import (
     normalize_turn_messages,
 )
 from kame.backend.config import BackendConfig, ScriptedConfig, ScriptedToolRule
-from kame.backend.tools import ToolCallDelta, ToolSpec, TurnReport
+from kame.backend.tools import ToolCallDelta
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from kame.backend.tools import TurnOptions
 
 
 def split_words(text: str) -> list[str]:
@@ -79,28 +84,29 @@ class ScriptedBackend:
         temperature: float | None = None,
     ) -> AsyncGenerator[str, None]:
         """Yield the reply word by word (``max_tokens`` caps the number of words)."""
-        words = split_words(self.reply_for(messages))
+        async for word in self._paced(self._words(self.reply_for(messages), max_tokens)):
+            yield word
+
+    def _words(self, text: str, max_tokens: int | None) -> list[str]:
+        """``text``'s words, at most ``max_tokens`` (or the configured default) of them."""
+        words = split_words(text)
         limit = max_tokens if max_tokens is not None else self._default_max_tokens
-        if limit is not None:
-            words = words[:limit]
+        return words[:limit] if limit is not None else words
+
+    async def _paced(self, words: list[str], then: list[float] | None = None) -> AsyncGenerator[str, None]:
+        """``words`` at the configured pace (first token delay, then ``chunks_per_s``); ``then`` receives the
+        time the word after the last one would be due."""
         loop = asyncio.get_running_loop()
         start = loop.time() + self.cfg.first_token_delay_s
         period = 1.0 / self.cfg.chunks_per_s
         for i, word in enumerate(words):
-            delay = start + i * period - loop.time()
-            await asyncio.sleep(max(delay, 0.0))
+            await asyncio.sleep(max(start + i * period - loop.time(), 0.0))
             yield word
+        if then is not None:
+            then.append(start + len(words) * period)
 
     async def stream_turn(
-        self,
-        messages: Sequence[Any],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        tool_choice: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        model: str | None = None,
-        report: TurnReport | None = None,
+        self, messages: Sequence[Any], **options: Unpack[TurnOptions]
     ) -> AsyncGenerator[str | ToolCallDelta, None]:
         """One LLM turn with tools: text words, then (per ``tool_rules``) one call.
 
@@ -108,20 +114,15 @@ class ScriptedBackend:
         reason (no token usage: nothing is counted).
         """
         msgs = normalize_turn_messages(messages)
+        tools, tool_choice, max_tokens = options.get("tools"), options.get("tool_choice"), options.get("max_tokens")
+        report = options.get("report")
         offered = {t.name for t in tools or ()} if tool_choice != "none" else set()
         text, call = self._turn_script(msgs, offered)
-        words = split_words(text)
-        limit = max_tokens if max_tokens is not None else self._default_max_tokens
-        if limit is not None:
-            words = words[:limit]
-        loop = asyncio.get_running_loop()
-        start = loop.time() + self.cfg.first_token_delay_s
-        period = 1.0 / self.cfg.chunks_per_s
-        for i, word in enumerate(words):
-            await asyncio.sleep(max(start + i * period - loop.time(), 0.0))
+        due: list[float] = []
+        async for word in self._paced(self._words(text, max_tokens), due):
             yield word
         if call is not None:
-            await asyncio.sleep(max(start + len(words) * period - loop.time(), 0.0))
+            await asyncio.sleep(max(due[0] - asyncio.get_running_loop().time(), 0.0))
             self._calls += 1
             yield ToolCallDelta(0, f"call_scripted_{self._calls}", call.tool, json.dumps(call.arguments))
         if report is not None:

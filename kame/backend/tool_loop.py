@@ -14,7 +14,7 @@ itself fails only when the LLM request does (``BackendError``).
 The rounds themselves are :func:`run_rounds`, the one loop of kame:
 :meth:`ToolLoop.run` drives it with the registry's stream and an executor
 (the oracle's requests, client functions of the Realtime and Live wires),
-and the Responses delegation (:mod:`kame.session.responses.delegations`)
+and the Responses delegation (:mod:`kame.session.responses.rounds`)
 with its own :class:`RoundPlan` (the client's functions answered at the
 round boundary, MCP tools run in the round, the session's conversation as
 the history). It knows nothing of the oracle, the session or any wire:

@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 ToolOutcome = Literal["ok", "error", "refused", "timeout"]
 TOOL_OUTCOMES: tuple[ToolOutcome, ...] = ("ok", "error", "refused", "timeout")
@@ -112,6 +112,22 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+
+
+class TurnOptions(TypedDict, total=False):
+    """The keyword arguments of every ``stream_turn`` (the back-ends', the registry's), defined once.
+
+    ``tools`` the LLM may call and ``tool_choice`` among them; ``max_tokens``, ``temperature``; ``model``
+    replaces the configured model for this one request; ``report`` (a :class:`TurnReport`) receives the
+    turn's finish reason and token usage. Each defaults to None.
+    """
+
+    tools: Sequence[ToolSpec] | None
+    tool_choice: str | None
+    max_tokens: int | None
+    temperature: float | None
+    model: str | None
+    report: TurnReport | None
 
 
 @dataclass

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kame.audio import read_audio, write_wav
+    from kame.audio.files import read_audio, write_wav
     from kame.errors import UserError
     from kame.frontend.engine import EngineCore
     from kame.frontend.loading import resolve_device

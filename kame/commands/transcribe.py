@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import UserError
-from kame.media import FRAME_SIZE, SAMPLE_RATE
 
 if TYPE_CHECKING:
     import numpy as np

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.pcm import float_to_pcm16, pcm16_to_float
 from kame.eval.session import SessionRecording, TurnTiming
 from kame.eval.timeline import RATE
 from kame.eval.vad import Segment, VadConfig, speech_segments, turn_latency
-from kame.pcm import float_to_pcm16, pcm16_to_float
 
 _WS = re.compile(r"\s+")
 #: Events too bulky or too frequent to be worth a line in events.jsonl.

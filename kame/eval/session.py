@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.media import FRAME_S, FRAME_SIZE
 from kame.eval.timeline import RATE, SessionTimeline
 from kame.eval.vad import EDGE_S, SpeechTracker, VadConfig
-from kame.media import FRAME_S, FRAME_SIZE
 
 FRAME = FRAME_SIZE
 

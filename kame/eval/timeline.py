@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kame.media import SAMPLE_RATE
+from kame.audio.media import SAMPLE_RATE
 
 RATE = SAMPLE_RATE
 #: Lateness a player's jitter buffer hides (s).

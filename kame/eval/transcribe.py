@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.media import SAMPLE_RATE
 from kame.errors import UserError
-from kame.media import SAMPLE_RATE
 
 _WHISPER_RATE = 16000
 

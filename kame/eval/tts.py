@@ -22,9 +22,9 @@ from typing import Protocol
 
 import numpy as np
 
+from kame.audio.media import SAMPLE_RATE
+from kame.audio.pcm import pcm16_to_float
 from kame.errors import UserError
-from kame.media import SAMPLE_RATE
-from kame.pcm import pcm16_to_float
 
 RATE = SAMPLE_RATE
 

@@ -31,8 +31,8 @@ from typing import Literal
 
 import numpy as np
 
-from kame.loudness import at_least
-from kame.media import SAMPLE_RATE
+from kame.audio.loudness import at_least
+from kame.audio.media import SAMPLE_RATE
 
 RATE = SAMPLE_RATE
 FRAME_S = 0.03

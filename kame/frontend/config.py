@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kame.media import FRAME_S
+from kame.audio.media import FRAME_S
 
 #: The most engine slots one server may have (frontend.batch_size).
 MAX_BATCH_SIZE = 256

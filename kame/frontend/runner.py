@@ -17,10 +17,10 @@ from typing import IO, Any, Protocol
 import numpy as np
 import torch
 
-from kame.audio import frames_of
+from kame.audio.files import frames_of
+from kame.audio.media import FRAME_RATE
 from kame.frontend.engine import EngineCore, SlotOutput
 from kame.frontend.prompts import PromptPlan
-from kame.media import FRAME_RATE
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class VoiceCatalog:
     @staticmethod
     def _read(name: str, path: Path) -> Voice:
         if path.suffix == ".wav":
-            from kame.audio import read_audio
+            from kame.audio.files import read_audio
 
             return WavVoice(name=name, pcm=read_audio(path))
         import torch

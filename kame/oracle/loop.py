@@ -3,7 +3,7 @@
 Pure decisions live elsewhere (:mod:`~kame.oracle.debounce`,
 :mod:`~kame.oracle.switch`, :mod:`~kame.oracle.prompt`,
 :mod:`~kame.oracle.word_tokenizer`); this class wires them to the clock, the
-back-ends and the session's engine slot:
+back-ends and the session's oracle stream (its pipeline):
 
 * every user event is judged at once by the debouncer; a start cancels the
   running request (its HTTP stream is closed) and sends a new one built from
@@ -68,7 +68,8 @@ Emit = Callable[[PipelineEvent], None]
 
 
 class OracleSink(Protocol):
-    """Where oracle tokens go: the session's engine slot (non-blocking calls)."""
+    """Where oracle tokens go: the session's oracle stream, whose one writer into the engine slot is the session's
+    pipeline (non-blocking calls)."""
 
     def oracle_reset(self, first_ids: list[int]) -> None: ...
 
@@ -309,7 +310,7 @@ class OracleLoop:
             self._notice_tools_refused(backend)
         self.emit(LlmRequestStarted(request_id=req.id, backend=backend, turn_id=req.turn_id, reason=trigger.reason or "words",
                                     tools=use_tools))
-        work = self._consume_tools(req, messages) if use_tools else self._consume(req, messages)
+        work = self._consume(req, messages, tools=use_tools)
         req.task = asyncio.get_running_loop().create_task(work, name=f"kame-llm-{req.id}")
         self._current = req
         return req.id
@@ -338,25 +339,11 @@ class OracleLoop:
             self.counters["cancelled"] += 1
             self.emit(LlmCancelled(request_id=req.id, reason=reason))
 
-    async def _consume(self, req: _Request, messages: list[dict[str, str]]) -> None:
-        assert self.registry is not None
-        seg = _Segment(after_tools=False)
+    async def _consume(self, req: _Request, messages: list[dict[str, str]], *, tools: bool) -> None:
+        """One request's life: its answer streamed (through the tool loop with ``tools``); a failure reported
+        and backed off, never the session's end; the request let go however it ends."""
         try:
-            reply = self.registry.stream(req.backend, messages, max_tokens=max(64, 4 * self.config.max_answer_words))
-            async with reply:
-                async for chunk in reply:
-                    if req.first_token_t is None:
-                        self._first_token(req, reply.backend or req.backend)
-                        if self.settings.oracle_delay_s > 0:
-                            await asyncio.sleep(self.settings.oracle_delay_s)
-                    if not self._segment_text(req, seg, chunk):
-                        if seg.ignored:
-                            return
-                        break  # enough words fed: closing the stream stops the LLM
-            if not self._segment_end(req, seg):
-                return
-            self.emit(LlmDone(request_id=req.id, backend=reply.backend or req.backend, text=seg.raw,
-                             duration_s=self.clock() - req.started))
+            await (self._stream_tools(req, messages) if tools else self._stream(req, messages))
         except asyncio.CancelledError:
             raise
         except BackendError as exc:
@@ -368,7 +355,27 @@ class OracleLoop:
             if self._current is req:
                 self._current = None
 
-    async def _consume_tools(self, req: _Request, messages: list[dict[str, str]]) -> None:
+    async def _stream(self, req: _Request, messages: list[dict[str, str]]) -> None:
+        """A request without tools: the LLM's answer, streamed to the oracle."""
+        assert self.registry is not None
+        seg = _Segment(after_tools=False)
+        reply = self.registry.stream(req.backend, messages, max_tokens=max(64, 4 * self.config.max_answer_words))
+        async with reply:
+            async for chunk in reply:
+                if req.first_token_t is None:
+                    self._first_token(req, reply.backend or req.backend)
+                    if self.settings.oracle_delay_s > 0:
+                        await asyncio.sleep(self.settings.oracle_delay_s)
+                if not self._segment_text(req, seg, chunk):
+                    if seg.ignored:
+                        return
+                    break  # enough words fed: closing the stream stops the LLM
+        if not self._segment_end(req, seg):
+            return
+        self.emit(LlmDone(request_id=req.id, backend=reply.backend or req.backend, text=seg.raw,
+                         duration_s=self.clock() - req.started))
+
+    async def _stream_tools(self, req: _Request, messages: list[dict[str, str]]) -> None:
         """A request through the tool loop: pre-call text and the answer on the results are two sequences."""
         assert self.registry is not None and self.tools is not None
         tools = self.tools
@@ -385,51 +392,40 @@ class OracleLoop:
             choice = None  # the forced tool is not offered to this request (e.g. a side effect on a partial)
         events = runner.run(req.backend, messages, offered, executor, prior=prior, tool_choice=choice,
                             max_tokens=max(64, 4 * self.config.max_answer_words))
-        try:
-            async with contextlib.aclosing(events):
-                async for ev in events:
-                    if isinstance(ev, TextDelta):
-                        if req.first_token_t is None:
-                            self._notice_tools_refused(req.backend)  # this very request may have been refused
-                            self._first_token(req, req.backend)
-                        if ev.after_tools != seg.after_tools:
-                            self._segment_end(req, seg)
-                            seg = _Segment(after_tools=ev.after_tools)
-                        if not self._segment_text(req, seg, ev.text) and seg.after_tools:
-                            break  # the answer on the results is dropped or fed in full: stop the LLM
-                    elif isinstance(ev, CallsRequested):
-                        if req.first_token_t is None:
-                            self._first_token(req, req.backend)
-                        self._segment_end(req, seg)  # "let me check" goes out whole, now
-                        seg = _Segment(after_tools=True)
-                        req.tool_bound = True
-                        executor.pre_call_text = ev.text
-                        all_calls.extend(ev.calls)
-                        for call in ev.calls:
-                            self.emit(ToolCallStarted(
-                                request_id=req.id, call_id=call.id, tool=call.name, round=ev.round,
-                                arguments=call.arguments if tools.include_arguments else None))
-                    elif isinstance(ev, CallFinished):
-                        self.emit(ToolCallFinished(
-                            request_id=req.id, call_id=ev.call.id, tool=ev.call.name, outcome=ev.result.outcome,
-                            ok=ev.result.ok, duration_s=ev.duration_s, round=ev.round))
-                    elif isinstance(ev, LoopDone):
-                        break
-            self._segment_end(req, seg)
-            self._notice_tools_refused(req.backend)
-            tools.calls.mark_delivered(all_calls)
-            self.emit(LlmDone(request_id=req.id, backend=req.backend, text=seg.raw,
-                             duration_s=self.clock() - req.started, tool_calls=len(all_calls)))
-        except asyncio.CancelledError:
-            raise
-        except BackendError as exc:
-            self._failed(req, exc)
-        except Exception as exc:  # noqa: BLE001 - a bug here must not end the session
-            log.exception("oracle request %d failed", req.id)
-            self._failed(req, BackendError(req.backend, f"internal error ({type(exc).__name__})"))
-        finally:
-            if self._current is req:
-                self._current = None
+        async with contextlib.aclosing(events):
+            async for ev in events:
+                if isinstance(ev, TextDelta):
+                    if req.first_token_t is None:
+                        self._notice_tools_refused(req.backend)  # this very request may have been refused
+                        self._first_token(req, req.backend)
+                    if ev.after_tools != seg.after_tools:
+                        self._segment_end(req, seg)
+                        seg = _Segment(after_tools=ev.after_tools)
+                    if not self._segment_text(req, seg, ev.text) and seg.after_tools:
+                        break  # the answer on the results is dropped or fed in full: stop the LLM
+                elif isinstance(ev, CallsRequested):
+                    if req.first_token_t is None:
+                        self._first_token(req, req.backend)
+                    self._segment_end(req, seg)  # "let me check" goes out whole, now
+                    seg = _Segment(after_tools=True)
+                    req.tool_bound = True
+                    executor.pre_call_text = ev.text
+                    all_calls.extend(ev.calls)
+                    for call in ev.calls:
+                        self.emit(ToolCallStarted(
+                            request_id=req.id, call_id=call.id, tool=call.name, round=ev.round,
+                            arguments=call.arguments if tools.include_arguments else None))
+                elif isinstance(ev, CallFinished):
+                    self.emit(ToolCallFinished(
+                        request_id=req.id, call_id=ev.call.id, tool=ev.call.name, outcome=ev.result.outcome,
+                        ok=ev.result.ok, duration_s=ev.duration_s, round=ev.round))
+                elif isinstance(ev, LoopDone):
+                    break
+        self._segment_end(req, seg)
+        self._notice_tools_refused(req.backend)
+        tools.calls.mark_delivered(all_calls)
+        self.emit(LlmDone(request_id=req.id, backend=req.backend, text=seg.raw,
+                         duration_s=self.clock() - req.started, tool_calls=len(all_calls)))
 
     def _notice_tools_refused(self, backend: str) -> None:
         """Tell the session once that its back-end's server refused tools (answers go without them)."""

@@ -1,7 +1,17 @@
-"""An answer written outside the tandem's own LLM request, as the oracle sequence it becomes. No I/O.
+"""Answers and the oracle stream they are written to. No I/O.
 
-A Live client's ``session.commentary.append``, a Responses round's text and
-a speculative request's answer all reach Moshi the same way: a new oracle
+Every answer source of a session writes the slot's oracle stream through
+one writer, the session's :class:`~kame.session.pipeline.Pipeline` (the
+:class:`~kame.oracle.loop.OracleSink` of them all): the own LLM's :class:`~kame.oracle.loop.OracleLoop`
+(its sink), a Live client's commentary (the
+:class:`~kame.session.commands.SpeakAnswer` command) and the Responses
+delegation's rounds (:class:`~kame.session.responses.source.ResponsesAnswerSource`,
+started by the pipeline). What the last two write is reported to the
+session's owner as :class:`AnswerWritten` (the own LLM's writes are the
+pipeline events ``oracle.reset`` / ``oracle.text``).
+
+A Live client's commentary, a Responses round's text and a speculative
+request's answer all reach Moshi the same way: a new oracle
 sequence (a reset: start id, then its tokens, no pad inside), sanitized and
 cut exactly as an LLM answer is (:mod:`kame.oracle.sanitize`;
 :class:`~kame.oracle.word_tokenizer.WordStreamTokenizer` with the server's
@@ -18,6 +28,17 @@ from kame.oracle.config import OracleConfig
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 
 Encode = Callable[[str], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class AnswerWritten:
+    """What an answer source other than the own LLM wrote to the oracle stream: ``tokens`` queued (a new
+    sequence counts its start id); ``fifo_s``, for a new sequence, the seconds from the answer's arrival
+    until it was in the FIFO (None for a push)."""
+
+    tokens: int
+    new_sequence: bool
+    fifo_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -109,4 +109,19 @@ class ClearTurn:
     back-end request made on it. Moshi has heard that audio already; nothing takes that back."""
 
 
-ConversationCommand = AddContext | ForgetContext | ForgetSpeech | RequestAnswer | CancelAnswer | CommitTurn | ClearTurn
+@dataclass(frozen=True)
+class SpeakAnswer:
+    """An answer written outside the session's own LLM request (a Live ``session.commentary.append``): a new
+    oracle sequence of these token ids, applied at once (never behind audio still queued), without any LLM.
+
+    ``received_t`` (monotonic) is when the client's message arrived: the session reports how long the answer
+    took to reach the oracle FIFO (:class:`~kame.session.answers.AnswerWritten`).
+    """
+
+    ids: tuple[int, ...]
+    received_t: float
+
+
+ConversationCommand = (
+    AddContext | ForgetContext | ForgetSpeech | RequestAnswer | CancelAnswer | CommitTurn | ClearTurn | SpeakAnswer
+)

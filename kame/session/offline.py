@@ -4,7 +4,8 @@ Speech in, ASR partials, LLM requests, oracle tokens, reply audio out: a
 :class:`~kame.session.pipeline.Pipeline` from a
 :class:`~kame.session.root.SessionRoot` (as the server builds them), fed one
 frame every 80 ms (real time, so ASR and LLM timing is what a caller would
-see). Every event goes to a timeline (``--events-out``), one JSON object a
+see), or as fast as the engine goes (``fast``; an injected answer still lands
+on the frame of its time, as at real time). Every event goes to a timeline (``--events-out``), one JSON object a
 line with ``t_s`` (seconds since the first frame) and ``type``.
 """
 
@@ -20,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from kame.audio import frames_of
+from kame.audio.files import frames_of
+from kame.audio.media import SAMPLE_RATE
 from kame.frontend.runner import FRAME_RATE, OracleInjection
-from kame.media import SAMPLE_RATE
+from kame.session.commands import SpeakAnswer
 from kame.session.events import AssistantFrame, EngineDown
 from kame.session.root import SessionRoot
 from kame.session.settings import SessionSettings
@@ -85,12 +87,15 @@ async def run_tandem_file(
                 if delay > 0:
                     await asyncio.sleep(delay)
             else:  # as fast as the engine goes, without overrunning its bounded input buffer
-                while step - len(outputs) > 8 and not collector.done():
+                # an oracle write goes straight into the FIFO the engine reads: it waits for every frame before its
+                # step to come out, so that it lands on its own frame (as at real time), not on a queued one
+                ahead = 0 if step in by_step else 8
+                while step - len(outputs) > ahead and not collector.done():
                     await asyncio.sleep(0.002)
             for inj in by_step.get(step, []):
                 ids = encode_answer(inj.text) if encode_answer else []
                 if ids:
-                    pipeline.oracle_reset(ids)
+                    pipeline.apply(SpeakAnswer(tuple(ids), time.monotonic()))
                     record("oracle.injected", {"step": step, "text": inj.text, "tokens": len(ids) + 1})
             pipeline.feed(frame)
         await asyncio.wait_for(collector, timeout=30 + len(frames) / FRAME_RATE)

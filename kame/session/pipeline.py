@@ -16,6 +16,13 @@ thread touching it); the LLM is asked by :class:`~kame.oracle.loop.OracleLoop`;
 oracle tokens join the model in :meth:`~kame.frontend.engine.EngineCore.tick`
 (popped from the slot's FIFO, summed into the text embedding by
 :mod:`kame.frontend.oracle_input`).
+
+The pipeline is the one writer of the slot's oracle stream, whoever answers
+(:mod:`kame.session.answers`): the own LLM's loop writes to the pipeline
+(its sink), a client's answer comes as the command
+:class:`~kame.session.commands.SpeakAnswer`, and the Responses delegation's
+source is started here (:meth:`Pipeline.use_responses`) on the pipeline's
+oracle stream and tasks. Nothing above the session writes the oracle.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,14 +42,15 @@ import numpy as np
 from kame.asr.config import EchoGuardConfig
 from kame.asr.echo_guard import EchoGuard, EchoVerdict
 from kame.asr.events import AsrEvent, EventType
+from kame.audio.media import SAMPLE_RATE
 from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull, PromptRequest
-from kame.media import SAMPLE_RATE
 from kame.oracle.choice import OracleChoice
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog
 from kame.oracle.transcript import Turn
+from kame.session.answers import AnswerWritten
 from kame.session.commands import (
     AddContext,
     CancelAnswer,
@@ -52,9 +60,11 @@ from kame.session.commands import (
     ForgetContext,
     ForgetSpeech,
     RequestAnswer,
+    SpeakAnswer,
     commit_key,
     utterance_key,
 )
+from kame.session.delegated_answers import DelegatedAnswers
 from kame.session.events import (
     AnswerCancelled,
     AsrFailed,
@@ -77,6 +87,10 @@ if TYPE_CHECKING:
     from kame.backend.registry import BackendRegistry
     from kame.frontend.engine_thread import EngineThread
     from kame.oracle.config import OracleConfig
+    from kame.session.answers import OracleAnswer
+    from kame.session.delegation_rules import DelegationMode
+    from kame.session.responses.backend import ResponsesOffer
+    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +221,9 @@ class Pipeline:
         #: Input frames that arrived while the slot stepped its system prompts (not heard, no reply frame).
         self.prompt_frames = 0
         self._turn = _ClientTurn()
+        #: Told what the answer sources other than the own LLM write to the oracle stream (the server counts it).
+        self.on_answer_written: Callable[[AnswerWritten], None] | None = None
+        self._source_tasks: set[asyncio.Task[Any]] = set()
         #: The server's echo guard settings (``asr.echo_guard``); a session turns it on or off (``echo_guard``).
         self.echo_config = echo_guard or EchoGuardConfig()
         self.echo = EchoGuard(self.echo_config.options(), enabled=self._echo_enabled(self.settings))
@@ -268,7 +285,7 @@ class Pipeline:
             self.oracle = OracleLoop(
                 config=self.oracle_config,
                 registry=self.registry,
-                sink=self.slot,
+                sink=self,
                 encode=self.encode,
                 piece_of=self.piece_of,
                 emit=self._put,
@@ -310,6 +327,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
+        await self._stop_source_tasks()
         try:
             if self.asr is not None:
                 try:
@@ -477,7 +495,9 @@ class Pipeline:
         response).
         """
         oracle = self.oracle
-        if isinstance(command, CancelAnswer):
+        if isinstance(command, SpeakAnswer):
+            self._speak(command.ids, command.received_t)
+        elif isinstance(command, CancelAnswer):
             if oracle is not None:
                 oracle.cancel(command.reason)
             self._put(AnswerCancelled(reason=command.reason))
@@ -595,16 +615,86 @@ class Pipeline:
                 else:
                     self._complete(commit)
 
-    def oracle_reset(self, ids: list[int], done: Callable[[float], None] | None = None) -> None:
-        """Start an oracle sequence with ``ids`` now, bypassing the LLM (``kame run --oracle``, a Live
-        commentary); ``done(t)`` is called in the engine thread once the sequence is in the FIFO."""
-        if self.slot is not None and ids:
-            self.slot.oracle_reset(list(ids), done)
+    # ------------------------------------------------------------------ the oracle stream (every answer source's)
+    def oracle_reset(self, first_ids: list[int]) -> None:
+        """A new oracle sequence (:class:`~kame.oracle.loop.OracleSink`: the own LLM's answers)."""
+        if self.slot is not None and first_ids:
+            self.slot.oracle_reset(list(first_ids))
 
     def oracle_push(self, ids: list[int]) -> None:
-        """Append ``ids`` to the oracle sequence :meth:`oracle_reset` started (an answer that streams)."""
+        """Extend the sequence the last reset started (an answer that streams)."""
         if self.slot is not None and ids:
             self.slot.oracle_push(list(ids))
+
+    def oracle_clear(self) -> None:
+        if self.slot is not None:
+            self.slot.oracle_clear()
+
+    def _speak(self, ids: Sequence[int], received_t: float) -> None:
+        """A new sequence written outside the LLM loop (a client's answer, a Responses round), at once (the FIFO
+        has its own lock: not behind the step in progress); reported with the time it took since ``received_t``."""
+        if self.slot is None or not ids:
+            return
+        written: list[float] = []
+        self.slot.oracle_reset(list(ids), written.append)
+        self._written(AnswerWritten(len(ids) + 1, True, max(0.0, written[0] - received_t) if written else None))
+
+    def _extend(self, ids: Sequence[int]) -> None:
+        """More of the sequence :meth:`_speak` started (a Responses round that streams)."""
+        if self.slot is None or not ids:
+            return
+        self.slot.oracle_push(list(ids))
+        self._written(AnswerWritten(len(ids), False))
+
+    def _written(self, written: AnswerWritten) -> None:
+        if self.on_answer_written is not None:
+            self.on_answer_written(written)
+
+    # ------------------------------------------------------------------ delegated answers (a Live wire's)
+    def delegated_answers(self, mode: DelegationMode, backchannel_words: int,
+                          new_id: Callable[[], str]) -> DelegatedAnswers:
+        """Who answers this session when its answers are written outside its own LLM (a wire's
+        :data:`~kame.session.delegated_answers.OpenAnswers`): the session's book of delegations, with its own
+        tokenizer and oracle settings. The spoken answers it makes come back as :class:`SpeakAnswer`."""
+        return DelegatedAnswers(mode, backchannel_words, encode=self.encode, oracle_config=self.oracle_config,
+                                new_id=new_id)
+
+    # ------------------------------------------------------------------ the Responses delegation
+    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
+        """Answer in Responses delegation on ``offer``'s back-ends (a wire's :class:`UseResponses`): the source
+        writes this pipeline's oracle stream and runs in tasks that end with it (a failure is logged, never
+        ends the session)."""
+
+        def reset(answer: OracleAnswer) -> None:
+            self._speak(answer.ids, time.monotonic())
+
+        return offer.answer_source(use, oracle_reset=reset, oracle_push=self._extend, spawn=self._spawn_source_task)
+
+    def _spawn_source_task(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        if self._closed:  # too late: nothing would cancel it
+            work.close()
+            return asyncio.get_running_loop().create_task(asyncio.sleep(0), name="kame-answer-too-late")
+
+        async def guarded() -> Any:
+            try:
+                return await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - an answer source's failure must not end the session
+                log.exception("answer source task failed")
+                return None
+
+        task = asyncio.get_running_loop().create_task(guarded(), name="kame-answer-responses")
+        self._source_tasks.add(task)
+        task.add_done_callback(self._source_tasks.discard)
+        return task
+
+    async def _stop_source_tasks(self) -> None:
+        tasks = list(self._source_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ out
     def _put(self, event: PipelineEvent) -> None:

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from kame.media import FRAME_S
+from kame.audio.media import FRAME_S
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.pcm import float_to_pcm16_bytes
+from kame.audio.pcm import float_to_pcm16_bytes
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from kame.media import FRAME_S
+from kame.audio.media import FRAME_S
 from kame.server.runtime.wire import Outgoing
 
 #: Non-audio messages that may wait for a client before it counts as not reading.

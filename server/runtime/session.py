@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette import status
 from starlette.websockets import WebSocketDisconnect
 
+from kame.audio.media import FRAME_S
 from kame.frontend.engine_thread import EngineFailed, EngineFull
-from kame.media import FRAME_S
 from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd, close_reason, count_end, engine_error_end, internal_error_end, quietly
 from kame.server.runtime.pacing import InputPacer
@@ -45,19 +45,19 @@ from kame.server.runtime.watchdog import watch, watch_period
 from kame.server.runtime.wire import (
     AudioIn,
     Command,
-    ConversationIn,
     EndIn,
     Fault,
     FunctionOutputIn,
     Ignored,
-    OracleResetIn,
     Outgoing,
     Reply,
     ResetIn,
     SettingsIn,
     Wire,
+    WireIO,
 )
-from kame.session.commands import ClearTurn, CommitTurn
+from kame.session.answers import AnswerWritten
+from kame.session.commands import ClearTurn, CommitTurn, ConversationCommand, SpeakAnswer
 from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineDown, LlmError, PipelineEvent
 
 if TYPE_CHECKING:
@@ -69,8 +69,6 @@ if TYPE_CHECKING:
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.server.telemetry.protocol_metrics import ProtocolMetrics
     from kame.session.pipeline import Pipeline
-    from kame.session.responses.backend import ResponsesOffer
-    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
     from kame.session.settings import SessionSettings
 
 #: Client faults logged at info level before the rest go to debug.
@@ -121,7 +119,7 @@ class SessionRuntime:
         )
         self._feed_wake = asyncio.Event()
         #: commits and clears waiting for the audio sent before them: (frames fed by then, command)
-        self._after_audio: list[tuple[int, ConversationIn]] = []
+        self._after_audio: list[tuple[int, ConversationCommand]] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.started = self.last_audio = now
         self.faults = 0
@@ -169,6 +167,7 @@ class SessionRuntime:
 
     async def _run(self) -> None:
         pipeline = self.new_pipeline(self.settings)
+        pipeline.on_answer_written = self._answer_written
         entered = False
         try:
             async with pipeline:
@@ -223,7 +222,8 @@ class SessionRuntime:
                 self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
                 bind = getattr(self.wire, "bind", None)
                 if callable(bind):
-                    bind(_RuntimeIO(self))
+                    bind(WireIO(send=self._queue, use_responses=pipeline.use_responses,
+                                delegated_answers=pipeline.delegated_answers))
                 for name, work in (
                     ("receive", self._receive),
                     ("feed", self._feed_loop),
@@ -287,7 +287,7 @@ class SessionRuntime:
     def _write(self, out: Outgoing) -> Awaitable[None]:
         return self.transport.send(out)
 
-    def _queue(self, messages: list[Outgoing] | tuple[Outgoing, ...]) -> None:
+    def _queue(self, messages: Sequence[Outgoing]) -> None:
         if self.ended is not None:
             return
         for out in messages:
@@ -337,39 +337,41 @@ class SessionRuntime:
             self._queue(list(command.messages))
         elif isinstance(command, Fault):
             self._fault(command)
-        elif isinstance(command, OracleResetIn):
-            self._oracle_reset(command)
         elif isinstance(command, EndIn):
             self.end_with(command.end)
-        elif isinstance(command, ConversationIn):
-            self._conversation(command)
         elif isinstance(command, Ignored):
             self.log.debug("ignored: %s", command.what)
+        else:
+            self._conversation(command)
 
-    def _conversation(self, command: ConversationIn) -> None:
+    def _conversation(self, command: ConversationCommand) -> None:
         """A commit or a clear of the user's turn applies after the audio the client sent before it (some may
-        still wait in the pacer); what comes after one waits behind it, in order; everything else at once."""
+        still wait in the pacer); what comes after one waits behind it, in order; everything else (a client's
+        answer first of all) at once."""
         if self.pipeline is None:
             return
-        if self._after_audio or (isinstance(command.command, (CommitTurn, ClearTurn)) and self._pacer.queued):
+        if isinstance(command, SpeakAnswer):
+            self._speak(command)
+            return
+        if self._after_audio or (isinstance(command, (CommitTurn, ClearTurn)) and self._pacer.queued):
             self._after_audio.append((self.frames_in + self._pacer.queued, command))
             return
-        self.pipeline.apply(command.command)
+        self.pipeline.apply(command)
 
-    def _oracle_reset(self, command: OracleResetIn) -> None:
-        """A client's answer goes to the oracle FIFO at once (not behind the step in progress), timed."""
-        if self.pipeline is None or not command.ids:
-            return
-        observe = self.pmetrics.answer_fifo_seconds.labels(protocol=self.protocol).observe if self.pmetrics else None
-        received = command.received_t
+    def _speak(self, command: SpeakAnswer) -> None:
+        """A client's answer goes to the session at once: never behind audio the pacer still holds, nor behind a
+        commit waiting for it (the pipeline puts it in the oracle FIFO, not behind the step in progress)."""
+        if self.pipeline is not None:
+            self.pipeline.apply(command)
 
-        def done(at: float) -> None:
-            if observe is not None:
-                observe(max(0.0, at - received))
-
-        self.pipeline.oracle_reset(list(command.ids), done=done)
-        self.metrics.oracle_resets.inc()
-        self.metrics.oracle_tokens.inc(len(command.ids) + 1)
+    def _answer_written(self, written: AnswerWritten) -> None:
+        """What a client's answer or a Responses round wrote to the oracle stream, counted (the own LLM's
+        writes are counted from its events)."""
+        if written.new_sequence:
+            self.metrics.oracle_resets.inc()
+            if written.fifo_s is not None and self.pmetrics is not None:
+                self.pmetrics.answer_fifo_seconds.labels(protocol=self.protocol).observe(written.fifo_s)
+        self.metrics.oracle_tokens.inc(written.tokens)
 
     def _fault(self, fault: Fault) -> None:
         fault = self.limits.refused(fault)
@@ -423,7 +425,7 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.user_audio(frame)
         while self._after_audio and self._after_audio[0][0] <= self.frames_in:
-            self.pipeline.apply(self._after_audio.pop(0)[1].command)
+            self.pipeline.apply(self._after_audio.pop(0)[1])
 
     async def _feed_loop(self) -> None:
         while True:
@@ -524,10 +526,10 @@ class SessionRuntime:
             self.frames_dropped += 1
             self.metrics.frames_dropped.labels(direction="out").inc()
         for out in self.wire.frame(frame, index, send_audio):
-            if isinstance(out, ConversationIn):
-                self._conversation(out)
-            else:
+            if isinstance(out, Outgoing):
                 self._queue((out,))
+            else:
+                self._conversation(out)
 
     def _event(self, event: PipelineEvent) -> None:
         self.metrics.on_event(event)
@@ -576,55 +578,3 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.close({"reason": reason, "code": code})
             self.recorder = None
-
-
-class _RuntimeIO:
-    """:class:`~kame.server.runtime.wire.WireIO` of one session: its send queue, and the answer source it
-    creates on its oracle and its tasks."""
-
-    def __init__(self, runtime: SessionRuntime) -> None:
-        self._runtime = runtime
-        self._n = 0
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        self._runtime._queue(list(messages))
-
-    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
-        return offer.answer_source(
-            use,
-            oracle_reset=lambda answer: self.oracle_reset(answer.ids, time.monotonic()),
-            oracle_push=self.oracle_push,
-            spawn=lambda work: self.spawn(work, "responses"),
-        )
-
-    def oracle_reset(self, ids: Sequence[int], received_t: float) -> None:
-        self._runtime._oracle_reset(OracleResetIn(tuple(ids), received_t))
-
-    def oracle_push(self, ids: Sequence[int]) -> None:
-        pipeline = self._runtime.pipeline
-        if pipeline is not None and ids:
-            pipeline.oracle_push(list(ids))
-            self._runtime.metrics.oracle_tokens.inc(len(ids))
-
-    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        if self._runtime.ended is not None:  # too late: nothing would cancel it
-            work.close()
-            return asyncio.create_task(asyncio.sleep(0), name="kame-wire-too-late")
-        self._n += 1
-        key = f"wire-{name}-{self._n}"
-        runtime = self._runtime
-
-        async def guarded() -> Any:
-            try:
-                return await work
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                runtime.log.exception("wire task %s failed", name)
-                return None
-            finally:
-                runtime._tasks.pop(key, None)
-
-        task = asyncio.create_task(guarded(), name=f"kame-{key}")
-        runtime._tasks[key] = task
-        return task

@@ -10,9 +10,9 @@ implementing :class:`Wire` plus a :class:`~kame.server.runtime.route.WireRoute`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from kame.session.settings import SessionSettings
 if TYPE_CHECKING:
     from starlette.types import Message
 
+    from kame.session.delegated_answers import OpenAnswers
     from kame.session.responses.backend import ResponsesOffer
     from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
@@ -109,26 +110,10 @@ class Fault:
 
 
 @dataclass(frozen=True)
-class OracleResetIn:
-    """An answer the client wrote (a Live ``session.commentary.append``): a new oracle sequence of these
-    token ids, now, without any LLM; ``received_t`` (monotonic) is when its message arrived."""
-
-    ids: tuple[int, ...]
-    received_t: float
-
-
-@dataclass(frozen=True)
 class EndIn:
     """The client asked to end the session (Live ``session.close``)."""
 
     end: SessionEnd
-
-
-@dataclass(frozen=True)
-class ConversationIn:
-    """A change to the conversation or to who answers, for the pipeline (:mod:`kame.session.commands`)."""
-
-    command: ConversationCommand
 
 
 @dataclass(frozen=True)
@@ -138,7 +123,12 @@ class Ignored:
     what: str
 
 
-Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | OracleResetIn | EndIn | ConversationIn | Ignored
+Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | EndIn | Ignored | ConversationCommand
+"""What a wire hands the runtime. A change to the conversation or to who answers is the session's own command
+(:mod:`kame.session.commands`), passed to the pipeline as the wire decoded it, not wrapped: a client message is
+typed twice at most (the wire's decoded event, then this command). A client's answer (Live
+``session.commentary.append``, :class:`~kame.session.commands.SpeakAnswer`) is applied at once; a commit or a
+clear of the user's turn after the audio sent before it."""
 
 
 class Wire:
@@ -169,11 +159,11 @@ class Wire:
         protocol can mute the microphone (Live's ``input_audio.mute``) silences it here."""
         return audio
 
-    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationIn]:
+    def frame(self, frame: AssistantFrame, index: int, send_audio: bool) -> Sequence[Outgoing | ConversationCommand]:
         """An output frame (``index`` counts every frame of the session); with ``send_audio`` False its
-        audio is dropped (the client lags) but its text and the protocol's lifecycle go on. A
-        :class:`ConversationIn` among the messages goes to the pipeline (Realtime: the words of audio
-        withheld after a cancel leave the back-end's history)."""
+        audio is dropped (the client lags) but its text and the protocol's lifecycle go on. A session command
+        among the messages goes to the pipeline (Realtime: the words of audio withheld after a cancel leave the
+        back-end's history)."""
         return []
 
     def event(self, event: PipelineEvent) -> list[Outgoing]:
@@ -223,24 +213,24 @@ class Wire:
         return []
 
 
-class WireIO(Protocol):
-    """What the runtime lends a wire whose answer source works between client messages.
+@dataclass(frozen=True)
+class WireIO:
+    """What the runtime lends a wire whose answers are the session's, or whose answer source works between
+    client messages.
 
-    A wire that needs it (the Live wire in Responses delegation: its back-end
-    rounds stream while no client message arrives) has a ``bind(io)`` method;
-    the runtime calls it once the session is served, before the first client
-    message. Everything here only queues: the audio loop never waits on it.
+    A wire that needs it (the Live wire: the session's delegated answers; in
+    Responses delegation, back-end rounds that stream while no client message
+    arrives) has a ``bind(io)`` method; the runtime calls it once the session
+    is served, before the first client message. Everything here only builds
+    or queues: the audio loop never waits on it.
     """
 
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        """Queue messages for the client, in order with everything else the runtime queues."""
-
-    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
-        """The wire's command: this session answers in Responses delegation on ``offer``'s back-ends.
-
-        The runtime creates the session's answer source with its own oracle
-        (an answer resets it, as :class:`OracleResetIn` does, and streams on)
-        and its tasks (cancelled when the session ends; a failure is logged,
-        never ends it).
-        """
-        ...
+    #: Queue messages for the client, in order with everything else the runtime queues.
+    send: Callable[[Sequence[Outgoing]], None]
+    #: The wire's command: this session answers in Responses delegation on an offer's back-ends. The session
+    #: (:meth:`kame.session.pipeline.Pipeline.use_responses`) starts the answer source on its own oracle stream
+    #: and tasks, and returns it.
+    use_responses: Callable[[ResponsesOffer, UseResponses], ResponsesAnswerSource]
+    #: The session's delegated answers (who answers, when kame delegates), built by the session
+    #: (:meth:`kame.session.pipeline.Pipeline.delegated_answers`): a wire builds no answer source.
+    delegated_answers: OpenAnswers

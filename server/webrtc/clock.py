@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 
 #: Fade (samples) at the edges of concealed audio, so a lost packet is a dip, not a click.
 FADE_SAMPLES = 48

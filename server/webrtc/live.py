@@ -23,27 +23,26 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from kame.server.access.auth import token_ok
 from kame.server.access.ephemeral import is_ephemeral
+from kame.server.offers import live_info, live_wire_args
 from kame.server.webrtc.sdp import OfferError
 from kame.server.webrtc.signaling import (
-    answer_offer,
+    CallRefused,
+    answer_call,
     call_request,
+    checked_offer,
     error_response,
     hang_up,
     launch_call,
-    offer_refusal,
     preflight,
     refuse_call,
 )
-
-if TYPE_CHECKING:
-    pass
 
 router = APIRouter()
 
@@ -88,7 +87,6 @@ def _read_body(raw: bytes) -> tuple[dict[str, Any], str]:
 
 @router.post(SESSIONS_PATH)
 async def create_session(request: Request) -> Response:
-    from kame.server.app.websockets import live_info, live_wire_args
     from kame.server.wires.live.channel import parse_permissions
     from kame.server.wires.live.config import parse_start
     from kame.server.wires.live.events import LiveError
@@ -103,27 +101,26 @@ async def create_session(request: Request) -> Response:
     if is_ephemeral(token) or not token_ok(state.cfg.server.auth_token, token):
         return refuse_call(state, "unauthorized", 401, "Missing or wrong API key (a Live session needs the server's key).",
                            "invalid_api_key", cors)
-    try:
+
+    async def read() -> tuple[str, dict[str, Any]]:
         session, sdp = _read_body(await request.body())
-    except OfferError as exc:
-        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
-    refused = offer_refusal(state, sdp, cors)
-    if refused is not None:
-        return refused
-    session_id = uuid.uuid4().hex[:12]
+        return sdp, session
+
     try:
-        permissions = parse_permissions(session.get("client"))
-        client = permissions.as_config() if session.get("client") is not None else None
-        info = live_info(state, session_id, webrtc=True, client=client)
-        settings = live_settings(SessionSettings(), KameLiveSettings())
-        wire = LiveRtpWire(info, settings, permissions=permissions, **live_wire_args(state))
-        parse_start(session, wire.live.info)  # refused here, with its reason, rather than on the channel
-    except LiveError as exc:
-        return refuse_call(state, "bad_params", 400, _sentence(exc.message), exc.code, cors)
-    try:
-        transport, answer = await answer_offer(state, sdp, f"live_{session_id}")
-    except OfferError as exc:
-        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
+        sdp, session = await checked_offer(start, read)
+        session_id = uuid.uuid4().hex[:12]
+        try:
+            permissions = parse_permissions(session.get("client"))
+            client = permissions.as_config() if session.get("client") is not None else None
+            info = live_info(state, session_id, webrtc=True, client=client)
+            settings = live_settings(SessionSettings(), KameLiveSettings())
+            wire = LiveRtpWire(info, settings, permissions=permissions, **live_wire_args(state))
+            parse_start(session, wire.live.info)  # refused here, with its reason, rather than on the channel
+        except LiveError as exc:
+            return refuse_call(state, "bad_params", 400, _sentence(exc.message), exc.code, cors)
+        transport, answer = await answer_call(start, sdp, f"live_{session_id}")
+    except CallRefused as refused:
+        return refused.response
     if not permissions.unrestricted:
         transport.channel_allows = permissions.allows_message
     # The create request is the session.start: the wire takes it first, as a trusted client's.

@@ -25,6 +25,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kame.server.access.auth import bearer_token, origin_ok, token_ok
 from kame.server.access.ephemeral import EphemeralGrant, EphemeralKeyError, is_ephemeral, ttl_seconds
+from kame.server.offers import realtime_info
 from kame.server.telemetry.logs import session_logger
 from kame.server.webrtc.sdp import OfferError, check_offer
 
@@ -183,7 +185,6 @@ async def create_client_secret(request: Request) -> Response:
 
 def _session_settings(state: AppState, session: Any, grant: EphemeralGrant | None, session_id: str) -> tuple[Any, Any, str | None]:
     """(settings, info, None), or (None, None, the one-sentence reason) for a ``session`` config."""
-    from kame.server.app.websockets import realtime_info
     from kame.server.wires.realtime.events import ClientError
     from kame.server.wires.realtime.settings import parse_session_update
     from kame.session.settings import SessionSettings
@@ -266,21 +267,15 @@ async def create_call(request: Request) -> Response:
     elif not token_ok(cfg.auth_token, token):
         return refuse_call(state, "unauthorized", 401, "Missing or wrong API key.", "invalid_api_key", cors)
     try:
-        sdp, session = await _read_offer(request)
-    except OfferError as exc:
-        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
-    refused = offer_refusal(state, sdp, cors)
-    if refused is not None:
-        return refused
-    session_id = uuid.uuid4().hex[:12]
-    settings, info, problem = _session_settings(state, session, grant, session_id)
-    if problem is not None:
-        return refuse_call(state, "bad_params", 400, problem, "invalid_value", cors)
-    settings = replace(settings, record=settings.record and cfg.record_dir is not None)
-    try:
-        transport, answer = await answer_offer(state, sdp, f"rtc_{session_id}")
-    except OfferError as exc:
-        return refuse_call(state, "bad_offer", 400, str(exc), "invalid_offer", cors)
+        sdp, session = await checked_offer(start, lambda: _read_offer(request))
+        session_id = uuid.uuid4().hex[:12]
+        settings, info, problem = _session_settings(state, session, grant, session_id)
+        if problem is not None:
+            return refuse_call(state, "bad_params", 400, problem, "invalid_value", cors)
+        settings = replace(settings, record=settings.record and cfg.record_dir is not None)
+        transport, answer = await answer_call(start, sdp, f"rtc_{session_id}")
+    except CallRefused as refused:
+        return refused.response
     from kame.server.wires.realtime.rtp import RealtimeRtpWire
     from kame.vocab import MOSHI_VOCAB
 
@@ -309,6 +304,35 @@ def call_request(request: Request) -> CallRequest | JSONResponse:
     if isinstance(cors, JSONResponse):
         return cors
     return CallRequest(state, cors, bearer_token(request.headers.get("authorization")))
+
+
+class CallRefused(Exception):
+    """A call-creating request refused on the way to its answer; ``response`` is the refusal (counted)."""
+
+    def __init__(self, response: JSONResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+async def checked_offer(start: CallRequest, read: Callable[[], Awaitable[tuple[str, Any]]]) -> tuple[str, Any]:
+    """The request's (SDP offer, session) as ``read`` finds them, once the offer and the server's admission
+    allow the call; raises :class:`CallRefused` (400 bad offer, or :func:`offer_refusal`'s) otherwise."""
+    try:
+        sdp, session = await read()
+    except OfferError as exc:
+        raise CallRefused(refuse_call(start.state, "bad_offer", 400, str(exc), "invalid_offer", start.cors)) from None
+    refused = offer_refusal(start.state, sdp, start.cors)
+    if refused is not None:
+        raise CallRefused(refused)
+    return sdp, session
+
+
+async def answer_call(start: CallRequest, sdp: str, call_id: str) -> tuple[WebRtcTransport, str]:
+    """:func:`answer_offer`, its :class:`OfferError` as the call's 400 refusal (:class:`CallRefused`)."""
+    try:
+        return await answer_offer(start.state, sdp, call_id)
+    except OfferError as exc:
+        raise CallRefused(refuse_call(start.state, "bad_offer", 400, str(exc), "invalid_offer", start.cors)) from None
 
 
 def offer_refusal(state: AppState, sdp: str, cors: dict[str, str]) -> JSONResponse | None:

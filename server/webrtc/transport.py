@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kame.media import FRAME_S, SAMPLE_RATE
-from kame.pcm import float_to_pcm16
+from kame.audio.media import FRAME_S, SAMPLE_RATE
+from kame.audio.pcm import float_to_pcm16
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import FROM_CHANNEL, AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer

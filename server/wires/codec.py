@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 
 
 class AudioDecodeError(ValueError):

@@ -22,6 +22,7 @@ from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
 from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesPort
+from kame.session.delegated_answers import answers_with
 from kame.session.responses.backend import registry_catalog, registry_source
 from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
 from tests.support.llm_server import LlmServer
@@ -50,8 +51,7 @@ class Client:
         info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))
         self.wire = LiveProtocol(
             info,
-            encode=encode,
-            oracle_config=OracleConfig(),
+            answers=answers_with(encode, OracleConfig()),
             # What the runtime does with the wire's UseResponses, on these hooks (a test may replace them).
             responses=ResponsesPort(use=lambda use: ResponsesAnswerSource.start(use, self.hooks), send=self.send),
         )

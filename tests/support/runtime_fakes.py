@@ -4,11 +4,15 @@ an engine step produces: the runtime tested in isolation, per wire (tests/test_r
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from kame.oracle.config import OracleConfig
 from kame.session.commands import ConversationCommand
+from kame.session.delegated_answers import DelegatedAnswers, answers_with
+from kame.session.delegation_rules import DelegationMode
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
@@ -42,10 +46,16 @@ class FakeWebSocket:
         self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
 
 
+def word_ids(text: str) -> list[int]:
+    """A tokenizer for the fakes: one id a word (10 + its length)."""
+    return [10 + len(w) for w in text.split()]
+
+
 class FakePipeline:
     """Stands in for :class:`kame.session.pipeline.Pipeline`: the test pushes its events."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode: Callable[[str], Sequence[int]] = word_ids) -> None:
+        self.encode = encode
         self.events: asyncio.Queue[PipelineEvent] = asyncio.Queue()
         self.fed: list[np.ndarray] = []
         self.entered = False
@@ -85,6 +95,14 @@ class FakePipeline:
     def apply(self, command: ConversationCommand) -> None:
         self.commands.append(command)
 
+    def use_responses(self, offer: Any, use: Any) -> Any:
+        raise RuntimeError("the fake pipeline has no Responses delegation")
+
+    def delegated_answers(self, mode: DelegationMode, backchannel_words: int,
+                          new_id: Callable[[], str]) -> DelegatedAnswers:
+        """The session's delegated answers, as the real pipeline builds them (its tokenizer, default oracle)."""
+        return answers_with(self.encode, OracleConfig())(mode, backchannel_words, new_id)
+
     async def next_event(self) -> PipelineEvent:
         return await self.events.get()
 
@@ -96,8 +114,8 @@ class FakeHost:
     sample_rate = 24000
     frame_size = 1920
 
-    def __init__(self) -> None:
-        self.pipeline = FakePipeline()
+    def __init__(self, encode: Callable[[str], Sequence[int]] = word_ids) -> None:
+        self.pipeline = FakePipeline(encode)
         self.slot = self.pipeline  # what the tests look at
 
     def new_pipeline(self, settings: SessionSettings) -> FakePipeline:

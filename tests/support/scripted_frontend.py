@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.media import FRAME_SIZE
 from kame.frontend.engine import SlotOutput
-from kame.media import FRAME_SIZE
 from kame.oracle.config import OracleConfig
 from kame.session.pipeline import Pipeline
 from kame.session.settings import SessionSettings

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kame.media import SAMPLE_RATE
+from kame.audio.media import SAMPLE_RATE
 
 RATE = SAMPLE_RATE
 

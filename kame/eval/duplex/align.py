@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 
 ALIGNMENTS = ("arrival", "frame")
 

@@ -28,8 +28,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import UserError
-from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.eval.session import SessionError
 
 HANDSHAKE_WAIT_S = 1.0
 TAIL_S = 0.5
@@ -85,22 +86,9 @@ class Target:
         return self.base + "/health"
 
 
-class SampleSessionError(Exception):
-    """The session could not run (refused, closed early): the sample is reported, not scored.
-
-    :attr:`retry_reason` is not None when a new session is worth a try (1013 server full, 1001 drain,
-    HTTP 503), as ``kame eval`` retries them (:mod:`kame.client.reconnect`)."""
-
-    def __init__(self, message: str, *, close_code: int | None = None, http_status: int | None = None) -> None:
-        super().__init__(message)
-        self.close_code = close_code
-        self.http_status = http_status
-
-    @property
-    def retry_reason(self) -> str | None:
-        from kame.client.reconnect import retry_reason
-
-        return retry_reason(close_code=self.close_code, http_status=self.http_status)
+class SampleSessionError(SessionError):
+    """A sample's session could not run (refused, closed early): the sample is reported, not scored; retried
+    as ``kame eval`` retries its sessions (:attr:`~kame.eval.session.SessionError.retry_reason`)."""
 
 
 @dataclass

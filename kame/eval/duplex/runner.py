@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from kame.audio.media import SAMPLE_RATE
 from kame.eval.duplex.align import align_output
 from kame.eval.duplex.client import SampleSessionError, Target, stream_sample, to_wire_rate
 from kame.eval.duplex.overlap import aggregate_v15, timing
@@ -58,7 +59,6 @@ from kame.eval.duplex.samples import (
 from kame.eval.duplex.scoring import SampleScore, Span, aggregate, score_backchannel, score_sample
 from kame.eval.duplex.words import Word, read_words, write_words
 from kame.eval.vad import VadConfig, speech_segments
-from kame.media import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 OUTPUT_RATE = SAMPLE_RATE

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
+from kame.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 V1_TASKS = ("pause_handling", "smooth_turn_taking", "user_interruption", "backchannel")
 #: v1.5's subsets (the benchmark's folder names), prefixed with the version.

@@ -8,7 +8,7 @@ client runs them) and the operator's MCP tools (kame runs them). Modules:
 - :mod:`.config`: a client's config validated into those settings (what kame accepts, refuses, ignores);
 - :mod:`.conversation`: the back-end's own conversation and prompt;
 - :mod:`.stream`: one back-end round as a Responses API event stream;
-- :mod:`.delegations`: the rounds of each delegation, the client's calls, how each ends;
+- :mod:`.rounds`: the rounds of each delegation, the client's calls, how each ends;
 - :mod:`.speculation`: kame's own requests on the growing transcript;
 - :mod:`.source`: both joined to the oracle, what the client is told as typed events;
 - :mod:`.backend`: the rounds bound to the registry, the MCP servers as server-side tools.

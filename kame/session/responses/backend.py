@@ -1,6 +1,6 @@
 """Responses delegation on kame's back-ends: the round source and the catalog, from the registry.
 
-The driver (:mod:`.delegations`) asks for rounds through a ``RoundSource``;
+The driver (:mod:`.rounds`) asks for rounds through a ``RoundSource``;
 here it is bound to :meth:`kame.backend.registry.BackendRegistry.stream_turn`,
 so a delegation gets everything other back-end requests get: caps, the
 circuit breaker, the fallback, metrics, ``allow_tools`` gating. The
@@ -26,7 +26,7 @@ from kame.backend.speculation import ToolCallEvent
 from kame.backend.tools import ToolCall, ToolSpec, TurnReport
 from kame.redaction import client_safe
 from kame.session.answers import OracleAnswer
-from kame.session.responses.delegations import (
+from kame.session.responses.rounds import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,
@@ -160,7 +160,7 @@ def mcp_catalog(toolbox: McpToolbox) -> dict[str, list[str]]:
 
 
 class McpServerTools:
-    """The MCP servers a Responses delegation enabled, as :class:`~.delegations.ServerTools`.
+    """The MCP servers a Responses delegation enabled, as :class:`~.rounds.ServerTools`.
 
     kame runs these calls itself (the client sees them as ``mcp_call``
     items); timeouts, output caps and secret redaction are the toolbox's

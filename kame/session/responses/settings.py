@@ -1,6 +1,6 @@
 """The settings of a Responses conversation: the client's functions, tool choice, the back-end it runs on. No I/O.
 
-These are what the answer source (:mod:`.delegations`) runs with; a
+These are what the answer source (:mod:`.rounds`) runs with; a
 client's config is validated into them by :mod:`.config` (the Live wire
 hands it ``delegation.responses`` and reports the result back).
 :class:`ResponsesError` is how the answer source refuses a command: the

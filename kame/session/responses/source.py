@@ -1,7 +1,7 @@
 """The Responses conversation as an answer source: who answers a Live session in Responses delegation.
 
 With ``delegation.type: "responses"`` kame's own back-end answers each
-delegation (:mod:`.delegations`), with the client's functions; the client
+delegation (:mod:`.rounds`), with the client's functions; the client
 only runs function calls. :class:`ResponsesAnswerSource` joins that driver
 and the speculative requests (:mod:`.speculation`) to the session:
 
@@ -22,9 +22,9 @@ through ``emit``; a wire encodes them (the Live wire: ``response.event``,
 ``info``, ``kame.*``). ``emit`` must keep one order with the events the
 wire's calls return: the runtime queues those before it next awaits, so a
 delegation's ``session.delegation.created`` precedes its stream. Its tasks
-are the runtime's (``SourceHooks.spawn``). A wire does not create it: it
-sends :class:`UseResponses`, and the session side starts the source on
-its hooks (on a server the runtime, through
+and its oracle stream are the session's (``SourceHooks``). A wire does not
+create it: it sends :class:`UseResponses`, and the session starts the
+source (:meth:`kame.session.pipeline.Pipeline.use_responses`, through
 :meth:`.backend.ResponsesOffer.answer_source`).
 """
 
@@ -41,7 +41,7 @@ from kame.oracle.debounce import Debouncer
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 from kame.session.answers import Encode, OracleAnswer, commentary_answer
 from kame.session.responses.conversation import ClientMessage, ConversationLog, Note, UserSpeech
-from kame.session.responses.delegations import (
+from kame.session.responses.rounds import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_ROUNDS,
@@ -91,11 +91,11 @@ Judge = Callable[[str], tuple[bool, str]]
 
 @dataclass(frozen=True, kw_only=True)
 class SourceHooks:
-    """What the runtime gives a Responses answer source (the back-end, the oracle, the tasks)."""
+    """What the session gives a Responses answer source (the back-end, its oracle stream, its tasks)."""
 
     source: RoundSource  #: the back-end rounds (:func:`.backend.registry_source`)
     oracle_reset: Callable[[OracleAnswer], None]  #: reset the session's oracle with an answer
-    #: Run a delegation or a speculative request (the runtime's task factory; default: a loop task).
+    #: Run a delegation or a speculative request (the session's task factory; default: a loop task).
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]] | None = None
     function_timeout_s: float = DEFAULT_FUNCTION_TIMEOUT_S
     max_rounds: int = DEFAULT_MAX_ROUNDS
@@ -116,9 +116,9 @@ class SourceHooks:
 class UseResponses:
     """A wire's command: this session answers in Responses delegation, with these settings.
 
-    The session side creates the answer source (the runtime's, through
+    The session creates the answer source (the pipeline's, through
     ``WireIO.use_responses``: it adds the server's back-ends and its own
-    oracle and tasks as :class:`SourceHooks`); the wire gives what only it
+    oracle stream and tasks as :class:`SourceHooks`); the wire gives what only it
     knows: the settings as the client changes them, where the source's
     events go (``emit``: the wire encodes them), how its delegations stand
     (``judge``), and the conversation the client started with.
@@ -265,7 +265,7 @@ class ResponsesAnswerSource:
             raise ValueError(f"unexpected event {event.get('type')!r}")
 
     def _text(self, out: TextOut) -> None:
-        """A round's text as it streams: settled words go to the oracle at once (when the runtime can push)."""
+        """A round's text as it streams: settled words go to the oracle at once (when the session can push)."""
         if self.hooks.oracle_push is None:
             return
         feed = self._feed(out.delegation_id, out.round)

@@ -3,7 +3,7 @@
 KAME's point is to ask the LLM on the user's growing transcript, so that
 Moshi's oracle already carries a likely answer when the user stops. In
 Responses delegation the client's functions may run only for the request
-made after the user's turn (the delegation, :mod:`.delegations`); the
+made after the user's turn (the delegation, :mod:`.rounds`); the
 requests before it are kame's business: they offer no function, their
 answers go to the oracle only, and the client sees them only as
 ``kame.backend.*`` events (``request_started``, ``first_token``, ``done``,
@@ -31,7 +31,7 @@ from typing import Any
 
 from kame.oracle.debounce import Debouncer, Trigger
 from kame.session.responses.conversation import ConversationLog, build_backend_messages
-from kame.session.responses.delegations import PromptOptions, RoundEnd, RoundRequest, RoundSource, loop_task
+from kame.session.responses.rounds import PromptOptions, RoundEnd, RoundRequest, RoundSource, loop_task
 from kame.session.responses.settings import ResponsesDelegationSettings
 
 log = logging.getLogger(__name__)

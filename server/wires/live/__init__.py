@@ -12,7 +12,7 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.transcript`: append-only transcript deltas on the session timeline;
 - when kame delegates (one per user turn, or speculative) and what an append
   for a delegation does is the client-delegation answer source,
-  :mod:`kame.session.delegation`;
+  :mod:`kame.session.delegation_rules`;
 - :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
 - :mod:`.usage`: usage reports and close reasons;
 - :mod:`.protocol`: one session's Live protocol state over all of the above;

@@ -4,9 +4,9 @@ A Live websocket carries raw mono audio in the format chosen at
 ``session.start`` (``openai/types/live/audio_format.py``): 16-bit
 little-endian PCM at 24000 or 16000 Hz, or G.711 mu-law (``audio/pcmu``) or
 A-law (``audio/pcma``) at 8000 Hz for telephony. Moshi and the ASR take
-24 kHz, so other rates go through :mod:`kame.pcm`'s streaming resampler
+24 kHz, so other rates go through :mod:`kame.audio.pcm`'s streaming resampler
 (soxr, stateful: chunks of any size join without clicks), and every
-encoding through :mod:`kame.pcm` too (G.711 by ``audioop``), the module
+encoding through :mod:`kame.audio.pcm` too (G.711 by ``audioop``), the module
 kame's clients use. Nothing here is hand-written DSP.
 
 Input appends may have any length, even an odd number of PCM16 bytes;
@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-from kame.media import SAMPLE_RATE
-from kame.pcm import G711_RATE, EncodedAudioReader, stream_resampler, to_encoding
+from kame.audio.media import SAMPLE_RATE
+from kame.audio.pcm import G711_RATE, EncodedAudioReader, stream_resampler, to_encoding
 from kame.server.wires.codec import FRAME_SIZE, FrameChunker
 
 ENGINE_RATE = SAMPLE_RATE

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from openai.types.live.session_config import SessionConfig
 
-from kame.media import SAMPLE_RATE
+from kame.audio.media import SAMPLE_RATE
 from kame.server.wires.live.audio import (
     DEFAULT_FORMAT,
     G711_RATE,
@@ -30,7 +30,7 @@ from kame.server.wires.live.audio import (
 )
 from kame.server.wires.live.decode import sdk_validate
 from kame.server.wires.live.events import Info, LiveError
-from kame.session.delegation import DELEGATION_MODES, DelegationMode
+from kame.session.delegation_rules import DELEGATION_MODES, DelegationMode
 from kame.session.responses.config import IGNORED_FIELDS, model_notice, parse_responses_config, update_responses_config
 from kame.session.responses.settings import BackendCatalog, DelegationConfigError, ResponsesDelegationSettings
 

@@ -25,14 +25,13 @@ in, so every rule is tested without a server.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kame.media import FRAME_SIZE
-from kame.oracle.config import OracleConfig
+from kame.audio.media import FRAME_SIZE
 from kame.server.wires.ids import Ids
 from kame.server.wires.live.audio import LiveAudioIn, LiveAudioOut
 from kame.server.wires.live.commentary import (
@@ -81,10 +80,8 @@ from kame.server.wires.live.transcript import (
 )
 from kame.server.wires.live.usage import UsageClock, closing_events
 from kame.session.commands import CommandRefused
-from kame.session.delegated import ContextItem, Delegated, DelegatedAnswers
+from kame.session.delegated_answers import ContextItem, Delegated, DelegatedAnswers, OpenAnswers
 from kame.session.responses.source import ResponsesAnswerSource
-
-Encode = Callable[[str], Sequence[int]]
 
 
 @dataclass
@@ -108,16 +105,16 @@ class LiveProtocol:
         self,
         info: LiveServerInfo,
         *,
-        encode: Encode,
-        oracle_config: OracleConfig,
+        answers: OpenAnswers,
         ids: Ids | None = None,
         frame_size: int = FRAME_SIZE,
         responses: ResponsesPort | None = None,
     ) -> None:
-        """``responses``: how Responses delegation reaches the session side (needed when ``info.responses`` is set)."""
+        """``answers``: how this protocol asks the session for its delegated answers (the session builds them, with
+        its tokenizer and oracle settings; on a server the pipeline's, through the runtime's ``WireIO``);
+        ``responses``: how Responses delegation reaches the session side (needed when ``info.responses`` is set)."""
         self.info = info
-        self.encode = encode
-        self.oracle_config = oracle_config
+        self.open_answers = answers
         self.ids = ids or Ids(info.session_id[:8])
         self.frame_size = frame_size
         self.config: LiveConfig | None = None
@@ -126,9 +123,9 @@ class LiveProtocol:
         self.audio_out: LiveAudioOut | None = None
         self.user = UserTranscript()
         self.assistant = AssistantTranscript()
-        #: Who answers and when kame delegates: the session's (this protocol only translates).
-        self.answers = DelegatedAnswers(info.default_delegation, info.default_backchannel_words, encode=encode,
-                                        oracle_config=oracle_config, new_id=self.ids.delegation)
+        #: Who answers and when kame delegates: the session's, asked for at ``session.start`` (this protocol only
+        #: translates; it builds no answer source).
+        self.answers: DelegatedAnswers | None = None
         self.usage: UsageClock | None = None
         self.responses_port = responses
         self.steps = 0  #: output frames seen (the session timeline, 80 ms each)
@@ -147,12 +144,18 @@ class LiveProtocol:
     @property
     def responses(self) -> ResponsesAnswerSource | None:
         """The Responses answer source, when the session uses Responses delegation."""
-        return self.answers.responses
+        return self.answers.responses if self.answers is not None else None
 
     @property
     def context(self) -> Sequence[ContextItem]:
         """What the client appended, kept as context (the session's)."""
-        return self.answers.context
+        return self.answers.context if self.answers is not None else ()
+
+    @property
+    def _answers(self) -> DelegatedAnswers:
+        """The session's delegated answers, once ``session.start`` asked for them."""
+        assert self.answers is not None, "the session's answers are asked for at session.start"
+        return self.answers
 
     def session(self) -> dict[str, Any]:
         assert self.config is not None
@@ -199,6 +202,10 @@ class LiveProtocol:
             raise LiveError("session_already_started", "session.start was already accepted; use session.update",
                             param="type", client_event_id=command.event_id)
         parsed = parse_start(command.session, self.info, event_id=command.event_id)
+        if self.answers is None:  # the session's (a refused start asked for none)
+            self.answers = self.open_answers(self.info.default_delegation, self.info.default_backchannel_words,
+                                             self.ids.delegation)
+        answers = self.answers
         self.config = parsed.config
         self._apply_kame(parsed.config)
         self.audio_in = LiveAudioIn(parsed.config.audio, self.frame_size)
@@ -207,24 +214,24 @@ class LiveProtocol:
         self.started_at = now
         for item in parsed.config.history:
             role: AppendKind = "instructions" if item.role == "developer" else "thinking"
-            self.answers.keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
+            answers.keep(ContextItem(role, f"{item.role}: {item.text}", None, 0))
         if parsed.config.instructions:
-            self.answers.keep(ContextItem("instructions", parsed.config.instructions, None, 0))
+            answers.keep(ContextItem("instructions", parsed.config.instructions, None, 0))
         if parsed.config.responses is not None:
             if self.responses_port is None:
                 raise RuntimeError("Responses delegation offered without a way to the session side")
-            self.answers.responses = self.responses_port.use(use_responses(
+            answers.responses = self.responses_port.use(use_responses(
                 self._responses_settings,
                 self.responses_port,
-                judge=self.answers.judge,
-                encode=self.encode,
-                oracle_config=self.oracle_config,
+                judge=answers.judge,
+                encode=answers.encode,
+                oracle_config=answers.oracle_config,
                 history=[(h.role, h.text) for h in parsed.config.history],
             ))
         out.events.append(SessionStarted(self.session(), command.event_id))
         out.events.extend(parsed.infos)
         out.settings = parsed.config.kame
-        self.answers.started = True
+        answers.started = True
         out.started = True
 
     def _update(self, command: Update, out: WireOut) -> None:
@@ -248,18 +255,18 @@ class LiveProtocol:
             raise LiveError("unsupported_event", f"{etype} is not supported: {NEEDS_RESPONSES}", param="type",
                             client_event_id=command.event_id)
         if isinstance(command, ItemCreate):
-            self.answers.item_create(command.item)
+            self._answers.item_create(command.item)
             return
-        opened = self.answers.requested(self.timeline_ms)
+        opened = self._answers.requested(self.timeline_ms)
         if opened is not None:
             out.events.append(delegation_created(opened, command.event_id))
 
     def _apply_kame(self, config: LiveConfig) -> None:
-        self.answers.configure(config.delegation_mode(self.info), config.backchannel_words(self.info))
+        self._answers.configure(config.delegation_mode(self.info), config.backchannel_words(self.info))
 
     def _append(self, command: AppendContext, out: WireOut) -> None:
         check_length(command.content, command.kind, command.event_id)
-        result = self.answers.append(command.kind, command.content, command.delegation_id, self.timeline_ms)
+        result = self._answers.append(command.kind, command.content, command.delegation_id, self.timeline_ms)
         if result.answer is not None:
             out.answers.append(result.answer)
         out.events.append(Appended(command.kind, result.at_ms, result.end_ms, command.event_id))
@@ -276,7 +283,8 @@ class LiveProtocol:
     # ------------------------------------------------------------------ recogniser
     def speech_started(self, utterance: int, audio_s: float) -> list[LiveEvent]:
         self.user.speech_started(utterance, audio_s)
-        self.answers.speech_started(utterance)
+        if self.answers is not None:
+            self.answers.speech_started(utterance)
         return []
 
     def partial(self, utterance: int, audio_s: float, stable: str, now: float, *, text: str | None = None,
@@ -290,7 +298,8 @@ class LiveProtocol:
         delta = self.user.stable(utterance, stable, audio_s)
         if delta is not None:
             out.append(delta)
-            self._delegated(self.answers.stable(now, utterance, stable, self.timeline_ms), out)
+            if self.answers is not None:
+                self._delegated(self.answers.stable(now, utterance, stable, self.timeline_ms), out)
         return out
 
     def final(self, utterance: int, audio_s: float, text: str, now: float) -> list[LiveEvent]:
@@ -298,7 +307,8 @@ class LiveProtocol:
         delta = self.user.final(utterance, text, audio_s)
         if delta is not None:
             out.append(delta)
-        self._delegated(self.answers.final(now, utterance, text, self.timeline_ms), out)
+        if self.answers is not None:
+            self._delegated(self.answers.final(now, utterance, text, self.timeline_ms), out)
         return out
 
     @staticmethod
@@ -326,7 +336,7 @@ class LiveProtocol:
         out: list[LiveEvent] = []
         if not self.started:
             return out
-        self._delegated(self.answers.poll(now, self.timeline_ms), out)
+        self._delegated(self._answers.poll(now, self.timeline_ms), out)
         if self.usage is not None:
             usage = self.usage.due(now)
             if usage is not None:

@@ -30,7 +30,7 @@ from kame.session.responses.source import (
 
 @dataclass(frozen=True)
 class ResponsesPort:
-    """How a Live session in Responses delegation reaches the session side (the runtime's, on a server)."""
+    """How a Live session in Responses delegation reaches the session side (its pipeline, through the runtime's ``WireIO``, on a server)."""
 
     use: Callable[[UseResponses], ResponsesAnswerSource]  #: the session creates the answer source
     send: Callable[[LiveEvent], None]  #: queue an event for the client (in order with what the calls return)
@@ -55,6 +55,6 @@ def use_responses(
     history: Sequence[tuple[str, str]] = (),
 ) -> UseResponses:
     """The command for the session's Responses answer source; ``judge`` tells how its delegations stand
-    (:meth:`kame.session.delegated.DelegatedAnswers.judge`), its events go to the client as Live events."""
+    (:meth:`kame.session.delegated_answers.DelegatedAnswers.judge`), its events go to the client as Live events."""
     send = port.send
     return UseResponses(settings, lambda event: send(live_event(event)), judge, encode, oracle_config, history)

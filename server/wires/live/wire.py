@@ -9,8 +9,8 @@ what that returns into the runtime's commands and messages:
 - ``session.start`` / ``session.update`` -> ``SettingsIn`` (Moshi's text
   sampling, recording); ``session.started`` / ``updated`` go out once the
   pipeline took them;
-- ``session.commentary.append`` -> ``OracleResetIn``: the answer's oracle
-  sequence goes to the FIFO at once (the runtime measures how fast), and
+- ``session.commentary.append`` -> the session's ``SpeakAnswer``: the answer's
+  oracle sequence goes to the FIFO at once (the session reports how fast), and
   ``kame.oracle.reset`` tells the client what reached Moshi;
 - ``session.close`` -> ``EndIn`` (``session.closed``, ``close_requested``);
 - refused commands -> ``Fault`` with the ``error`` event (a client that keeps
@@ -20,20 +20,23 @@ The pipeline of a session on this wire asks no LLM (``SessionSettings.llm``
 is False): in client delegation the application's appends are the
 oracle's only source (docs/protocol.md section 4); in Responses delegation
 (``responses``: the server's back-ends) the answer source's rounds ask
-them in tasks of the session, which the runtime lends through
-:meth:`LiveWire.bind` (section 5): the wire starts none of its own.
+them in tasks of the session: the session starts that answer source, on
+its own oracle stream, when the wire asks through :meth:`LiveWire.bind`'s
+``WireIO`` (section 5). Who answers and when kame delegates
+(:class:`~kame.session.delegated_answers.DelegatedAnswers`) is the
+session's too, asked for through the same ``WireIO`` at ``session.start``:
+the wire builds no answer source and starts nothing of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starlette import status
 
-from kame.media import FRAME_SIZE
-from kame.oracle.config import OracleConfig
+from kame.audio.media import FRAME_SIZE
 from kame.redaction import client_safe
 from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S
 from kame.server.runtime.end import SessionEnd
@@ -42,7 +45,6 @@ from kame.server.runtime.wire import (
     Command,
     EndIn,
     Fault,
-    OracleResetIn,
     Outgoing,
     Reply,
     SettingsIn,
@@ -51,7 +53,6 @@ from kame.server.runtime.wire import (
 )
 from kame.server.wires.ids import Ids
 from kame.server.wires.live import decode
-from kame.server.wires.live.commentary import Encode
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
 from kame.server.wires.live.events import (
     ErrorEvent,
@@ -66,6 +67,9 @@ from kame.server.wires.live.events import (
 from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session import events as pe
+from kame.session.commands import SpeakAnswer
+from kame.session.delegated_answers import DelegatedAnswers
+from kame.session.delegation_rules import DelegationMode
 from kame.session.responses.backend import ResponsesOffer
 from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 from kame.session.settings import SessionSettings
@@ -92,11 +96,11 @@ class LiveWire(Wire):
     max_messages_per_s = MAX_MESSAGES_PER_S
     max_client_errors = MAX_CLIENT_ERRORS
 
-    def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, encode: Encode,
-                 oracle_config: OracleConfig, frame_size: int = FRAME_SIZE,
+    def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, frame_size: int = FRAME_SIZE,
                  responses: ResponsesOffer | None = None) -> None:
         """``responses``: offer Responses delegation on the server's back-ends (the session side creates its
-        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``)."""
+        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``). The session's
+        delegated answers come through :meth:`bind`'s ``WireIO.delegated_answers`` at ``session.start``."""
         self.settings = settings
         self._io: WireIO | None = None
         self._offer = responses
@@ -104,17 +108,24 @@ class LiveWire(Wire):
         if responses is not None:
             info = replace(info, responses=responses.catalog)
             port = ResponsesPort(use=self._use_responses, send=self._send_later)
-        self.live = LiveProtocol(info, encode=encode, oracle_config=oracle_config, ids=Ids(info.session_id[:8]),
+        self.live = LiveProtocol(info, answers=self._delegated_answers, ids=Ids(info.session_id[:8]),
                                  frame_size=frame_size, responses=port)
         self.encoder = LiveEncoder(self.live.ids)
         self._now = 0.0
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
 
-    # ------------------------------------------------------------------ Responses delegation
+    # ------------------------------------------------------------------ the session's answers
     def bind(self, io: WireIO) -> None:
-        """The runtime's side: its send queue, and the answer source it creates on the server's back-ends."""
+        """The runtime's side: its send queue, the session's delegated answers and its way to start the Responses
+        answer source."""
         self._io = io
+
+    def _delegated_answers(self, mode: DelegationMode, backchannel_words: int,
+                           new_id: Callable[[], str]) -> DelegatedAnswers:
+        if self._io is None:  # a session starts in a served session only
+            raise RuntimeError("the session's answers need the session runtime (LiveWire.bind)")
+        return self._io.delegated_answers(mode, backchannel_words, new_id)
 
     def _use_responses(self, use: UseResponses) -> ResponsesAnswerSource:
         if self._io is None or self._offer is None:  # Responses delegation runs in a served session only
@@ -156,7 +167,7 @@ class LiveWire(Wire):
         if out.audio:
             commands.append(AudioIn(out.frames))
         for answer in out.answers:
-            commands.append(OracleResetIn(answer.ids, now))
+            commands.append(SpeakAnswer(answer.ids, now))
             fed = KameEvent("kame.oracle.reset", {"delegation_id": answer.delegation_id, "text": answer.text,
                                                   "tokens": answer.steps})
             commands.append(Reply(self._out([fed])))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from starlette import status
 
-from kame.media import FRAME_SIZE, SAMPLE_RATE
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.redaction import client_safe
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, Fault, Ignored, Outgoing, Wire

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kame.pcm import pcm16_to_float
+from kame.audio.pcm import pcm16_to_float
 from kame.server.wires.codec import FRAME_SIZE, FrameChunker
 
 

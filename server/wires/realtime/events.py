@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from kame.media import SAMPLE_RATE
-from kame.pcm import float_to_pcm16_bytes
+from kame.audio.media import SAMPLE_RATE
+from kame.audio.pcm import float_to_pcm16_bytes
 from kame.redaction import client_safe as client_safe
 from kame.server.wires.ids import Ids
 from kame.session import events as pe

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kame.server.runtime.wire import Command, ConversationIn, Outgoing, Reply
+from kame.server.runtime.wire import Command, Outgoing, Reply
 from kame.server.wires.peek import peek
 from kame.server.wires.realtime.events import ClientError, Event
 from kame.server.wires.realtime.wire import RealtimeWire
 from kame.session import events as pe
+from kame.session.commands import ConversationCommand
 
 if TYPE_CHECKING:
     from starlette.types import Message
@@ -64,7 +65,7 @@ class RealtimeRtpWire(RealtimeWire):
         return [Reply([Outgoing(out[0].data, clear_audio=True)])]
 
     # ------------------------------------------------------------------ server -> client
-    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing | ConversationIn]:
+    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing | ConversationCommand]:
         text = frame.piece
         speaking = self.assistant.speaking(frame.pcm, text)
         current = self.assistant.current

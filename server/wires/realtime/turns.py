@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kame.loudness import at_least
+from kame.audio.loudness import at_least
 from kame.server.wires.realtime import events as ev
 from kame.server.wires.realtime.events import Event, Ids
 from kame.server.wires.realtime.functions import function_call_items

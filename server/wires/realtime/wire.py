@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kame.media import FRAME_SIZE
+from kame.audio.media import FRAME_SIZE
 from kame.server.runtime.client_limits import MAX_CLIENT_ERRORS, MAX_MESSAGES_PER_S
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import (
     AudioIn,
     Command,
-    ConversationIn,
     Fault,
     FunctionOutputIn,
     Outgoing,
@@ -172,7 +171,7 @@ class RealtimeWire(Wire):
         self._outputs_pending_create = 0
         request = sc.RequestAnswer(command.instructions, command.context, continue_tools=continue_tools)
         reply = Reply(self._out(self.assistant.request(command.metadata)))
-        return [reply, *self._forget_unheard(), ConversationIn(request)]
+        return [reply, *self._forget_unheard(), request]
 
     def _response_cancel(self, command: ResponseCancel) -> list[Command]:
         current = self.assistant.current
@@ -180,7 +179,7 @@ class RealtimeWire(Wire):
             raise ClientError("response_cancel_not_active", "there is no response in progress to cancel",
                               event_id=command.event_id)
         return [Reply(self._out(self.assistant.cancel("client_cancelled"))),
-                ConversationIn(sc.CancelAnswer("client_cancelled"))]
+                sc.CancelAnswer("client_cancelled")]
 
     def _message_create(self, command: MessageCreate) -> list[Command]:
         item_id = command.item["id"]
@@ -192,7 +191,7 @@ class RealtimeWire(Wire):
         ]
         if command.item.get("role") == "user":  # a typed turn: Moshi's next words are a new response
             events += self.assistant.typed_turn()
-        return [Reply(self._out(events)), ConversationIn(sc.AddContext(command.context))]
+        return [Reply(self._out(events)), sc.AddContext(command.context)]
 
     # ------------------------------------------------------------------ the client's turns (docs/protocol.md 3.5)
     def _buffer_commit(self, command: BufferCommit) -> list[Command]:
@@ -201,7 +200,7 @@ class RealtimeWire(Wire):
             if not any(not t.stopped for t in self.users.turns.values()):
                 raise ClientError("input_audio_buffer_commit_empty",
                                   "no user speech since the last turn ended: nothing to commit", event_id=command.event_id)
-            return [ConversationIn(sc.CommitTurn())]
+            return [sc.CommitTurn()]
         item_id = self.ids.item()
         previous = self.conversation.add(item_id)
         self._commits.append(item_id)
@@ -209,10 +208,10 @@ class RealtimeWire(Wire):
             {"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": previous},
             {"type": "conversation.item.added", "previous_item_id": previous, "item": ev.user_item(item_id, "in_progress", None)},
         ]
-        return [Reply(self._out(events)), ConversationIn(sc.CommitTurn())]
+        return [Reply(self._out(events)), sc.CommitTurn()]
 
     def _buffer_clear(self, command: BufferClear) -> list[Command]:
-        return [Reply(self._out([{"type": "input_audio_buffer.cleared"}])), ConversationIn(sc.ClearTurn())]
+        return [Reply(self._out([{"type": "input_audio_buffer.cleared"}])), sc.ClearTurn()]
 
     def _turn_committed(self, event: pe.UserTurnCommitted) -> list[Event]:
         if not self._commits:
@@ -236,14 +235,14 @@ class RealtimeWire(Wire):
         reply = Reply(self._out([{"type": "conversation.item.deleted", "item_id": command.item_id}]))
         utterance = self._utterances.pop(command.item_id, None)
         if utterance is not None:
-            return [reply, ConversationIn(sc.ForgetContext(sc.utterance_key(utterance)))]
+            return [reply, sc.ForgetContext(sc.utterance_key(utterance))]
         commit = self._client_items.pop(command.item_id, None)
         if commit is not None:
-            return [reply, ConversationIn(sc.ForgetContext(sc.commit_key(commit)))]
+            return [reply, sc.ForgetContext(sc.commit_key(commit))]
         spoken = self.assistant.steps_of(command.item_id)
         if spoken is not None:
-            return [reply, ConversationIn(sc.ForgetSpeech(spoken.first_step, spoken.end_step))]
-        return [reply, ConversationIn(sc.ForgetContext(command.item_id))]
+            return [reply, sc.ForgetSpeech(spoken.first_step, spoken.end_step)]
+        return [reply, sc.ForgetContext(command.item_id)]
 
     def _item_truncate(self, command: ItemTruncate) -> list[Command]:
         item = self._known_item(command.item_id, command.event_id)
@@ -256,7 +255,7 @@ class RealtimeWire(Wire):
                                   "content_index": command.content_index, "audio_end_ms": command.audio_end_ms}]))
         if heard >= spoken.end_step:
             return [reply]
-        return [reply, ConversationIn(sc.ForgetSpeech(heard, spoken.end_step))]
+        return [reply, sc.ForgetSpeech(heard, spoken.end_step)]
 
     def _client_error(self, exc: ClientError) -> Fault:
         return Fault(kind="realtime", message=exc.message, code=exc.code, reply=self._out([exc.to_event()]))
@@ -297,7 +296,7 @@ class RealtimeWire(Wire):
         return self._out([{"type": "kame.session.reset", "reason": "client"}], kame=True)
 
     # ------------------------------------------------------------------ server -> client
-    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing | ConversationIn]:
+    def frame(self, frame: pe.AssistantFrame, index: int, send_audio: bool) -> list[Outgoing | sc.ConversationCommand]:
         text = frame.piece
         speaking = self.assistant.speaking(frame.pcm, text)
         delta = ev.pcm16_base64(frame.pcm) if send_audio else None
@@ -305,9 +304,9 @@ class RealtimeWire(Wire):
         events = self._out(self.assistant.frame(delta, speaking=speaking, text=text, step=frame.step, fed=fed), index)
         return [*events, *self._forget_unheard()]
 
-    def _forget_unheard(self) -> list[ConversationIn]:
+    def _forget_unheard(self) -> list[sc.ForgetSpeech]:
         """Moshi's words withheld after a cancel were never heard: they leave the back-end's history."""
-        return [ConversationIn(sc.ForgetSpeech(start, end)) for start, end in self.assistant.take_unheard()]
+        return [sc.ForgetSpeech(start, end) for start, end in self.assistant.take_unheard()]
 
     def event(self, event: pe.PipelineEvent) -> list[Outgoing]:
         return self._out(self._map(event))

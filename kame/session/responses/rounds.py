@@ -76,7 +76,7 @@ DEFAULT_MAX_OUTPUT_CHARS = 16_000
 def loop_task(work: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
     """The default task factory of the answer source: a task of the running loop.
 
-    A served session passes the runtime's instead (its tasks end with the
+    A served session passes its pipeline's instead (its tasks end with the
     session); this one serves the unit tests that run a source without one.
     """
     return asyncio.get_running_loop().create_task(work, name=name)
@@ -213,7 +213,7 @@ class ResponsesDelegator:
         server_tools: ServerTools | None = None,
         on_tool_call: Callable[[ToolCallEvent, str], None] | None = None,
     ) -> None:
-        """``spawn`` runs a delegation's coroutine (the runtime's task factory; default: a loop task)."""
+        """``spawn`` runs a delegation's coroutine (the session's task factory; default: a loop task)."""
         if max_rounds < 1:
             raise ValueError("max_rounds must be >= 1")
         self._settings = settings

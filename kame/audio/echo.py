@@ -5,7 +5,7 @@ microphone, the ASR transcribes it and the LLM answers itself. :class:`EchoCance
 was played (the *far end*, the reference) from what the microphone picked up (the *near end*), with
 WebRTC's audio processing module (AEC3 and its delay estimator, noise suppression, a high-pass
 filter) from the ``livekit`` wheel (the ``mic`` extra), by default after kame's linear pre-canceller
-(:mod:`kame.echo_linear`; see :class:`EchoCanceller` and :class:`_Mix`). It takes blocks of any length: they are cut
+(:mod:`kame.audio.echo_linear`; see :class:`EchoCanceller` and :class:`_Mix`). It takes blocks of any length: they are cut
 into the 10 ms frames the module works on, so a block comes back with at most 10 ms of latency
 (none when its length is a multiple of 10 ms, as kame's 80 ms frames are).
 
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from kame.echo_linear import LinearEchoCanceller
+from kame.audio.echo_linear import LinearEchoCanceller
+from kame.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 from kame.errors import UserError
-from kame.pcm import float_to_pcm16_bytes, pcm16_to_float
 
 FRAME_MS = 10  #: the audio processing module's frame
 RATES = (8000, 16000, 24000, 32000, 48000)  #: sample rates the module takes
@@ -85,7 +85,7 @@ class EchoCanceller:
     AEC3 finds the actual delay itself. Not thread-safe: feed both sides from one thread (the
     duplex stream's callback, or one event loop).
 
-    ``linear`` (the default) adds :mod:`kame.echo_linear`'s pre-canceller and a second AEC3 on its
+    ``linear`` (the default) adds :mod:`kame.audio.echo_linear`'s pre-canceller and a second AEC3 on its
     output, sent while the user speaks with the pre-canceller's own output blended in 12 dB down, a
     floor under what the suppressor may take from the voice (see :class:`_Mix`): in ``bench/echo.py`` it keeps far more
     of the user's words during double talk than AEC3 alone, for about three times the CPU (still
@@ -191,7 +191,7 @@ class EchoCanceller:
 
 class _Mix:
     """Which of two AEC3 outputs is sent, frame by frame: AEC3 on the microphone, or AEC3 after the linear
-    pre-canceller (:mod:`kame.echo_linear`).
+    pre-canceller (:mod:`kame.audio.echo_linear`).
 
     Measured (``bench/echo.py``): after the pre-canceller AEC3's suppressor has less to remove and eats
     far fewer of the user's words when both speak, but it also suppresses less of the echo that is
@@ -212,7 +212,7 @@ class _Mix:
     even where AEC3's suppressor mistakes it for echo (it does at the onsets of words in the reverberant
     room: 10-15 dB); the echo that comes with it is the linear residual, 12 dB further down. Only once
     the pre-canceller expects to remove ``min_linear_erle_db`` itself
-    (:attr:`kame.echo_linear.LinearEchoCanceller.expected_erle_db`, from its Kalman state, which the
+    (:attr:`kame.audio.echo_linear.LinearEchoCanceller.expected_erle_db`, from its Kalman state, which the
     user's voice does not move): before that its output is mostly echo, and a voice wrongly detected
     in the first second (AEC3 not converged yet) would send it. Measured (``bench/echo.py``): recall
     within 10 points of the echo-free run in 8 of 8 conditions with the blend, 7 of 8 without; no

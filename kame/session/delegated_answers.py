@@ -4,15 +4,18 @@ In client delegation the application answers (its appends); in Responses
 delegation a Responses conversation does (kame's back-end with the client's
 functions, :class:`~kame.session.responses.source.ResponsesAnswerSource`).
 Either way the session decides *when* to delegate
-(:class:`~kame.session.delegation.DelegationPolicy` on the user's transcript,
+(:class:`~kame.session.delegation_rules.DelegationPolicy` on the user's transcript,
 or the client's own request), keeps the book of open delegations
-(:class:`~kame.session.delegation.DelegationBook`: is a late answer still
+(:class:`~kame.session.delegation_rules.DelegationBook`: is a late answer still
 spoken?), turns a spoken commentary into an oracle answer
 (:func:`~kame.session.answers.commentary_answer`) and keeps what was appended
 as context. :class:`DelegatedAnswers` holds all of that for one session, so
 that a wire (the Live protocol) only decodes the client's events into these
 calls and encodes the typed results (:class:`Delegated`,
-:class:`AppendResult`) as its own events.
+:class:`AppendResult`) as its own events. The session builds it, with its
+own tokenizer and oracle settings (on a server, the pipeline's
+:meth:`~kame.session.pipeline.Pipeline.delegated_answers`); a wire asks for
+it (:data:`OpenAnswers`) and builds none.
 
 Nothing here waits or reads a clock: ``now`` and the session timeline
 (``offset_ms``) are passed in, so every rule is tested without a server.
@@ -28,7 +31,7 @@ from typing import Any, Literal
 from kame.oracle.config import OracleConfig
 from kame.session.answers import Encode, OracleAnswer, commentary_answer
 from kame.session.commands import CommandRefused
-from kame.session.delegation import Delegate, DelegationBook, DelegationMode, DelegationPolicy
+from kame.session.delegation_rules import Delegate, DelegationBook, DelegationMode, DelegationPolicy
 from kame.session.responses.source import ResponsesAnswerSource
 
 #: What a client appends: a spoken answer (``commentary``) or silent context.
@@ -185,3 +188,19 @@ class DelegatedAnswers:
         self._context_chars += len(item.text)
         while self._context_chars > MAX_CONTEXT_CHARS and len(self.context) > 1:
             self._context_chars -= len(self.context.popleft().text)
+
+
+#: How a wire asks the session for its delegated answers: ``(mode, backchannel_words, new_id)``, the wire's
+#: defaults and its id scheme; the session adds its tokenizer and oracle settings.
+OpenAnswers = Callable[[DelegationMode, int, Callable[[], str]], DelegatedAnswers]
+
+
+def answers_with(encode: Encode, oracle_config: OracleConfig) -> OpenAnswers:
+    """The session's side of :data:`OpenAnswers` with this tokenizer and these oracle settings (the pipeline's
+    :meth:`~kame.session.pipeline.Pipeline.delegated_answers`; a protocol driven without a pipeline, in a test,
+    plays the session with it)."""
+
+    def open_answers(mode: DelegationMode, backchannel_words: int, new_id: Callable[[], str]) -> DelegatedAnswers:
+        return DelegatedAnswers(mode, backchannel_words, encode=encode, oracle_config=oracle_config, new_id=new_id)
+
+    return open_answers

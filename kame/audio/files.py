@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
+from kame.audio.pcm import float_to_pcm16
 from kame.errors import UserError
-from kame.media import FRAME_SIZE, SAMPLE_RATE
-from kame.pcm import float_to_pcm16
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

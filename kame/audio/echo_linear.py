@@ -1,6 +1,6 @@
 """A linear echo pre-canceller that runs before WebRTC's AEC3: a delay estimate and an adaptive filter.
 
-Why: AEC3 (``kame.echo``) removes echo in two stages, its own linear filter and a nonlinear
+Why: AEC3 (``kame.audio.echo``) removes echo in two stages, its own linear filter and a nonlinear
 *suppressor* that attenuates the frequency bands where it believes echo remains. The suppressor is
 what eats the user's words when both speak at once (double talk), and before AEC3 has converged it
 lets echo through that can open a false user turn. The less echo reaches AEC3, the less its
