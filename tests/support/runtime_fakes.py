@@ -67,6 +67,7 @@ class FakePipeline:
         self.settings: list[SessionSettings] = []
         self.on_exit: list[PipelineEvent] = []  # what the pipeline reports while it closes (the ASR's last final)
         self.commands: list[ConversationCommand] = []  # what the runtime applied (kame.session.commands)
+        self.first_reply_s: float | None = None  # a PersonaPlex slot's prompts: none here
 
     async def __aenter__(self) -> FakePipeline:
         self.entered = True
