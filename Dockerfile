@@ -1,5 +1,5 @@
 # kame on a GPU box (and, for the test suite, on a local Debian base on the CPU).
-#   Build: DOCKER_BUILDKIT=1 docker build -t kame .        Run: docker-compose.yml / README "Deploying".
+#   Build: DOCKER_BUILDKIT=1 docker build -t kame .        Run: docker-compose.yml / docs/deploying.md.
 # Installs exactly as the README does (scripts/install.sh creates .venv/ in the checkout);
 # torch comes from PyPI as its standard Linux (CUDA) build, which bundles the CUDA libraries.
 #

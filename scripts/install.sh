@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv/ in the checkout and install kame into it (idempotent).
 #
-# Install strategy (README "Install strategy"):
+# Install strategy (docs/development.md, "Install strategy"):
 #  * torch: an existing torch in .venv is never replaced. Otherwise
 #    $KAME_TORCH_SPEC is installed (default: torch==2.13.0; on a machine with
 #    an NVIDIA driver pip's default Linux build is CUDA-enabled). Pass

@@ -46,7 +46,7 @@ phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # share a server run on one worker, so that it starts once (tests/support/scheduling.py), the others a file
 # at a time; the tests marked `alone` (timing under a load they make themselves) run last, on one worker,
 # once every other worker has finished (tests/support/xdist_alone.py). On the 2-core machine four workers
-# take 340-400 s, one process about 900 s (README "The two commands").
+# take 340-400 s, one process about 900 s (docs/development.md).
 run_tests() {
     local workers=${TEST_WORKERS:-4}
     [ $# -gt 0 ] && workers=${TEST_WORKERS:-0}

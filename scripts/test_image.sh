@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The image phase of the test command (README "Deploying"): build the Dockerfile on a local Debian
+# The image phase of the test command (docs/deploying.md): build the Dockerfile on a local Debian
 # base and serve the CPU demo from the container (tests/image/image_check.py). Run on its own, after the
 # other tests: a build beside real-time tests would break their timing. Callable alone:
 #   ./scripts/test_image.sh            (needs .venv from ./scripts/install.sh --test; root or sudo)

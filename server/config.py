@@ -130,8 +130,7 @@ class ServerConfig(BaseModel):
         le=100,
         description="Python's GIL switch interval (sys.setswitchinterval) set at start, in ms; 0 keeps Python's "
         "5 ms. torch releases the GIL around each op, and while the event loop holds it the engine thread may "
-        "wait up to this long per op to get it back: with aiortc's codecs (8 WebRTC calls, 2 cores) 0.5 ms took "
-        "the RTF from 0.81 to 0.92; with the server's own (docs/server.md, \"Load test\") no gain was measured.",
+        "wait up to this long per op to get it back; with the server's own codec thread no gain was measured.",
     )
     malloc_arena_max: int = Field(
         2,

@@ -8,11 +8,9 @@ so far. Two things keep that affordable on a CPU:
   keeps up with (the driver always hands it the newest audio).
 * The encoder is shown the turn plus a little silence (``partial_window:
   fit``, ``partial_padding_s``) rather than Whisper's fixed 30 s window.
-  The encoder's cost grows with its input, so a 3 s turn costs about a
-  fifth of a 30 s window on tiny.en, with nearly the same words. The final
-  gets more padding and a beam (measured on 60 espeak turns, tiny.en:
-  WER 11 % with fit+4 s, beam 5, vs 12 % with the full window, at a third
-  of the cost; greedy fit+1 s gives 16 %).
+  The encoder's cost grows with its input, so a short turn costs a fraction
+  of a 30 s window, with nearly the same words. The final gets more padding
+  and a beam, which win back the full window's accuracy.
 
 CTranslate2 releases the GIL while it computes, so a worker thread per
 session is enough; the model itself is shared and thread-safe

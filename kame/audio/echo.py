@@ -193,31 +193,13 @@ class _Mix:
     """Which of two AEC3 outputs is sent, frame by frame: AEC3 on the microphone, or AEC3 after the linear
     pre-canceller (:mod:`kame.audio.echo_linear`).
 
-    Measured (``bench/echo.py``): after the pre-canceller AEC3's suppressor has less to remove and eats
-    far fewer of the user's words when both speak, but it also suppresses less of the echo that is
-    left (the loudspeaker's nonlinear distortion, which no linear filter removes): about -50 dBFS
-    leaks where the assistant speaks alone, enough to open a false user turn. AEC3 on the microphone
-    leaves that time at the noise floor. So the first is sent while the user speaks and the second
-    otherwise. Whether the user speaks is read from AEC3-on-the-microphone's own output: where only
-    the echo came in it is near its floor (a slowly rising minimum of its frame energies) and 25 dB
-    or more under the microphone once converged; where the user speaks its suppressor lets part of
-    the voice through: well above that floor, within ``of_mic_db`` of the microphone and above
-    ``min_dbfs``. The switch holds for ``hold`` frames after the last such frame and crossfades over
-    ``ramp`` frames (no clicks;
-    both outputs carry the voice in phase).
-
-    A limit on what the suppressor takes from the user: while the user speaks, the pre-canceller's own
-    output (the linear echo removed, nothing suppressed) is blended in at ``voice_floor_db`` (-12 dB: a
-    quarter of its amplitude), so no stretch of the voice is attenuated by more than about that much
-    even where AEC3's suppressor mistakes it for echo (it does at the onsets of words in the reverberant
-    room: 10-15 dB); the echo that comes with it is the linear residual, 12 dB further down. Only once
-    the pre-canceller expects to remove ``min_linear_erle_db`` itself
-    (:attr:`kame.audio.echo_linear.LinearEchoCanceller.expected_erle_db`, from its Kalman state, which the
-    user's voice does not move): before that its output is mostly echo, and a voice wrongly detected
-    in the first second (AEC3 not converged yet) would send it. Measured (``bench/echo.py``): recall
-    within 10 points of the echo-free run in 8 of 8 conditions with the blend, 7 of 8 without; no
-    false turn either way; ERLE the same in the office, 0.6-3.4 dB lower in the living room (28.5 dB
-    or more)."""
+    The pre-canceller path keeps more of the user's words when both speak but leaks the loudspeaker's
+    nonlinear echo where the assistant speaks alone, so it is sent only while the user speaks, read from
+    AEC3-on-the-microphone's output: well above its noise floor, within ``of_mic_db`` of the microphone and
+    above ``min_dbfs``. The switch holds ``hold`` frames and crossfades over ``ramp`` frames. While the user
+    speaks, the pre-canceller's own output is blended in at ``voice_floor_db``, so the suppressor never takes
+    more than about that from the voice, once the pre-canceller expects ``min_linear_erle_db`` itself
+    (before that its output is mostly echo). The measurements behind these choices: docs/benchmarks.md."""
 
     def __init__(self, above_db: float = 12.0, of_mic_db: float = -12.0, min_dbfs: float = -60.0, hold: int = 20,
                  ramp: int = 4, voice_floor_db: float = -12.0, min_linear_erle_db: float = 6.0) -> None:

@@ -16,9 +16,7 @@ suppressor has to do. This module subtracts most of the linear part of the echo 
   to stay causal), so its cost does not grow with the delay. It adapts as a frequency-domain Kalman
   filter (a diagonal state-error variance per partition and bin): its step is large while it is
   uncertain of the path and shrinks as it learns it and where the error is near-end sound, so it
-  converges in about a second of speech and holds through double talk, where the normalised LMS at a
-  fixed step it replaced needed several seconds on a 250 ms filter (``bench/echo.py --variants linear``).
-  Its prior: the room's response decays exponentially (``prior_rt60_s``) with the energy of the echo
+  converges fast and holds through double talk. Its prior: the room's response decays exponentially (``prior_rt60_s``) with the energy of the echo
   return loss measured when the delay is found.
 
 Robustness, since a diverging filter would add echo rather than remove it:
@@ -33,8 +31,7 @@ Robustness, since a diverging filter would add echo rather than remove it:
   through, and after 200 ms of it the filters start over from the prior.
 
 Everything is vectorised numpy on 10 ms frames (a few FFTs of 20 ms and products over the
-partitions, plus a 65536-point GCC-PHAT every 200 ms): about 4 % of a core at 24 kHz
-(``bench/echo.py --variants linear``). Only numpy; the caller pairs each reference frame with
+partitions, plus a 65536-point GCC-PHAT every 200 ms; its cost: docs/benchmarks.md). Only numpy; the caller pairs each reference frame with
 the microphone frame captured while it played (``EchoCanceller`` does).
 """
 

@@ -3,11 +3,9 @@
 Why: closed connections leave reference cycles behind (exceptions, their tracebacks and frames, in
 uvicorn, websockets and asyncio), and those cycles keep alive whatever the frames referenced: a
 client's last message, up to ``server.max_message_bytes`` each. CPython starts a full collection only
-after roughly 85,000 container allocations, which under a modest load takes minutes, so the server's
-RSS climbed by 3-5 MB a minute under abusive clients until one came (measured: one ``gc.collect()``
-gave back 13 MB). The models' objects are frozen once loaded (:class:`~kame.server.host.ModelHost`),
-so a full collection only walks what sessions created since: a few thousand objects, about a
-millisecond, cheap enough to run every few seconds on the event loop.
+after tens of thousands of allocations, which under a modest load takes minutes, so the RSS climbs in
+between. The models' objects are frozen once loaded (:class:`~kame.server.host.ModelHost`), so a full
+collection only walks what sessions created since: cheap enough to run every few seconds.
 """
 
 from __future__ import annotations
