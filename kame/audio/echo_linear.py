@@ -16,8 +16,8 @@ suppressor has to do. This module subtracts most of the linear part of the echo 
   to stay causal), so its cost does not grow with the delay. It adapts as a frequency-domain Kalman
   filter (a diagonal state-error variance per partition and bin): its step is large while it is
   uncertain of the path and shrinks as it learns it and where the error is near-end sound, so it
-  converges fast and holds through double talk. Its prior: the room's response decays exponentially (``prior_rt60_s``) with the energy of the echo
-  return loss measured when the delay is found.
+  converges fast and holds through double talk. Its prior: the room's response decays exponentially
+  (``prior_rt60_s``) with the energy of the echo return loss measured when the delay is found.
 
 Robustness, since a diverging filter would add echo rather than remove it:
 
