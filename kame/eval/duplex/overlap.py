@@ -25,12 +25,12 @@ folders kame wrote (docs/evaluation.md).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kame.eval.duplex.cached_judge import CachedJudge
 from kame.eval.duplex.scoring import Span, mean
 
 USER_MERGE_S = 0.6
@@ -140,47 +140,14 @@ def user_message(transcripts: Mapping[str, Any]) -> str:
     return json.dumps({k: transcripts[k] for k in order}, separators=(",", ":"), ensure_ascii=False)
 
 
-class BehaviourJudge:
+class BehaviourJudge(CachedJudge):
     """Labels through a :class:`kame.eval.judge.Judge`; bounded retries, labels cached in ``cache_dir``."""
 
     def __init__(self, judge: Any, cache_dir: Path, retries: int = 2) -> None:
-        self.judge = judge
-        self.model = judge.cfg.model
-        self.retries = retries
-        self.path = cache_dir / CACHE_FILE
-        self.cache: dict[str, dict[str, Any]] = {}
-        if self.path.is_file():
-            try:
-                self.cache = dict(json.loads(self.path.read_text(encoding="utf-8")))
-            except ValueError:
-                self.cache = {}
-        self.asked = 0
-
-    def key(self, message: str) -> str:
-        blob = json.dumps([self.model, SYSTEM_PROMPT, message])
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+        super().__init__(judge, cache_dir, CACHE_FILE, retries)
 
     async def label(self, transcripts: Mapping[str, Any]) -> dict[str, Any]:
         message = user_message(transcripts)
-        k = self.key(message)
-        if k in self.cache and self.cache[k].get("behaviour") in BEHAVIOURS:
-            return self.cache[k]
         msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": message}]
-        text, error = "", None
-        for _ in range(self.retries + 1):
-            self.asked += 1
-            try:
-                text = await self.judge.complete(msgs)
-            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                error = f"judge request failed: {type(exc).__name__}: {str(exc)[:200]}"
-                continue
-            found = parse_behaviour(text)
-            if found is not None:
-                out = {"behaviour": found, "judge_explanation": text, "judge_error": None}
-                self.cache[k] = out
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.cache, indent=1), encoding="utf-8")
-                tmp.replace(self.path)
-                return out
-            error = "no {\"behaviour\": [C_...]} with a known label in the judgement"
-        return {"behaviour": None, "judge_explanation": text or None, "judge_error": error}
+        return await self.verdict(self.key(SYSTEM_PROMPT, message), msgs, "behaviour", parse_behaviour,
+                                  "no {\"behaviour\": [C_...]} with a known label in the judgement")

@@ -11,11 +11,11 @@ judge model and the texts, so a re-run asks nothing twice.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
+
+from kame.eval.duplex.cached_judge import CachedJudge
 
 SYSTEM_PROMPT = """You rate one moment of a spoken conversation between a user and a voice assistant.
 The user said something (the context), the assistant began to answer, and the user cut in with a new
@@ -52,49 +52,12 @@ def messages(context: str, interrupt: str, reply: str) -> list[dict[str, str]]:
             {"role": "user", "content": USER_TEMPLATE.format(context=context, interrupt=interrupt, reply=reply)}]
 
 
-class RelevanceJudge:
+class RelevanceJudge(CachedJudge):
     """Rates through a :class:`kame.eval.judge.Judge`'s client; ratings cached in ``cache_dir``."""
 
     def __init__(self, judge: Any, cache_dir: Path, retries: int = 2) -> None:
-        self.judge = judge
-        self.model = judge.cfg.model
-        self.retries = retries
-        self.path = cache_dir / CACHE_FILE
-        self.cache: dict[str, dict[str, Any]] = {}
-        if self.path.is_file():
-            try:
-                self.cache = dict(json.loads(self.path.read_text(encoding="utf-8")))
-            except ValueError:
-                self.cache = {}
-        self.asked = 0
-
-    def key(self, context: str, interrupt: str, reply: str) -> str:
-        blob = json.dumps([self.model, SYSTEM_PROMPT, context, interrupt, reply])
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+        super().__init__(judge, cache_dir, CACHE_FILE, retries)
 
     async def rate(self, context: str, interrupt: str, reply: str) -> dict[str, Any]:
-        k = self.key(context, interrupt, reply)
-        if k in self.cache and self.cache[k].get("relevance") is not None:
-            return self.cache[k]
-        msgs = messages(context, interrupt, reply)
-        text, error = "", None
-        for _ in range(self.retries + 1):
-            self.asked += 1
-            try:
-                text = await self.judge.complete(msgs)
-            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                error = f"judge request failed: {type(exc).__name__}: {str(exc)[:200]}"
-                continue
-            rating = parse_relevance(text)
-            if rating is not None:
-                out = {"relevance": rating, "judge_explanation": text, "judge_error": None}
-                self.cache[k] = out
-                self._save()
-                return out
-            error = "no [[rating]] within 0-5 in the judgement"
-        return {"relevance": None, "judge_explanation": text or None, "judge_error": error}
-
-    def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.cache, indent=1), encoding="utf-8")
-        tmp.replace(self.path)
+        return await self.verdict(self.key(SYSTEM_PROMPT, context, interrupt, reply), messages(context, interrupt, reply),
+                                  "relevance", parse_relevance, "no [[rating]] within 0-5 in the judgement")
