@@ -412,7 +412,8 @@ class Pipeline:
     @property
     def takes_prompts(self) -> bool:
         """The engine steps system prompts (a PersonaPlex checkpoint): voice and persona start a session."""
-        return getattr(self.engine.core, "prompts", None) is not None
+        core = getattr(self.engine, "core", None)  # no engine: a session driven by a scripted slot
+        return getattr(core, "prompts", None) is not None
 
     def _restart_prompts(self) -> None:
         """A new voice or persona: the slot starts again from its system prompts (PersonaPlex conditions a

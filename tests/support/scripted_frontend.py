@@ -77,7 +77,7 @@ class ScriptedSlot:
         self.steps = 0
         self._pending = 0
 
-    async def attach(self) -> None:
+    async def attach(self, prompt: object = None) -> None:  # a PersonaPlex prompt: none here
         self.slot = 0
 
     def detach(self) -> None:
