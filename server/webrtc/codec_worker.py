@@ -1,12 +1,8 @@
 """One thread for every call's Opus coding: the event loop never runs a codec, and wakes no thread per packet.
 
-Issue 28's rule is that Opus is coded off the event loop, which serves every
-session's sockets and clocks. What made aiortc's own path slow was not Opus
-(libopus codes a 20 ms packet in ~20-50 us) but its hand-offs: a decoder
-thread per call woken per packet, a resampler, an executor hop per output
-packet and the queues back, ~10 GIL hand-offs a packet at 600 packets a
-second for 8 calls, which starved the engine thread (docs/server.md, "Load
-test").
+Opus is coded off the event loop, which serves every session's sockets and
+clocks, and without a thread wake-up per packet, since GIL hand-offs, not
+Opus itself, are what cost (:mod:`~kame.server.webrtc.opus`).
 
 So one :class:`CodecWorker` per process codes for all calls, in batches: a
 job queued on an idle worker wakes it; it waits ``batch_s`` (5 ms) for more,

@@ -1,17 +1,11 @@
 """libopus through ctypes: decode and encode a call's Opus audio at 24 kHz mono (on the codec thread).
 
-Why not aiortc's codecs: with 8 calls on the CPU demo, aiortc's path costs
-more in Python and thread hand-offs than in Opus itself. Every 20 ms input
-packet went to a per-call decoder thread (a ``queue.Queue`` wake-up), was
-decoded to 48 kHz stereo by PyAV, resampled to 24 kHz mono by a PyAV
-resampler, and came back to the loop through ``run_coroutine_threadsafe``
-and an ``asyncio.Queue``; every 40 ms output packet went to the executor and
-back. Those ~10 GIL hand-offs per packet, 600 packets a second, are what
-slowed the engine thread (a py-spy profile: the decoder threads' wake-ups
-alone ~20 % of the samples). libopus decodes natively at 24 kHz (no
-resampler) in ~20 us a packet, and ctypes releases the GIL during the call,
-so the cost left is the hand-offs: one thread codes for every call, in
-batches (:mod:`~kame.server.webrtc.codec_worker`), off the event loop.
+Why not aiortc's codecs: their cost is not Opus but the thread hand-offs
+around it (a decoder thread per call woken per packet, a resampler, an
+executor hop per output packet), which starve the engine thread of the GIL.
+libopus decodes natively at 24 kHz (no resampler) and ctypes releases the
+GIL during the call, so one thread codes for every call, in batches
+(:mod:`~kame.server.webrtc.codec_worker`), off the event loop.
 
 The library is the one PyAV's wheel bundles (``av.libs/libopus-*.so*``, so
 the server needs no extra package), else the system's ``libopus``;
