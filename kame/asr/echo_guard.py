@@ -1,38 +1,15 @@
 """The echo guard: no user turn (nor barge-in) for speech that only repeats what the assistant just said.
 
-A client without echo cancellation (a raw PCM or G.711 client, a telephone
-gateway, a terminal client with ``--no-aec``) on a laptop with its speakers
-on sends the assistant's own voice back: the ASR transcribes it, a user
-turn starts, the answer in progress is interrupted, and the LLM answers
-itself. The server knows what the assistant said and when, so it can
-recognise its own words when they come back, later (network and playback
-delay), quieter and filtered, and mis-heard here and there by the ASR.
+For clients without echo cancellation, whose speakers send the assistant's voice back to the ASR
+(the full story, limits and cost: docs/asr.md). Pure: no torch, no I/O, no clock of its own.
 
-Three parts, all pure (no torch, no I/O, no clock of their own):
-
-* :class:`AssistantWords` holds the words the assistant said recently, each
-  with the time it was produced, on the session's audio clock (output step
-  ``n`` is produced when input frame ``n`` is fed, so step times and the
-  ASR's ``audio_s`` are one timeline, whatever the wall clock does).
-* :func:`match_echo` aligns a hypothesis' words with those words (a local
-  alignment with fuzzy word equality, since the ASR mis-hears an echo) and
-  says how many of its words the assistant said, in order, and how many it
-  did not: words outside the aligned stretch, or inserted inside it, are
-  the user's. An echo has none; "yes, Paris" after "the capital is Paris"
-  has one ("yes") and is the user's turn.
-* :class:`EchoGuard` filters a session's ASR events: an utterance that
-  starts while the assistant has words in the window is *held* (no
-  ``speech_started``, no partial) until its words decide; the user's
-  speech is then released in order (speech started, the latest partial),
-  an echo is dropped at its final and reported as an :class:`EchoVerdict`.
-  An utterance with no recent assistant words to echo passes at once.
-
-What it cannot do: tell a user who repeats, word for word and nothing else,
-what the assistant said in the last ``window_s`` seconds from an echo (it
-is taken as echo); keep Moshi from hearing the echo (Moshi hears the user's
-audio as it is; only an echo canceller removes it). Its cost: while the
-assistant speaks or has just spoken, ``speech_started`` waits for the first
-partial (the LLM is asked on partials anyway, so its requests are not late).
+* :class:`AssistantWords` - the assistant's recent words, timed on the session's audio clock (output
+  step ``n`` is produced when input frame ``n`` is fed), never the wall clock;
+* :func:`match_echo` - a fuzzy local alignment of a hypothesis to those words: words outside the
+  aligned stretch, or inserted in it, are the user's;
+* :class:`EchoGuard` - holds an utterance that starts while assistant words are in the window (no
+  ``speech_started``, no partial) until its words decide: the user's speech is released in order, an
+  echo is dropped at its final (:class:`EchoVerdict`). A user repeating the assistant verbatim is echo.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """Acoustic echo: WebRTC's canceller (AEC3) for a microphone near a speaker, and a simulated echo path.
 
-A full-duplex model listens while it speaks: with speakers on, its own voice comes back through the
-microphone, the ASR transcribes it and the LLM answers itself. :class:`EchoCanceller` removes what
-was played (the *far end*, the reference) from what the microphone picked up (the *near end*), with
-WebRTC's audio processing module (AEC3 and its delay estimator, noise suppression, a high-pass
-filter) from the ``livekit`` wheel (the ``mic`` extra), by default after kame's linear pre-canceller
-(:mod:`kame.audio.echo_linear`; see :class:`EchoCanceller` and :class:`_Mix`). It takes blocks of any length: they are cut
-into the 10 ms frames the module works on, so a block comes back with at most 10 ms of latency
-(none when its length is a multiple of 10 ms, as kame's 80 ms frames are).
+:class:`EchoCanceller` removes what was played (the reference) from what the microphone picked up,
+with WebRTC's audio processing module (``livekit`` wheel, the ``mic`` extra), by default after
+:mod:`kame.audio.echo_linear`. Blocks of any length are cut into 10 ms frames (at most 10 ms latency,
+none for multiples of 10 ms). Frames go in sound-card order, reference *i* then microphone *i*: whole
+blocks of each would look like jitter to AEC3's delay estimator. Pending reference is bounded by
+:data:`MAX_QUEUE_MS` (the oldest is fed alone; nothing is dropped).
 
-The module is given the frames in the order a sound card produces them: reference frame *i*
-(``process_reverse_stream``), then the microphone frame *i* captured while it played
-(``process_stream``), then frame *i + 1*. Reference frames wait in a queue until their microphone
-frame comes; handing the module a whole block of reference and then the whole block of
-microphone (8 frames each for an 80 ms block) makes the render and capture timelines jump against
-each other by up to a block, which AEC3's delay estimator sees as jitter (slower convergence, less
-echo removed). The queue holds at most :data:`MAX_QUEUE_MS` of reference: a caller that plays far
-ahead of what it captures has its oldest reference given to the module on its own, so nothing is
-dropped and memory stays bounded.
-
-:class:`EchoPath` is the stand-in for a loudspeaker, a room and a microphone (the played signal
-convolved with a room impulse response, whose leading silence is the delay), so everything above is
-testable without sound cards (``kame mic --input-wav ... --echo-path IR.wav``, ``bench/echo.py``).
-
-Both work on float32 mono audio at one sample rate; a reference at another rate or channel count
-than the microphone is refused with :class:`EchoInputError` (one sentence), never silently misused.
+:class:`EchoPath` simulates speaker, room and microphone (convolution with an impulse response) so all
+this is testable without sound cards. Both take float32 mono at one rate; a mismatched reference is
+refused with :class:`EchoInputError`, never silently misused.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
 """A linear echo pre-canceller that runs before WebRTC's AEC3: a delay estimate and an adaptive filter.
 
-Why: AEC3 (``kame.audio.echo``) removes echo in two stages, its own linear filter and a nonlinear
-*suppressor* that attenuates the frequency bands where it believes echo remains. The suppressor is
-what eats the user's words when both speak at once (double talk), and before AEC3 has converged it
-lets echo through that can open a false user turn. The less echo reaches AEC3, the less its
-suppressor has to do. This module subtracts most of the linear part of the echo first:
-
-* :class:`DelayEstimator` finds how far behind the reference the echo arrives (playback and capture
-  latency plus the flight from speaker to microphone, up to ``max_delay_ms``) by GCC-PHAT: the
-  cross-spectrum of reference and microphone over the last second, averaged over time and whitened
-  (phase transform), whose inverse transform peaks at the delay of the strongest path whatever the
-  spectra of the speech;
-* :class:`LinearEchoCanceller` models the room from just before that delay to ``tail_ms`` after it
-  with a partitioned-block frequency-domain adaptive filter (10 ms partitions, gradient constrained
-  to stay causal), so its cost does not grow with the delay. It adapts as a frequency-domain Kalman
-  filter (a diagonal state-error variance per partition and bin): its step is large while it is
-  uncertain of the path and shrinks as it learns it and where the error is near-end sound, so it
-  converges fast and holds through double talk. Its prior: the room's response decays exponentially
-  (``prior_rt60_s``) with the energy of the echo return loss measured when the delay is found.
-
-Robustness, since a diverging filter would add echo rather than remove it:
-
-* two filters (the *two-path* scheme): a background filter adapts on every frame; the foreground
-  filter only takes the background's coefficients when the background has removed clearly more for
-  several frames in a row, and the quieter of the two is sent. If the background ends up worse than
-  no filter at all it is reset to the foreground;
-* the gain is normalised per bin by the reference power across the filter, the observation noise and
-  a floor (no huge steps on quiet bands), and non-finite coefficients reset the filter;
-* an output louder than the microphone (the echo path changed) is not used: the microphone passes
-  through, and after 200 ms of it the filters start over from the prior.
-
-Everything is vectorised numpy on 10 ms frames (a few FFTs of 20 ms and products over the
-partitions, plus a 65536-point GCC-PHAT every 200 ms; its cost: docs/benchmarks.md). Only numpy; the caller pairs each reference frame with
-the microphone frame captured while it played (``EchoCanceller`` does).
+Why: AEC3's nonlinear suppressor eats the user's words in double talk and, before it converges, lets
+through echo that can open a false user turn; the less echo reaches AEC3, the less it has to suppress.
+:class:`DelayEstimator` finds the echo's delay (GCC-PHAT, up to ``max_delay_ms``);
+:class:`LinearEchoCanceller` subtracts the linear echo from there to ``tail_ms`` after it (a two-path,
+partitioned-block frequency-domain Kalman filter). A diverging filter would add echo, so an output
+louder than the microphone is never sent (the microphone passes through, then the filters restart)
+and non-finite or worse-than-nothing filters are reset. Design: docs/clients.md; cost: docs/benchmarks.md.
+Only numpy, on 10 ms frames; the caller pairs each reference frame with the microphone frame
+captured while it played (``EchoCanceller`` does).
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Server-side tools from operator-configured MCP servers, through the official ``mcp`` SDK.
 
-For clients that cannot run functions (``/api/chat``, the browser page)
-the operator configures Model Context Protocol servers
-(``tools.mcp_servers``: a stdio command, or a streamable-HTTP URL), each
-with an allow-list of tool names, which of them are read-only, a timeout
-and an output-size cap. Clients may enable configured servers for their
-session by name; they can never add a server or a URL.
-
-* :class:`McpConnection` - one configured server, shared by all sessions.
-  It connects lazily in its own task (the SDK's context managers must be
-  entered and left in one task), lists the tools once per connection, and
-  reconnects after a crash with a backoff. A server that crashes or hangs
-  fails the calls made to it (``error`` / ``timeout`` results the LLM
-  reads), never a session.
-* :class:`McpToolbox` - every configured server; picks the servers of a
-  session (``enabled`` ones, the back-end's ``mcp_servers``, the session's
-  choice), gives their :class:`~kame.backend.tools.ToolSpec` list and a
-  :class:`~kame.backend.tool_loop.ToolExecutor` that routes calls.
-
-Secrets: the values passed to a server (``env_from``, ``bearer_token_env``)
-are read from kame's environment when connecting and are redacted from
-every error, log line and tool output; the child's stderr goes to a private
-temporary file, not to kame's logs. Only variables named in the config
-reach the child (the SDK adds just PATH, HOME and the like).
+The operator configures servers (``tools.mcp_servers``) with an allow-list, read-only tools, a timeout
+and an output cap; sessions may enable them by name but can never add a server or a URL.
+:class:`McpConnection` (one per server, shared by all sessions) connects lazily in its own task (the
+SDK's context managers must be entered and left in one task) and reconnects with a backoff; a crashed
+or hung server fails its calls (results the LLM reads), never a session. :class:`McpToolbox` picks a
+session's servers and gives their :class:`~kame.backend.tools.ToolSpec` list and a routing
+:class:`~kame.backend.tool_loop.ToolExecutor`. Secrets (``env_from``, ``bearer_token_env``) are read
+when connecting and redacted from every error, log line and tool output; the child's stderr goes to a
+private temporary file, and only the variables named in the config reach the child.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """Speculation without side effects: tool calls of requests that may be superseded.
 
-KAME asks the LLM again every couple of words, so a request is often
-cancelled while one of its tools runs. :class:`SpeculativeCalls` (one per
-session, owned by its oracle loop) makes that safe and cheap:
-
-* **What is offered** (:meth:`SpeculativeCalls.offered`): a request made on
-  a partial transcript gets only read-only tools; the others are offered
-  only once the user's turn has ended.
-* **Read-only calls are shared** by (name, arguments): a call runs in its
-  own task, not in the request's, so it survives the request that made it;
-  a later request asking the same thing awaits the running call, or gets
-  its result while it is fresh (``cache_ttl_s``). Failed calls are not
-  cached.
-* **Side-effecting calls run once**: once issued, such a call is never
-  cancelled (not by a superseding request, not by the session's end) and
-  never issued twice for the same (name, arguments) in the turn, or while
-  its result has not reached an LLM; a request that asks again gets the
-  same result. If its request was superseded before the result reached the
-  LLM, :meth:`SpeculativeCalls.carry_over` hands it to the next request
-  (as a :class:`~kame.backend.tool_loop.PriorCall`), so the request that
-  continues the turn learns what was done.
-
-Every real execution is bounded by ``call_timeout_s`` and reported to the
-observer (started, finished with outcome and duration). Pure asyncio, no
-I/O of its own: the actual work is the inner :class:`ToolExecutor`'s.
+KAME asks the LLM again every couple of words, so a request is often cancelled while a tool runs.
+:class:`SpeculativeCalls` (one per session, owned by its oracle loop) makes that safe: a request on a
+partial transcript is offered only read-only tools; read-only calls run in their own task, shared by
+(name, arguments) and cached while fresh (``cache_ttl_s``; failures are not cached). A side-effecting
+call is never cancelled (not even at the session's end) and never issued twice for the same (name,
+arguments) in the turn or while its result has not reached an LLM; if its request was superseded,
+:meth:`SpeculativeCalls.carry_over` hands it to the next request
+(:class:`~kame.backend.tool_loop.PriorCall`). Every execution is bounded by ``call_timeout_s`` and
+reported to the observer. Pure asyncio: the work is the inner :class:`ToolExecutor`'s.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """The tool loop: one LLM request that may call functions, round after round.
 
-:meth:`ToolLoop.run` sends the messages with the offered tools, streams the
-LLM's text out at once (``TextDelta``), assembles the streamed
-``tool_calls`` (:class:`~kame.backend.tools.ToolCallAssembler`), runs the
-calls concurrently through a :class:`ToolExecutor` with a per-call timeout,
-appends the assistant's calls and one ``tool`` message per result, and asks
-again, for at most ``max_rounds`` tool rounds (the request after the last
-round offers the tools with ``tool_choice: none`` so the LLM must answer).
-Every failure of a call (exception, timeout, unknown or refused tool,
-arguments that are not JSON) becomes a result the LLM reads: the loop
-itself fails only when the LLM request does (``BackendError``).
-
-The rounds themselves are :func:`run_rounds`, the one loop of kame:
-:meth:`ToolLoop.run` drives it with the registry's stream and an executor
-(the oracle's requests, client functions of the Realtime and Live wires),
-and the Responses delegation (:mod:`kame.session.responses.rounds`)
-with its own :class:`RoundPlan` (the client's functions answered at the
-round boundary, MCP tools run in the round, the session's conversation as
-the history). It knows nothing of the oracle, the session or any wire:
-callers consume its events:
-
-* :class:`TextDelta` - text of round ``round``; ``after_tools`` is True once
-  any call's result is in the history (an answer *built on tools*);
-* :class:`CallsRequested` - a round ended with calls (and the text before them);
-* :class:`CallFinished` - one call's result (and how long the caller waited);
-* :class:`LoopDone` - the final text, the rounds taken and the whole history.
-
-Closing the iterator (or cancelling its consumer) closes the HTTP stream and
-stops waiting for calls; whether a running call is then cancelled is the
-executor's business (:mod:`kame.backend.speculation` keeps shared and
-side-effecting calls alive).
+:func:`run_rounds` is kame's one loop: :meth:`ToolLoop.run` drives it with the registry's stream and a
+:class:`ToolExecutor` (the oracle, client functions of the Realtime and Live wires), and the Responses
+delegation (:mod:`kame.session.responses.rounds`) with its own :class:`RoundPlan`. Calls run
+concurrently with a per-call timeout, for at most ``max_rounds`` rounds (then ``tool_choice: none``).
+Every failed call becomes a result the LLM reads; the loop fails only when the LLM request does
+(``BackendError``). It knows nothing of the oracle, the session or any wire: callers consume
+:class:`TextDelta`, :class:`CallsRequested`, :class:`CallFinished` and :class:`LoopDone`.
+Closing the iterator closes the HTTP stream; whether a running call is then cancelled is the
+executor's business (:mod:`kame.backend.speculation` keeps shared and side-effecting calls alive).
 """
 
 from __future__ import annotations

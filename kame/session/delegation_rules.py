@@ -1,31 +1,15 @@
 """Client delegation, an answer source: when kame hands work to the application, and what its answer does. No I/O.
 
-In client delegation kame asks no LLM itself: the application hears of each
-delegation (``session.delegation.created``, metadata only), reads the
-transcript fragments it received, and answers with
-``session.commentary.append`` (spoken) or ``session.thinking.append``
-(silent context). How often kame delegates is a session setting
-(``session.kame.delegation``):
+In client delegation kame asks no LLM: the application answers each delegation with
+``session.commentary.append`` (spoken) or ``session.thinking.append`` (silent context). How often
+kame delegates is ``session.kame.delegation``: ``turn`` (default: one per finalised user turn with
+words, what GPT-Live clients such as Pipecat expect) or ``speculative`` (KAME's
+:class:`~kame.oracle.debounce.Debouncer` on the stable transcript, each delegation superseding the last).
 
-- ``turn`` (default): one delegation per user turn, when the recogniser
-  finalises a turn that has words. This is what GPT-Live clients expect:
-  Pipecat's ``OpenAILiveLLMService`` hands each delegation, with the
-  fragments since the previous one, to one back-end conversation, one at a
-  time.
-- ``speculative``: the way KAME asks its LLM. The published debounce
-  (:class:`~kame.oracle.debounce.Debouncer`: the user's stable words grew by
-  ``min_new_words``, at most ``max_restarts`` per ``window_s``) runs on the
-  stable transcript, and each delegation supersedes the previous one; the
-  turn's final text delegates again only if it differs from the last one.
-
-:class:`DelegationBook` judges appends. An append naming no delegation is
-general context. One naming the latest delegation is current. One naming
-an older delegation is *late*: like an answer built on tools
-(docs/oracle.md, :func:`~kame.oracle.switch.only_backchannels`), it is
-still admitted when every user turn since its own was a backchannel (fewer
-than ``backchannel_words`` words, ``oracle.tool_backchannel_words`` by
-default) and *superseded* otherwise (a commentary is then not spoken). An id kame never issued is an
-error.
+:class:`DelegationBook` judges appends: no delegation id is general context, the latest is current, an
+older one is *late* and admitted only if every user turn since was a backchannel (the rule of answers
+built on tools, docs/oracle.md, :func:`~kame.oracle.switch.only_backchannels`), else superseded (a
+commentary is then not spoken). An id kame never issued is an error.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """One session's pipeline: user audio -> engine slot (and ASR -> LLM -> oracle), typed events out.
 
-The :class:`Pipeline` is the one owner of a session's engine slot: it
-attaches the slot on entry (``async with``) and releases it on exit, and
-nothing else touches it. Around the slot it owns the session's ASR stream
-and oracle loop. It never blocks the caller: audio goes to the engine
-thread and the recogniser through non-blocking calls, LLM requests run in
-their own tasks, and everything that happens comes out of :meth:`events`
-as :mod:`kame.session.events` dataclasses, in the order it happened:
-assistant frames (with their text piece), user transcripts, LLM and
-oracle events, engine failures.
+:class:`Pipeline` is the one owner of a session's engine slot (attached by ``async with``, released on
+exit; nothing else touches it) and of its ASR stream and oracle loop. It never blocks the caller:
+audio goes without blocking to the recogniser and the engine thread (:class:`~kame.frontend.engine_thread.EngineThread`,
+the only thread touching the model), LLM requests run in their own tasks, and all that happens comes
+out of :meth:`events`, in order, as :mod:`kame.session.events` dataclasses.
 
-Where things join: user audio enters at :meth:`Pipeline.feed`; the model
-steps in :class:`~kame.frontend.engine_thread.EngineThread` (the only
-thread touching it); the LLM is asked by :class:`~kame.oracle.loop.OracleLoop`;
-oracle tokens join the model in :meth:`~kame.frontend.engine.EngineCore.tick`
-(popped from the slot's FIFO, summed into the text embedding by
-:mod:`kame.frontend.oracle_input`).
-
-The pipeline is the one writer of the slot's oracle stream, whoever answers
-(:mod:`kame.session.answers`): the own LLM's loop writes to the pipeline
-(its sink), a client's answer comes as the command
-:class:`~kame.session.commands.SpeakAnswer`, and the Responses delegation's
-source is started here (:meth:`Pipeline.use_responses`) on the pipeline's
-oracle stream and tasks. Nothing above the session writes the oracle.
+It is the one writer of the slot's oracle stream, whoever answers (:mod:`kame.session.answers`): its
+own LLM loop (:class:`~kame.oracle.loop.OracleLoop`), a client's
+:class:`~kame.session.commands.SpeakAnswer`, or the Responses source started by
+:meth:`Pipeline.use_responses`. Nothing above the session writes the oracle.
 """
 
 from __future__ import annotations

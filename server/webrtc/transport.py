@@ -1,30 +1,15 @@
 """A WebRTC call as a :class:`~kame.server.runtime.transport.Transport`: the ``oai-events`` data channel, RTP audio.
 
-One aiortc :class:`RTCPeerConnection` per call. The session runtime above it
-is the websocket's (:mod:`kame.server.runtime.session`); this only moves:
-
-- **events**: data channel messages <-> the wire's JSON (sends wait in order
-  until the browser's channel opens);
-- **input audio**: an Opus RTP packet -> libopus (:mod:`~kame.server.webrtc.opus`,
-  straight to 24 kHz mono, on the process's one codec thread,
-  :mod:`~kame.server.webrtc.codec_worker`, never on the loop) ->
-  :class:`~kame.server.webrtc.clock.InputClock`, placed by RTP timestamp; the
-  *clock* task takes one 80 ms frame every 80 ms of the server's clock and
-  hands it to the runtime as :class:`~kame.server.runtime.wire.AudioIn`,
-  concealed where nothing arrived, so loss, DTX or a muted track never stall
-  Moshi. G.711 (or no libopus): aiortc's decoder thread and a resampler;
-- **output audio**: the wire's PCM -> :class:`~kame.server.webrtc.clock.OutputBuffer`
-  -> :class:`OutputTrack`, 40 ms packets on its own clock, silence when nothing
-  waits (RTP flows continuously), Opus coded for the track by the codec thread
-  (libopus; G.711 or no libopus: aiortc's encoder in its executor);
-- **the end**: ICE and DTLS not connected within ``connect_timeout_s`` ends the
-  session as ``ice_timeout``; a connection that fails (ICE consent lost) or
-  closes ends it as ``client_closed``.
-
-aiortc's audio jitter buffer releases one frame per packet and waits for a lost
-packet until 16 more arrived, which, after one loss, holds every later frame
-~300 ms. :class:`PassThroughJitter` replaces it: the input clock is the jitter
-buffer (placement by timestamp, reordering, late drops, concealment).
+One aiortc :class:`RTCPeerConnection` per call, under the websocket's session runtime
+(:mod:`kame.server.runtime.session`); this only moves events (data channel <-> the wire's JSON, sent
+in order once the channel opens) and audio. Input Opus is decoded on the process's one codec thread
+(:mod:`~kame.server.webrtc.codec_worker`), never on the loop, into
+:class:`~kame.server.webrtc.clock.InputClock`, whose clock task hands the runtime one 80 ms frame
+every 80 ms, concealed where nothing arrived, so loss, DTX or a muted track never stall Moshi. Output:
+:class:`~kame.server.webrtc.clock.OutputBuffer` -> :class:`OutputTrack` (40 ms packets, silence when
+idle). No ICE/DTLS within ``connect_timeout_s`` ends the session as ``ice_timeout``; a failed or closed
+connection as ``client_closed``. :class:`PassThroughJitter` replaces aiortc's jitter buffer (which
+holds every frame ~300 ms after one loss): the input clock is the jitter buffer.
 """
 
 from __future__ import annotations

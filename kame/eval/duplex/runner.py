@@ -1,30 +1,13 @@
 """A folder of samples end to end: stream each (several sessions at once), transcribe, score, report.
 
-Per variant (a set of session settings: the oracle on or off, an
-answer-switch policy), every usable sample is streamed at real time
-(:mod:`.client`), its output aligned to the input's clock (:mod:`.align`)
-and written where the benchmark's own inference and ASR steps write:
-
-- ``output.wav`` (24 kHz, as long as the input) and ``output.json`` (word
-  times from :mod:`.asr`); for v1's ``user_interruption`` the words of the
-  output from the interruption's end on, on the input's clock, as the
-  benchmark's ASR step crops it;
-- v1.5: also ``clean_output.wav`` (a second session on ``clean_input.wav``)
-  and ``clean_output.json``, and the inputs' transcripts ``input.json`` and
-  ``clean_input.json`` that its behaviour script reads.
-
-Nothing else goes into a sample folder: kame's own results (``results.*``,
-the judges' caches, ``/v1/realtime`` event logs under ``events/``) go into
-the results folder, outside the data. An ``output.wav`` already there is
-kept (and its transcript, if there) unless ``overwrite``, as the benchmark's
-clients do. Then every sample is scored from those files (:mod:`.scoring`,
-v1.5: :mod:`.overlap`). ``score_only`` skips the streaming and scores the
-files already there (outputs recorded by any client).
-
-Outputs go into each sample's own folder when there is one variant and no
-``out_dir``; with an ``out_dir`` they go into ``OUT/VARIANT/SAMPLE/``
-together with a copy of the sample's inputs and label, so the benchmark's
-own scoring runs on each variant's folder unchanged.
+Per variant (a set of session settings), each usable sample is streamed at real time (:mod:`.client`),
+aligned to the input's clock (:mod:`.align`) and written where the benchmark's own inference and ASR
+steps write (``output.wav``, ``output.json``, for v1.5 the clean and input transcripts too; the file
+list: docs/evaluation.md), then scored (:mod:`.scoring`, v1.5: :mod:`.overlap`). Nothing else goes
+into a sample folder: kame's own results go into the results folder. An ``output.wav`` already there
+is kept unless ``overwrite``; ``score_only`` scores the files already there. With an ``out_dir``,
+outputs go into ``OUT/VARIANT/SAMPLE/`` with a copy of the sample's inputs and label, so the
+benchmark's own scoring runs on each variant's folder unchanged.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Full-Duplex-Bench v1's metrics, as its released scoring code computes them. Pure functions.
 
-- **Take-over** (the model took the floor): its words (``output.json``)
-  last at least 1 s from the first word's start to the last word's end, or
-  there are more than 3 of them. No words: no take-over.
-- **pause_handling**: TOR over the whole output (lower is better: the user
-  had not finished).
-- **smooth_turn_taking**: TOR over the whole output (higher is better);
-  latency, for a take-over only, = first word's start - the user's turn end
-  (``turn_taking.json``), a negative one counted as 0.
-- **user_interruption**: only the words that start after the interruption
-  ends count (the scoring code transcribes the output from there, its times
-  offset to it; the paper is vaguer): TOR on them, latency = their first
-  start - the interruption's end (negative counted as 0), and the relevance
-  of their text to the interruption, rated 0-5 (:mod:`.relevance`).
-- **backchannel**: the output's speech segments (a VAD on ``output.wav``);
-  one longer than 3 s is a take-over (and ends the count); a shorter one is
-  counted as a backchannel, and makes the sample a take-over when more than
-  2 words fall in it or it lasts 1 s or more; the last segment's verdict
-  stands (the scoring code's rules, quirks kept). Frequency = backchannels per
-  second of output; JSD: their timing as a histogram of 0.2 s windows
-  against the human distribution of the same sample (resampled linearly to
-  the same length), the Jensen-Shannon *distance* (square root of the
-  divergence, natural log: scipy's ``jensenshannon``), 1 without any
-  backchannel. Human data is the user's to supply (:func:`load_human_timing`).
+Take-over, TOR, latency, relevance (:mod:`.relevance`) and the backchannel frequency and JSD follow
+the benchmark's scoring code, quirks kept, where it and the paper differ (``user_interruption``
+counts only words that start after the interruption ends; the last backchannel segment's verdict
+stands). The exact rules: docs/evaluation.md, "The metrics, exactly". Human backchannel timing is
+the user's to supply (:func:`load_human_timing`).
 
 Per task: TOR is the mean over samples; latency the mean over take-overs.
 """

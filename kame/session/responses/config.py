@@ -1,34 +1,15 @@
 """A client's Responses delegation config -> the answer source's settings (:mod:`.settings`). No I/O.
 
-What a Responses conversation may run with is the answer source's rule,
-whatever wire the config came in on (the Live API's
-``session.delegation.responses``: ``param`` names where, for errors).
-GPT-Live clients that pick Responses delegation name a back-end ``model``,
-its ``instructions`` (the back-end prompt, distinct from the session's
-front-end instructions) and its ``tools``. In kame the back-end is one of
-the server's configured LLM back-ends, driven by its tool loop:
-
-* ``model`` names a configured back-end (``backends.NAME``) when one has
-  that name, else it is a model name sent to the *default* back-end;
-* ``instructions`` go into the back-end's system message;
-* ``function`` tools are the client's functions (the client runs them and
-  answers with ``response.item.create``); ``tool_choice`` and
-  ``parallel_tool_calls`` go with them;
-* an ``mcp`` tool that gives only a ``server_label`` (and optionally
-  ``allowed_tools``) enables an MCP server the *operator* configured under
-  that name; anything that would make kame connect somewhere the client
-  chose (``server_url``, ``connector_id``, ``tunnel_id``, ``headers``,
-  ``authorization``) is refused;
-* hosted tools (web search, file search, code interpreter, shell, image
-  generation, computer use, ...) do not exist in kame and are refused with
-  one error naming every one of them;
-* ``reasoning``, ``text`` and ``service_tier`` have no chat-completions
-  meaning kame could honour for every provider: accepted and reported as
-  ignored (a wire sends an ``info``; an ``error`` would stop Pipecat).
+The rules hold whatever wire the config came in on (``param`` names where, for errors); the full
+table is in docs/protocol.md. ``model`` names a configured back-end, else a model for the default one;
+``instructions`` go into the back-end's system message; ``function`` tools are the client's. An
+``mcp`` tool may only name (``server_label``) an MCP server the operator configured: anything that
+would make kame connect where the client chose (``server_url``, ``connector_id``, ...) is refused, as
+are hosted tools. ``reasoning``, ``text`` and ``service_tier`` are accepted and reported as ignored
+(an ``error`` would stop Pipecat).
 
 A config or update is validated as a whole before anything changes: one
-:class:`DelegationConfigError` (the wire sends it as an ``error`` with its
-``code`` and ``param``) and nothing applied, or new settings.
+:class:`DelegationConfigError` and nothing applied, or new settings.
 """
 
 from __future__ import annotations

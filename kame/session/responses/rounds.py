@@ -1,36 +1,14 @@
 """Runs Responses delegations: back-end rounds, the client's function calls, and how they end.
 
-One :class:`ResponsesDelegator` per Live session in Responses delegation.
-A delegation is one back-end task (the request made after the user's
-turn, or a client's ``response.create``); it runs as rounds:
-
-1. a round is one back-end request (chat completions with the client's
-   functions), streamed to the client as one response
-   (:class:`~kame.session.responses.stream.ResponseStream`) and
-   its text handed to the oracle as it arrives;
-2. a round that called functions ends ``completed`` with them; the client
-   runs them and answers with ``response.item.create``
-   (``function_call_output``) and ``response.create``, which starts the
-   next round with the outputs in the back-end's conversation;
-3. a round without calls ends the delegation.
-
-Delegations run one at a time, in order, on the session's one back-end
-conversation (:class:`~kame.session.responses.conversation.ConversationLog`),
-so a second question waits for the first answer and sees it, as Pipecat's
-client delegation does. Failures end the response and leave the session
-running: a back-end error ends it ``failed`` (the delegation ends); a
-client that does not answer a call within ``function_timeout_s`` gets an
-``info`` and the back-end is told the function returned nothing and
-answers anyway; the round count is capped (``max_rounds``: the last
-request offers no tools, so the back-end must answer).
-
-The rounds run through kame's one tool loop
-(:func:`~kame.backend.tool_loop.run_rounds`); :class:`_DelegationRounds`
-is what a Responses round asks, resolves and records. Nothing here
-touches audio or the engine: the answer source
-(:mod:`.source`) feeds client commands in and turns what ``send`` receives
-into typed events; the back-end is any ``RoundSource`` (bound to the
-registry's tool-capable stream by :mod:`.backend`).
+One :class:`ResponsesDelegator` per Live session in Responses delegation. A round is one back-end
+request streamed as one response (:class:`~kame.session.responses.stream.ResponseStream`); a round that
+called functions ends ``completed``, and the client's ``function_call_output`` and ``response.create``
+start the next; a round without calls ends the delegation. Delegations run one at a time, in order, on
+the session's one conversation (:class:`~kame.session.responses.conversation.ConversationLog`), so a
+later question sees earlier answers. Failures end the response, never the session: a back-end error
+ends it ``failed``; an unanswered call (``function_timeout_s``) returns nothing; ``max_rounds`` caps
+the rounds. The rounds run through :func:`~kame.backend.tool_loop.run_rounds`; nothing here touches
+audio or the engine (:mod:`.source` joins it to the session).
 """
 
 from __future__ import annotations

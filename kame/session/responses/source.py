@@ -1,30 +1,14 @@
 """The Responses conversation as an answer source: who answers a Live session in Responses delegation.
 
-With ``delegation.type: "responses"`` kame's own back-end answers each
-delegation (:mod:`.rounds`), with the client's functions; the client
-only runs function calls. :class:`ResponsesAnswerSource` joins that driver
-and the speculative requests (:mod:`.speculation`) to the session:
+:class:`ResponsesAnswerSource` joins the delegation driver (:mod:`.rounds`) and the speculative
+requests (:mod:`.speculation`) to the session: final transcripts, instructions and thinking notes go
+into the back-end conversation; function outputs and ``response.create`` go to the driver; each
+round's text becomes a new oracle sequence, judged like a late commentary (docs/oracle.md).
 
-- each user turn's final transcript goes into the back-end conversation,
-  and the turn's delegation starts a delegation (:meth:`~ResponsesAnswerSource.delegate`);
-- instructions and thinking notes (and the initial ``input``) become
-  back-end context;
-- a client's function outputs and ``response.create`` go to the driver
-  (``new``: nothing waits, the caller creates a delegation);
-- each round's text becomes an oracle answer (a new sequence: "let me
-  check" and the answer built on a function's result are separate), judged
-  by the caller's ``judge`` like a late commentary (the rule of answers
-  built on tools, docs/oracle.md): spoken unless the user has said more
-  than a backchannel since the delegation.
-
-What it tells the client comes out as typed events (:data:`SourceEvent`)
-through ``emit``; a wire encodes them (the Live wire: ``response.event``,
-``info``, ``kame.*``). ``emit`` must keep one order with the events the
-wire's calls return: the runtime queues those before it next awaits, so a
-delegation's ``session.delegation.created`` precedes its stream. Its tasks
-and its oracle stream are the session's (``SourceHooks``). A wire does not
-create it: it sends :class:`UseResponses`, and the session starts the
-source (:meth:`kame.session.pipeline.Pipeline.use_responses`, through
+``emit`` must keep one order with the events the wire's calls return (the runtime queues those before
+it next awaits), so ``session.delegation.created`` precedes its stream. Its tasks and oracle stream
+are the session's (``SourceHooks``). A wire never creates it: it sends :class:`UseResponses` and the
+session starts it (:meth:`kame.session.pipeline.Pipeline.use_responses`, through
 :meth:`.backend.ResponsesOffer.answer_source`).
 """
 

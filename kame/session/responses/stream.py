@@ -1,32 +1,14 @@
 """One back-end tool round as a Responses API event stream, for ``response.event``. No I/O.
 
-With ``delegation.type: "responses"`` a GPT-Live client expects the server
-to run the back-end model and to show its work as *nested* Responses
-streaming events, each wrapped in a Live ``response.event`` envelope that
-carries the delegation id. kame's back-end is a chat-completions LLM driven
-by a tool loop; each round of that loop (one request, its streamed text and
-tool calls) is shown as one Responses *response*:
+GPT-Live clients in Responses delegation expect the back-end's work as nested Responses streaming
+events, each in a Live ``response.event`` envelope; each round of kame's tool loop is shown as one
+Responses *response* (the event sequence: docs/protocol.md). Clients (Pipecat) run every
+``function_call`` item that ends ``completed``, so an item cut short by an error is closed as
+``incomplete`` and never runs. Lifecycle snapshots carry no output, instructions or tools, as the Live
+API documents: the granular events are the content.
 
-``response.created``, ``response.in_progress``, then per output item
-``response.output_item.added`` ... ``response.output_item.done`` (a
-``message`` item streams ``response.content_part.added``,
-``response.output_text.delta`` / ``.done``, ``response.content_part.done``;
-a ``function_call`` item streams ``response.function_call_arguments.delta``
-/ ``.done``), and one terminal event: ``response.completed`` (with token
-usage), ``response.incomplete`` (the back-end stopped early: length cap,
-content filter) or ``response.failed`` (a back-end error).
-
-Clients (Pipecat's ``OpenAILiveLLMService``) run a function for every
-``response.output_item.done`` whose ``function_call`` item is
-``completed``, so an item cut short by an error is closed as ``incomplete``
-and never runs. The lifecycle snapshots (``response.created`` /
-``.completed`` / ...) carry no output, instructions or tools, as the Live
-API documents for ``response.event``: the granular events are the content.
-
-The builder is a small state machine fed by whoever drives the tool loop;
-it returns plain dicts (the nested events), and :func:`response_event`
-wraps one in the Live envelope. Event ids are stamped by the wire's
-encoder, as for every other server event.
+The builder is a small state machine fed by whoever drives the tool loop; it returns plain dicts, and
+:func:`response_event` wraps one in the Live envelope. Event ids are stamped by the wire's encoder.
 """
 
 from __future__ import annotations

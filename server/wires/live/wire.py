@@ -1,31 +1,14 @@
 """The ``/v1/live/sessions`` wire over the session runtime. No I/O.
 
-:class:`LiveWire` is the :class:`~kame.server.runtime.wire.Wire` of
-the Live API: it hands client messages and pipeline events to the
-protocol's state (:class:`~kame.server.wires.live.protocol.LiveProtocol`) and turns
-what that returns into the runtime's commands and messages:
+:class:`LiveWire` is the Live API's :class:`~kame.server.runtime.wire.Wire`: it hands client messages
+and pipeline events to :class:`~kame.server.wires.live.protocol.LiveProtocol` and turns what that
+returns into the runtime's commands (``AudioIn``, ``SettingsIn``, the session's ``SpeakAnswer``,
+``EndIn``) and messages; refused commands become a ``Fault`` with an ``error`` (persistent offenders
+and floods are closed as on ``/v1/realtime``). The event mapping: docs/protocol.md.
 
-- user audio -> ``AudioIn`` (paced and fed by the runtime, as on every wire);
-- ``session.start`` / ``session.update`` -> ``SettingsIn`` (Moshi's text
-  sampling, recording); ``session.started`` / ``updated`` go out once the
-  pipeline took them;
-- ``session.commentary.append`` -> the session's ``SpeakAnswer``: the answer's
-  oracle sequence goes to the FIFO at once (the session reports how fast), and
-  ``kame.oracle.reset`` tells the client what reached Moshi;
-- ``session.close`` -> ``EndIn`` (``session.closed``, ``close_requested``);
-- refused commands -> ``Fault`` with the ``error`` event (a client that keeps
-  sending bad events, or floods messages, is closed as on ``/v1/realtime``).
-
-The pipeline of a session on this wire asks no LLM (``SessionSettings.llm``
-is False): in client delegation the application's appends are the
-oracle's only source (docs/protocol.md section 4); in Responses delegation
-(``responses``: the server's back-ends) the answer source's rounds ask
-them in tasks of the session: the session starts that answer source, on
-its own oracle stream, when the wire asks through :meth:`LiveWire.bind`'s
-``WireIO`` (section 5). Who answers and when kame delegates
-(:class:`~kame.session.delegated_answers.DelegatedAnswers`) is the
-session's too, asked for through the same ``WireIO`` at ``session.start``:
-the wire builds no answer source and starts nothing of its own.
+The pipeline here asks no LLM (``SessionSettings.llm`` is False): the client's appends, or the
+Responses answer source that the session starts when asked through :meth:`LiveWire.bind`'s
+``WireIO``, are the oracle's only source. The wire builds no answer source and starts nothing itself.
 """
 
 from __future__ import annotations
