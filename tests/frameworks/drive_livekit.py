@@ -15,20 +15,15 @@ import time
 from typing import Any
 
 import aiohttp
-from drive_common import RATE, Microphone, Report, arguments, question
-from livekit import rtc
+from drive_common import Microphone, Report, arguments, question
 from livekit.agents import llm
 from livekit.plugins.openai.realtime import RealtimeModel
+from livekit_common import audio_sink, error_recorder, record_server_event, weather_tool
 
 REPORT = Report()
 GENERATE = "Tell the user a short joke about penguins."
 
-
-@llm.function_tool
-async def get_weather(city: str) -> str:
-    """The current weather in a city."""
-    REPORT.tool_runs.append({"name": "get_weather", "city": city})
-    return f"sunny and 21 degrees in {city}"
+get_weather = weather_tool(REPORT)
 
 
 async def main() -> None:
@@ -44,17 +39,7 @@ async def main() -> None:
         tasks: list[asyncio.Task[Any]] = []
 
         def on_server_event(event: dict[str, Any]) -> None:
-            etype = str(event.get("type"))
-            REPORT.event(etype)
-            if etype == "conversation.item.input_audio_transcription.completed":
-                REPORT.user_transcripts.append(event.get("transcript", ""))
-            elif etype == "response.output_audio_transcript.done":
-                REPORT.assistant_transcripts.append(event.get("transcript", ""))
-            elif etype == "error":
-                REPORT.errors.append(str(event.get("error"))[:500])
-
-        def on_error(error: llm.RealtimeModelError) -> None:
-            REPORT.errors.append(f"{error.label}: {error.error!r}"[:500])
+            record_server_event(REPORT, event)
 
         async def read_generation(ev: llm.GenerationCreatedEvent) -> None:
             async def messages() -> None:
@@ -78,14 +63,10 @@ async def main() -> None:
             await asyncio.gather(messages(), functions())
 
         session.on("openai_server_event_received", on_server_event)
-        session.on("error", on_error)
+        session.on("error", error_recorder(REPORT))
         session.on("generation_created", lambda ev: tasks.append(asyncio.create_task(read_generation(ev))))
 
-        async def push(chunk: bytes) -> None:
-            n = len(chunk) // 2
-            session.push_audio(rtc.AudioFrame(chunk, sample_rate=RATE, num_channels=1, samples_per_channel=n))
-
-        mic = Microphone(push)
+        mic = Microphone(audio_sink(session))
         sender = asyncio.create_task(mic.run())
         try:
             await asyncio.sleep(1.0)

@@ -16,21 +16,16 @@ import time
 from typing import Any
 
 import aiohttp
-from drive_common import RATE, Microphone, Report, arguments, question
-from livekit import rtc
+from drive_common import Microphone, Report, arguments, question
 from livekit.agents import llm
 from livekit.plugins.openai.realtime import RealtimeModel
+from livekit_common import audio_sink, error_recorder, record_server_event, weather_tool
 
 REPORT = Report()
 #: How long the driver listens after each user turn.
 LISTEN_S = 7.0
 
-
-@llm.function_tool
-async def get_weather(city: str) -> str:
-    """The current weather in a city."""
-    REPORT.tool_runs.append({"name": "get_weather", "city": city})
-    return f"sunny and 21 degrees in {city}"
+get_weather = weather_tool(REPORT)
 
 
 async def main() -> None:
@@ -48,19 +43,8 @@ async def main() -> None:
         statuses: list[str] = []  #: every response.done's status
 
         def on_server_event(event: dict[str, Any]) -> None:
-            etype = str(event.get("type"))
-            REPORT.event(etype)
-            if etype == "conversation.item.input_audio_transcription.completed":
-                REPORT.user_transcripts.append(event.get("transcript", ""))
-            elif etype == "response.output_audio_transcript.done":
-                REPORT.assistant_transcripts.append(event.get("transcript", ""))
-            elif etype == "response.done":
+            if record_server_event(REPORT, event) == "response.done":
                 statuses.append(str(event["response"].get("status")))
-            elif etype == "error":
-                REPORT.errors.append(str(event.get("error"))[:500])
-
-        def on_error(error: llm.RealtimeModelError) -> None:
-            REPORT.errors.append(f"{error.label}: {error.error!r}"[:500])
 
         async def read_generation(ev: llm.GenerationCreatedEvent) -> None:
             async def messages() -> None:
@@ -86,12 +70,8 @@ async def main() -> None:
             await asyncio.gather(messages(), functions())
 
         session.on("openai_server_event_received", on_server_event)
-        session.on("error", on_error)
+        session.on("error", error_recorder(REPORT))
         session.on("generation_created", lambda ev: tasks.append(asyncio.create_task(read_generation(ev))))
-
-        async def push(chunk: bytes) -> None:
-            n = len(chunk) // 2
-            session.push_audio(rtc.AudioFrame(chunk, sample_rate=RATE, num_channels=1, samples_per_channel=n))
 
         async def turn(name: str) -> None:
             mic.say(question(args.audio, name))
@@ -99,7 +79,7 @@ async def main() -> None:
             await mic.done_speaking.wait()
             turn_ends.append(time.monotonic())
 
-        mic = Microphone(push)
+        mic = Microphone(audio_sink(session))
         sender = asyncio.create_task(mic.run())
         try:
             await asyncio.sleep(1.0)

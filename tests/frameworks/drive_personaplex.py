@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 import aiohttp
-from drive_common import RATE, Microphone, Report, arguments, question
-from livekit import rtc
+from drive_common import Microphone, Report, arguments, question
 from livekit.agents import llm
 from livekit.plugins.nvidia.experimental.realtime import RealtimeModel
+from livekit_common import audio_sink, error_recorder
 
 REPORT = Report()
 PERSONA = "You are Captain Nemo, a terse submarine captain."
@@ -43,9 +43,6 @@ async def main() -> None:
         tasks: list[asyncio.Task[Any]] = []
         reconnected = asyncio.Event()
 
-        def on_error(error: llm.RealtimeModelError) -> None:
-            REPORT.errors.append(f"{error.label}: {error.error!r}"[:500])
-
         async def read_generation(ev: llm.GenerationCreatedEvent) -> None:
             REPORT.event("generation_created")
             async for msg in ev.message_stream:
@@ -59,15 +56,11 @@ async def main() -> None:
 
                 tasks.extend([asyncio.create_task(audio()), asyncio.create_task(text())])
 
-        session.on("error", on_error)
+        session.on("error", error_recorder(REPORT))
         session.on("generation_created", lambda ev: tasks.append(asyncio.create_task(read_generation(ev))))
         session.on("session_reconnected", lambda _ev: (REPORT.event("session_reconnected"), reconnected.set()))
 
-        async def push(chunk: bytes) -> None:
-            n = len(chunk) // 2
-            session.push_audio(rtc.AudioFrame(chunk, sample_rate=RATE, num_channels=1, samples_per_channel=n))
-
-        mic = Microphone(push)
+        mic = Microphone(audio_sink(session))
         sender = asyncio.create_task(mic.run())
         try:
             await asyncio.sleep(1.5)
