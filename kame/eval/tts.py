@@ -14,9 +14,11 @@ that maps text to 24 kHz mono float32 fits :class:`Tts`. Two come with
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,9 +73,31 @@ def wav_bytes_to_pcm(data: bytes, rate: int = RATE) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _run(cmd: list[str], text: str, what: str) -> bytes:
+def espeak_env() -> dict[str, str]:
+    """The environment for an espeak-ng run whose output depends only on its text, voice and rate.
+
+    espeak-ng opens a PulseAudio client even with ``--stdout``. The first time a user runs it (no
+    ``~/.config/pulse/<machine-id>-runtime`` link yet, as on a new machine or in a new container),
+    PulseAudio names its runtime directory with ``rand()``, which shifts the process's ``rand()`` sequence;
+    espeak-ng draws the breath noise of voices with ``breath`` (``+f2``, ``+f3``...) from that same
+    sequence, so that run's audio differs from every later one by a least significant bit here and there.
+    A private ``PULSE_RUNTIME_PATH`` (an empty directory of its own for each run) keeps PulseAudio off
+    ``rand()``. Call it inside a ``tempfile.TemporaryDirectory`` (:func:`run_espeak` does).
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+
+
+def run_espeak(args: list[str], text: str) -> bytes:
+    """``espeak-ng ARGS`` with ``text`` on stdin, reproducible byte for byte (:func:`espeak_env` says why)."""
+    with tempfile.TemporaryDirectory(prefix="kame-espeak-") as pulse:
+        env = {**espeak_env(), "PULSE_RUNTIME_PATH": pulse}
+        return _run(["espeak-ng", *args], text, "espeak-ng", env)
+
+
+def _run(cmd: list[str], text: str, what: str, env: dict[str, str] | None = None) -> bytes:
     try:
-        out = subprocess.run(cmd, input=text.encode("utf-8"), capture_output=True, timeout=120, check=False)
+        out = subprocess.run(cmd, input=text.encode("utf-8"), capture_output=True, timeout=120, check=False,
+                             env=env)
     except FileNotFoundError:
         raise UserError(f"TTS {what}: program {cmd[0]!r} not found") from None
     except subprocess.TimeoutExpired:
@@ -97,7 +121,7 @@ class EspeakTts:
 
     def synthesize(self, text: str) -> np.ndarray:
         # --stdin keeps newlines and list markers of MT-Bench questions out of the command line
-        data = _run(["espeak-ng", "-v", self.voice, "-s", str(self.wpm), "--stdin", "--stdout"], text, "espeak-ng")
+        data = run_espeak(["-v", self.voice, "-s", str(self.wpm), "--stdin", "--stdout"], text)
         return wav_bytes_to_pcm(data)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kame.audio.media import SAMPLE_RATE
+from kame.eval.tts import run_espeak
 
 RATE = SAMPLE_RATE
 
@@ -43,12 +44,7 @@ def synthesize(text: str, voice: str = "en-us", speed: int = 160) -> np.ndarray:
     key = hashlib.sha1(f"{voice}|{speed}|{text}".encode()).hexdigest()[:20]
     path = cache_dir() / f"{key}.f32"
     if not path.exists():
-        wav = subprocess.run(
-            ["espeak-ng", "-v", voice, "-s", str(speed), "--stdout"],
-            input=text.encode(),
-            capture_output=True,
-            check=True,
-        ).stdout
+        wav = run_espeak(["-v", voice, "-s", str(speed), "--stdout"], text)
         raw = subprocess.run(
             ["sox", "-t", "wav", "-", "-t", "raw", "-e", "floating-point", "-b", "32", "-c", "1", "-r", str(RATE), "-"],
             input=wav,

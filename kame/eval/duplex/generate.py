@@ -1,7 +1,8 @@
 """kame's own generated set: the v1 tasks spoken by espeak-ng, labels in the benchmark's formats.
 
 No download, reproducible from a seed (same seed, same count: the same
-texts, voices, rates and pauses; espeak-ng's output is deterministic), small
+texts, voices, rates and pauses, and the same bytes: espeak-ng runs through
+``kame.eval.tts.run_espeak``, which keeps PulseAudio's first run off its random numbers), small
 for CI (``--per-task 2``) and as large as wanted on a GPU box. Voices
 (``VOICES``) and rates (``RATES``, words a minute) vary per sample. The
 texts are kame's own, written for this; this is NOT the benchmark's data,
