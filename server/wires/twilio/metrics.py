@@ -22,3 +22,5 @@ class TwilioMetrics:
         self.dtmf = Counter("kame_twilio_dtmf", "Keypad presses received (dtmf messages).", registry=r)
         self.clears = Counter("kame_twilio_clears", "clear messages sent (the caller talked over the assistant).",
                               registry=r)
+        self.marks_played = Counter("kame_twilio_marks_played",
+                                    "marks Twilio echoed: a response's audio played to its end (or cleared).", registry=r)

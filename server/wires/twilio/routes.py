@@ -163,8 +163,8 @@ async def media(ws: WebSocket) -> None:
         await run_session(state, ws, wire, chosen.settings, admitted.session_id, admitted.log,
                           input_buffer_s=state.cfg.server.input_buffer_s)
     finally:
-        if wire.clears:
-            metrics.clears.inc(wire.clears)
+        metrics.clears.inc(wire.clears)
+        metrics.marks_played.inc(wire.marks_played)
 
 
 async def _wait_for_start(ws: WebSocket, timeout_s: float, log: SessionLogger, peer: str) -> protocol.Start | str | None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from starlette import status
+
 from kame.audio.media import FRAME_SIZE
 from kame.server.runtime.end import SessionEnd
 from kame.server.runtime.wire import AudioIn, Command, EndIn, Fault, Ignored, Outgoing, Wire
@@ -89,7 +91,7 @@ class TwilioWire(Wire):
                 return [Ignored(f"mark {msg.name} played")]
             return [Ignored(f"mark {msg.name[:64]} not ours")]
         if isinstance(msg, protocol.Stop):
-            return [EndIn(SessionEnd("client_closed", None, "call ended"))]
+            return [EndIn(SessionEnd("client_closed", status.WS_1000_NORMAL_CLOSURE, "call ended"))]
         return [Ignored(f"{type(msg).__name__.lower()} again")]
 
     def _dtmf(self, digit: str) -> list[Command]:
