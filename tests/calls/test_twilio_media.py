@@ -15,8 +15,12 @@ own network jitter and its TLS termination (a proxy's job, docs/deploying.md).
 
 from __future__ import annotations
 
+import warnings
+
+with warnings.catch_warnings():  # stdlib audioop is deprecated on 3.11/3.12 (audioop-lts from 3.13)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
 import asyncio
-import audioop
 import base64
 import json
 import time

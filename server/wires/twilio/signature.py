@@ -3,7 +3,7 @@
 Twilio signs each request with its account's auth token: base64 of HMAC-SHA1
 over the full URL it requested (scheme, host, path, query) followed by every
 POST parameter, sorted by name, as name then value (a repeated name: each of
-its values, sorted). A websocket upgrade has no parameters: the URL alone. The
+its distinct values, sorted, as Twilio's Python library does). A websocket upgrade has no parameters: the URL alone. The
 URL is the one Twilio used, which a server behind a proxy must rebuild
 (:func:`public_url`): the configured ``twilio.public_url``, else the forwarded
 headers. A URL with or without its scheme's default port is accepted either way,
@@ -23,9 +23,9 @@ _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 def compute(auth_token: str, url: str, params: Iterable[tuple[str, str]] = ()) -> str:
     """The signature Twilio sends for ``url`` and the POST ``params`` (name, value pairs; names may repeat)."""
-    grouped: dict[str, list[str]] = {}
+    grouped: dict[str, set[str]] = {}
     for name, value in params:
-        grouped.setdefault(name, []).append(value)
+        grouped.setdefault(name, set()).add(value)
     data = url + "".join(name + value for name in sorted(grouped) for value in sorted(grouped[name]))
     digest = hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()
     return base64.b64encode(digest).decode()
