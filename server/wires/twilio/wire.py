@@ -29,7 +29,7 @@ from kame.server.runtime.wire import AudioIn, Command, EndIn, Fault, Ignored, Ou
 from kame.server.wires.live.audio import LiveAudioFormat, LiveAudioIn, LiveAudioOut
 from kame.server.wires.realtime.events import Ids
 from kame.server.wires.realtime.turns import AssistantTurns, Conversation
-from kame.server.wires.twilio import protocol
+from kame.server.wires.twilio import protocol as messages
 from kame.session import commands as sc
 from kame.session import events as pe
 from kame.session.settings import SessionSettings
@@ -54,13 +54,13 @@ class TwilioWire(Wire):
     max_messages_per_s = MAX_MESSAGES_PER_S
     max_client_errors = MAX_CLIENT_ERRORS
 
-    def __init__(self, start: protocol.Start, settings: SessionSettings, *, frame_size: int = FRAME_SIZE,
+    def __init__(self, start: messages.Start, settings: SessionSettings, *, frame_size: int = FRAME_SIZE,
                  vocab: TextVocab = MOSHI_VOCAB, on_dtmf: Callable[[str], None] | None = None) -> None:
         self.start = start
         self.stream_sid = start.stream_sid
         self.settings = settings
         self.vocab = vocab
-        fmt = LiveAudioFormat(start.encoding, start.sample_rate)  # type: ignore[arg-type]  # checked by protocol
+        fmt = LiveAudioFormat(start.encoding, start.sample_rate)  # type: ignore[arg-type]  # checked by messages.decode
         self._in = LiveAudioIn(fmt, frame_size)
         self._out = LiveAudioOut(fmt)
         self.ids = Ids("tw" + start.stream_sid[-6:])
@@ -75,22 +75,22 @@ class TwilioWire(Wire):
     # ------------------------------------------------------------------ Twilio -> kame
     def decode(self, message: Message, now: float) -> list[Command]:
         try:
-            msg = protocol.decode(message.get("text") if message.get("text") is not None else message.get("bytes"))
-        except protocol.ProtocolError as exc:
+            msg = messages.decode(message.get("text") if message.get("text") is not None else message.get("bytes"))
+        except messages.ProtocolError as exc:
             return [Fault(kind="twilio", message=f"not a Media Streams message: {exc}", code="invalid_message")]
-        if isinstance(msg, protocol.Media):
+        if isinstance(msg, messages.Media):
             if msg.track not in ("inbound", "inbound_track"):
                 return [Ignored(f"media of track {msg.track}")]
             return [AudioIn(self._in.push(msg.payload))]
-        if isinstance(msg, protocol.Dtmf):
+        if isinstance(msg, messages.Dtmf):
             return self._dtmf(msg.digit)
-        if isinstance(msg, protocol.Mark):
+        if isinstance(msg, messages.Mark):
             if msg.name in self.marks_pending:
                 del self.marks_pending[: self.marks_pending.index(msg.name) + 1]
                 self.marks_played += 1
                 return [Ignored(f"mark {msg.name} played")]
             return [Ignored(f"mark {msg.name[:64]} not ours")]
-        if isinstance(msg, protocol.Stop):
+        if isinstance(msg, messages.Stop):
             return [EndIn(SessionEnd("client_closed", status.WS_1000_NORMAL_CLOSURE, "call ended"))]
         return [Ignored(f"{type(msg).__name__.lower()} again")]
 
@@ -112,7 +112,7 @@ class TwilioWire(Wire):
         for e in events:
             kind = e["type"]
             if kind in _AUDIO_EVENTS and audio:
-                out.append(Outgoing(protocol.media(self.stream_sid, audio), audio_index=index))
+                out.append(Outgoing(messages.media(self.stream_sid, audio), audio_index=index))
             elif kind == "response.done":
                 out += self._mark(str(e["response"]["id"]))
         return out + self._forget_unheard()
@@ -120,7 +120,7 @@ class TwilioWire(Wire):
     def _mark(self, name: str) -> list[Outgoing]:
         self.marks_pending.append(name)
         del self.marks_pending[:-64]  # a client that never echoes marks does not grow this
-        return [Outgoing(protocol.mark(self.stream_sid, name))]
+        return [Outgoing(messages.mark(self.stream_sid, name))]
 
     def _forget_unheard(self) -> list[sc.ConversationCommand]:
         """What Moshi said after a barge-in was never played: it leaves the back-end's history."""
@@ -146,7 +146,7 @@ class TwilioWire(Wire):
         if not had_response and not self.marks_pending:
             return []
         self.clears += 1
-        return [Outgoing(protocol.clear(self.stream_sid))]
+        return [Outgoing(messages.clear(self.stream_sid))]
 
     def client_error(self, code: str, message: str, event_id: str | None) -> Fault:
         return Fault(kind="twilio", message=message, code=code)
