@@ -38,6 +38,7 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.support.haproxy import Backend, HAProxy
 from tests.support.moshi_client import ServerProcess
 from tests.support.speech import silence, synthesize
 
@@ -193,7 +194,8 @@ def server(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     srv.stop()
 
 
-def webhook(server: ServerProcess, query: dict[str, str], form: dict[str, str], *, token: str = TOKEN) -> tuple[int, str]:
+def webhook(server: ServerProcess | HAProxy, query: dict[str, str], form: dict[str, str], *,
+            token: str = TOKEN) -> tuple[int, str]:
     """POST the voice webhook as Twilio does: a form, signed over the full URL and the sorted parameters."""
     import urllib.error
     import urllib.request
@@ -369,3 +371,34 @@ def test_bad_custom_parameter_closes_the_stream_and_a_full_server_answers_busy(s
     assert server.metric("kame_twilio_webhooks_total", 'result="busy"') == busy0 + 1
     assert server.metric("kame_twilio_calls_total", 'result="refused"') == refused0 + 1
     assert all(h.of("media") for h in holders)
+
+
+def test_through_the_shipped_haproxy_a_call_connects_and_a_full_fleet_answers_busy(
+        server: ServerProcess, tmp_path: Path) -> None:
+    """deploy/haproxy.cfg in front of the server: the webhook's TwiML names the proxy's address, the call's
+    signatures hold through it and its audio comes back; with the replica full, the webhook still gets TwiML
+    (a busy signal), not HAProxy's 503."""
+    proxy = HAProxy(tmp_path / "haproxy", [Backend("kame1", server.port, SLOTS)]).start()
+    try:
+        proxy.wait_status("kame1", "UP")
+        status, body = webhook(proxy, {}, FORM)
+        assert status == 200, body
+        url, params = stream_of(body)
+        assert url == f"ws://127.0.0.1:{proxy.port}/twilio/media"
+        call = TwilioCall(url, params)
+        asyncio.run(call.run(ULAW_SILENCE * 75))
+        assert call.closed == (1000, "call ended") and call.audio_bytes > 0.8 * 8000, (call.closed, call.audio_bytes)
+        holders = [TwilioCall(url, {}, call_sid=f"CA{i:032d}", stream_sid=f"MZ{i:032d}") for i in range(SLOTS)]
+
+        async def full() -> tuple[int, str]:
+            calls = asyncio.gather(*(h.run(ULAW_SILENCE * 200) for h in holders))
+            await asyncio.to_thread(proxy.wait_status, "kame1", "DOWN")
+            busy = await asyncio.to_thread(webhook, proxy, {}, FORM)
+            await calls
+            return busy
+
+        status, body = asyncio.run(full())
+        assert status == 200 and ET.fromstring(body).find("./Reject") is not None, (status, body)
+        assert all(h.closed == (1000, "call ended") for h in holders)
+    finally:
+        proxy.stop()
