@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -34,6 +33,7 @@ from kame.server.wires.twilio import protocol, signature, twiml
 from kame.server.wires.twilio.metrics import TwilioMetrics
 from kame.server.wires.twilio.params import call_settings
 from kame.server.wires.twilio.wire import PATH, TwilioWire
+from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ MAX_WEBHOOK_BYTES = 64 * 1024
 #: Query parameters of the webhook URL that are not passed on to the stream.
 NOT_PASSED = frozenset({"token"})
 XML = "text/xml"
+#: Messages read while waiting for ``start`` (Twilio sends one, ``connected``).
+MAX_BEFORE_START = 50
 
 log = logging.getLogger("kame.server.twilio")
 router = APIRouter()
@@ -77,7 +79,7 @@ async def voice(request: Request) -> Response:
     if cfg.auth_token is not None:
         url = signature.public_url(cfg.public_url, request.headers, request.url.scheme, request.url.path, request.url.query)
         if not signature.valid(cfg.auth_token.get_secret_value(), request.headers.get("x-twilio-signature"), url, form):
-            log.warning("twilio webhook refused: bad X-Twilio-Signature", extra={"peer": peer, "url": url[:200]})
+            log.warning("twilio webhook refused: bad X-Twilio-Signature", extra={"peer": peer, "url": _no_query(url)})
             metrics.webhooks.labels(result="bad_signature").inc()
             return Response("invalid signature", status_code=403)
     elif not token_ok(state.cfg.server.auth_token, http_token(request.headers, request.query_params)):
@@ -93,10 +95,19 @@ async def voice(request: Request) -> Response:
     fields = dict(form) if request.method == "POST" else dict(request.query_params)
     params = {k: v for k, v in request.query_params.items() if k not in NOT_PASSED and k not in twiml.PASSED_THROUGH}
     params |= {k: fields[k] for k in twiml.PASSED_THROUGH if fields.get(k)}
+    cut = [k for k, v in params.items() if len(k) + len(v) > twiml.MAX_PARAMETER_CHARS]
+    if cut:
+        log.warning("twilio call: parameters cut to Twilio's %d characters (name and value): %s",
+                    twiml.MAX_PARAMETER_CHARS, ",".join(cut))
     metrics.webhooks.labels(result="connected").inc()
     log.info("twilio call: connecting its stream", extra={"peer": peer, "call_sid": fields.get("CallSid", "")[:64],
                                                           "stream_url": stream_url, "parameters": ",".join(sorted(params))})
     return Response(twiml.connect_stream(stream_url, params), media_type=XML)
+
+
+def _no_query(url: str) -> str:
+    """A URL for the log: its query string may hold a token."""
+    return url.partition("?")[0][:200]
 
 
 def _secure(request: Request) -> bool:
@@ -116,7 +127,7 @@ async def media(ws: WebSocket) -> None:
     if cfg.auth_token is not None:
         url = signature.public_url(cfg.public_url, ws.headers, ws.url.scheme, ws.url.path, ws.url.query)
         if not signature.valid(cfg.auth_token.get_secret_value(), ws.headers.get("x-twilio-signature"), url):
-            log.warning("twilio stream refused: bad X-Twilio-Signature", extra={"peer": peer, "url": url[:200]})
+            log.warning("twilio stream refused: bad X-Twilio-Signature", extra={"peer": peer, "url": _no_query(url)})
             metrics.calls.labels(result="bad_signature").inc()
             state.metrics.sessions_rejected.labels(reason="unauthorized").inc()
             await ws.close(code=status.WS_1008_POLICY_VIOLATION)  # before the handshake: HTTP 403
@@ -135,9 +146,11 @@ async def media(ws: WebSocket) -> None:
         return
     host = state.host
     catalog = getattr(host.models, "voices", None)
-    base = replace(admitted.params.settings, record=state.cfg.server.record_dir is not None)
+    base = SessionSettings(record=state.cfg.server.record_dir is not None)
+    # the stream URL's query (Telnyx's may have one; Twilio's has none) under the start's custom parameters
+    given = {k: v for k, v in ws.query_params.items() if k != "token"} | start.custom_parameters
     try:
-        chosen = call_settings(start.custom_parameters, base,
+        chosen = call_settings(given, base,
                                backends=host.backend_names() if host.backends is not None else None,
                                mcp_servers=host.tools.mcp_server_names if host.tools is not None else (), voices=catalog)
     except ParamError as exc:
@@ -171,7 +184,7 @@ async def _wait_for_start(ws: WebSocket, timeout_s: float, log: SessionLogger, p
     """Read ``connected`` and ``start``: the start, a reason to refuse (a message that is not Twilio's), or None when
     the socket went away or sent no start in time (closed here, logged)."""
     deadline = time.monotonic() + timeout_s
-    while True:
+    for _ in range(MAX_BEFORE_START):
         left = deadline - time.monotonic()
         try:
             if left <= 0:
@@ -196,6 +209,8 @@ async def _wait_for_start(ws: WebSocket, timeout_s: float, log: SessionLogger, p
             await _close(ws, status.WS_1000_NORMAL_CLOSURE, "stopped")
             return None
         # connected (and anything sent early, which Twilio does not do) waits for the start
+    log.warning("twilio stream refused: %d messages and no start", MAX_BEFORE_START, extra={"peer": peer})
+    return f"{MAX_BEFORE_START} messages before a start message"
 
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
