@@ -231,7 +231,8 @@ def test_barge_in_clears_and_withholds_until_the_callers_turn_ends() -> None:
     for i in range(3):
         wire.frame(frame(i, loud()), i, True)
     cleared = sent(wire.event(pe.AnswerCancelled(reason="turn_detected")))
-    assert cleared == [{"event": "clear", "streamSid": SID}] and wire.clears == 1
+    assert [m["event"] for m in cleared] == ["clear", "mark"] and wire.clears == 1
+    assert cleared[0] == {"event": "clear", "streamSid": SID} and wire.marks_pending == [cleared[1]["mark"]["name"]]  # type: ignore[index]
     assert sent(wire.frame(frame(3, loud()), 3, True)) == []  # withheld: never played
     wire.event(pe.SpeechStopped(utterance=0, audio_s=2.0))
     after = wire.frame(frame(4, loud()), 4, True)

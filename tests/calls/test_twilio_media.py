@@ -402,3 +402,27 @@ def test_through_the_shipped_haproxy_a_call_connects_and_a_full_fleet_answers_bu
         assert all(h.closed == (1000, "call ended") for h in holders)
     finally:
         proxy.stop()
+
+
+def test_a_draining_server_ends_its_calls_and_answers_busy(server: ServerProcess) -> None:
+    """SIGTERM (last in this module: it stops the server): a call in progress is closed with 1001 after the drain
+    grace (Twilio then ends it) and a new webhook gets a busy signal meanwhile."""
+    import signal
+
+    url = f"ws://127.0.0.1:{server.port}/twilio/media"
+    call = TwilioCall(url, {}, call_sid="CA" + "e" * 32)
+
+    async def main() -> tuple[int, str]:
+        running = asyncio.create_task(call.run(ULAW_SILENCE * 500))
+        while not call.of("media"):
+            await asyncio.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        busy = await asyncio.to_thread(webhook, server, {}, FORM)
+        await running
+        return busy
+
+    status, body = asyncio.run(main())
+    assert status == 200 and ET.fromstring(body).find("./Reject") is not None, (status, body)
+    assert call.closed is not None and call.closed[0] == 1001, call.closed
+    assert server.proc.wait(15) in (0, -signal.SIGTERM)  # exited after the drain (uvicorn re-raises the signal)

@@ -8,8 +8,9 @@ message (80 ms) in the call's law. Responses are delimited as the Realtime
 wire delimits them (:class:`~kame.server.wires.realtime.turns.AssistantTurns`):
 each one that ends is followed by a ``mark`` named after it, which Twilio
 sends back once the caller has heard it; the caller's speech that cancels the
-answer (``interrupt_response``, on for calls) sends ``clear`` and withholds the
-rest, as a Realtime response cancelled by ``turn_detected``. A keypad press
+answer (``interrupt_response``, on for calls) sends ``clear`` (then the
+cancelled response's mark) and withholds the rest, as a Realtime response
+cancelled by ``turn_detected``. A keypad press
 joins the conversation as a user message (``dtmf:N``) and is reported to
 ``on_dtmf`` (the endpoint logs and counts it). ``stop`` ends the session; a
 message that is not Twilio's is refused (logged, counted, closed after
@@ -140,13 +141,15 @@ class TwilioWire(Wire):
 
     def barge_in(self) -> list[Outgoing]:
         """The caller talks over the assistant: Twilio drops what it still holds (it then echoes the marks that
-        were pending), the open response ends and Moshi's rest is withheld."""
-        had_response = self.assistant.current is not None
-        self.assistant.cancel("turn_detected")
-        if not had_response and not self.marks_pending:
+        were pending), the open response ends (its mark follows the clear) and Moshi's rest is withheld."""
+        cancelled = [e for e in self.assistant.cancel("turn_detected") if e["type"] == "response.done"]
+        if not cancelled and not self.marks_pending:
             return []
         self.clears += 1
-        return [Outgoing(messages.clear(self.stream_sid))]
+        out = [Outgoing(messages.clear(self.stream_sid))]
+        for e in cancelled:  # the cancelled response's mark: Twilio echoes it at once (nothing is left to play)
+            out += self._mark(str(e["response"]["id"]))
+        return out
 
     def client_error(self, code: str, message: str, event_id: str | None) -> Fault:
         return Fault(kind="twilio", message=message, code=code)
