@@ -84,18 +84,19 @@ class TwilioCall:
         """Send ``audio`` (mu-law) in 20 ms messages at real time, keypad presses at their times, then ``stop``."""
         headers = {"X-Twilio-Signature": RequestValidator(self.token).compute_signature(self.url, {})}
         async with connect(self.url, additional_headers=headers, max_size=2**20) as ws:
-            await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
-            await ws.send(json.dumps({
-                "event": "start", "sequenceNumber": "1", "streamSid": self.stream_sid,
-                "start": {"accountSid": "AC0123456789abcdef0123456789abcdef", "streamSid": self.stream_sid,
-                          "callSid": self.call_sid, "tracks": ["inbound"], "customParameters": self.custom,
-                          "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
             self.t0 = time.monotonic()
             playback = _Playback()
             receiver = asyncio.create_task(self._receive(ws, playback))
             try:
+                await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+                await ws.send(json.dumps({
+                    "event": "start", "sequenceNumber": "1", "streamSid": self.stream_sid,
+                    "start": {"accountSid": "AC0123456789abcdef0123456789abcdef", "streamSid": self.stream_sid,
+                              "callSid": self.call_sid, "tracks": ["inbound"], "customParameters": self.custom,
+                              "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
+                self.t0 = time.monotonic()
                 await self._play(ws, playback, audio, dtmf_at or {}, tail_s)
-            except ConnectionClosed:  # the server ended the call
+            except ConnectionClosed:  # the server refused or ended the call
                 pass
             try:
                 await asyncio.wait_for(receiver, 5.0)
