@@ -220,6 +220,8 @@ def test_output_frames_go_out_as_mu_law_media_and_a_mark_ends_each_response() ->
     pcm = np.frombuffer(audioop.ulaw2lin(audio, 2), "<i2") / 32768
     assert 0.15 < float(np.sqrt(np.mean(pcm ** 2))) < 0.3
     ended = sent(wire.event(pe.SpeechStopped(utterance=0, audio_s=1.0)))
+    wire.frame(frame(5, loud()), 5, True)  # Moshi goes on: a new response
+    assert wire.event(pe.UserFinal(utterance=0, audio_s=1.2, text="hi")) == []  # the same turn's final ends nothing
     assert [m["event"] for m in ended] == ["mark"] and wire.marks_pending == [ended[0]["mark"]["name"]]  # type: ignore[index]
     assert wire.decode({"type": "websocket.receive", "text": protocol.mark(SID, wire.marks_pending[0])}, 0.0)[0] == \
         Ignored(f"mark {ended[0]['mark']['name']} played")  # type: ignore[index]

@@ -71,6 +71,9 @@ async def voice(request: Request) -> Response:
     state: AppState = request.app.state.kame
     metrics = _metrics(request.app)
     cfg = state.cfg.twilio
+    declared = request.headers.get("content-length", "0")
+    if not declared.isdigit() or int(declared) > MAX_WEBHOOK_BYTES:
+        return Response("request too large", status_code=413)
     body = await request.body()
     if len(body) > MAX_WEBHOOK_BYTES:
         return Response("request too large", status_code=413)

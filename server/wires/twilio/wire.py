@@ -72,6 +72,7 @@ class TwilioWire(Wire):
         self.marks_played = 0
         self.clears = 0
         self.digits = 0
+        self._turns_ended: tuple[int, ...] = ()  # the caller's last turns that ended (a final after its stop: once)
 
     # ------------------------------------------------------------------ Twilio -> kame
     def decode(self, message: Message, now: float) -> list[Command]:
@@ -131,8 +132,12 @@ class TwilioWire(Wire):
         if isinstance(event, pe.AnswerCancelled) and event.reason == "turn_detected":
             return self.barge_in()
         if isinstance(event, (pe.SpeechStopped, pe.UserFinal)) and not self.settings.client_turns:
-            # the caller's turn is over: Moshi's next words are a new response, and the answer to this turn
-            # is not withheld (as the Realtime wire does on input_audio_buffer.committed)
+            # the caller's turn is over (its speech stopped, or a final from a recogniser that announces no stop):
+            # Moshi's next words are a new response, and the answer to this turn is not withheld (as the Realtime
+            # wire does on input_audio_buffer.committed)
+            if event.utterance in self._turns_ended:
+                return []
+            self._turns_ended = (self._turns_ended + (event.utterance,))[-8:]
             closed = self.assistant.close("completed")
             if self.settings.create_response:
                 self.assistant.release()
