@@ -256,6 +256,11 @@ class TwilioConfig(BaseModel):
         description="A /twilio/media socket that sends no `start` message within this is closed (1008) and logged.",
     )
 
+    @field_validator("auth_token")
+    @classmethod
+    def _empty_token(cls, v: SecretStr | None) -> SecretStr | None:
+        return v if v is not None and v.get_secret_value() else None  # "" (an empty Secret key): no token
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, v: str | None) -> str | None:

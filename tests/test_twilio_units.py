@@ -97,6 +97,7 @@ def test_the_auth_token_comes_from_the_environment_and_stays_secret() -> None:
     assert cfg.twilio.auth_token is not None and cfg.twilio.auth_token.get_secret_value() == "tok-3f9a"
     assert cfg.twilio.public_url == "https://v.example.com"
     assert "tok-3f9a" not in repr(cfg) and "tok-3f9a" not in str(cfg.model_dump())
+    assert load_app_config(environ={"KAME_TWILIO__AUTH_TOKEN": ""}).twilio.auth_token is None  # an empty Secret key: off
     with pytest.raises(ValueError, match="public_url"):
         load_app_config(environ={"KAME_TWILIO__PUBLIC_URL": "voice.example.com"})
 
