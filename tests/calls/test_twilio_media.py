@@ -387,8 +387,9 @@ def test_through_the_shipped_haproxy_a_call_connects_and_a_full_fleet_answers_bu
         url, params = stream_of(body)
         assert url == f"ws://127.0.0.1:{proxy.port}/twilio/media"
         call = TwilioCall(url, params)
-        asyncio.run(call.run(ULAW_SILENCE * 75))
-        assert call.closed == (1000, "call ended") and call.audio_bytes > 0.8 * 8000, (call.closed, call.audio_bytes)
+        asyncio.run(call.run(ULAW_SILENCE * 150))
+        # 3 s of call: at least half of it heard back through the proxy (a loaded 2-core machine starts slowly)
+        assert call.closed == (1000, "call ended") and call.audio_bytes >= 1.5 * 8000, (call.closed, call.audio_bytes)
         holders = [TwilioCall(url, {}, call_sid=f"CA{i:032d}", stream_sid=f"MZ{i:032d}") for i in range(SLOTS)]
 
         async def full() -> tuple[int, str]:
