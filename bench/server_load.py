@@ -23,7 +23,9 @@ p99 lateness < 80 ms.
 ``--protocol live`` Live API applications on /v1/live/sessions (the official
 SDK's ``client.live.connect()``; each also appends a commentary every 2 s,
 and the server's commentary -> oracle FIFO latency is printed, target p99
-<= 10 ms), ``--protocol all`` the three one after the other against the
+<= 10 ms), ``--protocol twilio`` phone calls on /twilio/media as Twilio places them
+(G.711 mu-law at 8 kHz in 20 ms messages; bench/twilio_load.py),
+``--protocol all`` the three one after the other against the
 same server, with a summary line per protocol.
 
 Each run also prints the server's CPU per thread (``kame_thread_cpu_seconds_total``, grouped by
@@ -247,6 +249,12 @@ async def run_protocol(args: argparse.Namespace, protocol: str) -> tuple[int, st
         from live_load import one_live_session
 
         session = partial(one_live_session, fmt=args.live_format)  # type: ignore[assignment]
+    elif protocol == "twilio":  # phone calls on /twilio/media, mu-law 8 kHz in 20 ms messages (bench/twilio_load.py)
+        from functools import partial
+
+        from twilio_load import one_twilio_session
+
+        session = partial(one_twilio_session, twilio_token=args.twilio_token)  # type: ignore[assignment]
     clients = await asyncio.gather(
         *[
             session(ws_url(args.url), audio[i], args.chunk, args.token, i * args.stagger)
@@ -361,14 +369,16 @@ def main() -> int:
     p.add_argument("--noise", action="store_true", help="Stream noise instead of espeak speech.")
     p.add_argument("--stagger", type=float, default=0.05, help="Seconds between session starts.")
     p.add_argument("--token", default=None, help="Bearer token (server.auth_token).")
-    p.add_argument("--protocol", choices=("chat", "realtime", "webrtc", "live", "all"), default="chat",
+    p.add_argument("--protocol", choices=("chat", "realtime", "webrtc", "live", "twilio", "all"), default="chat",
                    help="chat: Moshi protocol on /api/chat; realtime: OpenAI Realtime events on /v1/realtime; webrtc: "
                    "the same over WebRTC calls (/v1/realtime/calls, RTP audio); live: the Live API on "
-                   "/v1/live/sessions; all: those of --all-protocols, one after the other.")
+                   "/v1/live/sessions; twilio: phone calls on /twilio/media (Twilio Media Streams); all: those of "
+                   "--all-protocols, one after the other.")
     p.add_argument("--all-protocols", default="chat,realtime,live",
                    help="What --protocol all runs, in order (e.g. realtime,webrtc to compare the two transports).")
     p.add_argument("--live-format", choices=("pcm24", "pcm16", "pcmu", "pcma"), default="pcm24",
                    help="Audio format of the Live sessions (both ways).")
+    p.add_argument("--twilio-token", default=None, help="The server's twilio.auth_token: calls are signed with it.")
     p.add_argument("--cpu-json", default=None, help="Append the server's CPU per thread and session here (JSON lines).")
     p.add_argument("--target-rtf", type=float, default=0.98)
     p.add_argument("--target-p99-ms", type=float, default=80.0)

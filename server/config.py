@@ -233,11 +233,51 @@ class LogConfig(BaseModel):
     json_format: bool = Field(False, description="One JSON object per log line.")
 
 
+class TwilioConfig(BaseModel):
+    """Phone calls from Twilio (or Telnyx) Media Streams: ``POST /twilio/voice`` and the ``/twilio/media``
+    websocket (docs/telephony.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    auth_token: SecretStr | None = Field(
+        None,
+        description="The Twilio account's auth token (env KAME_TWILIO__AUTH_TOKEN; a secret: never logged): when set, "
+        "X-Twilio-Signature is checked on /twilio/voice and on the /twilio/media upgrade (403 when wrong), and "
+        "it stands in for server.auth_token there (Twilio cannot send a bearer token).",
+    )
+    public_url: str | None = Field(
+        None,
+        description="The server's public base URL as Twilio reaches it (e.g. https://voice.example.com): the "
+        "Stream URL of the TwiML and the URL signatures are checked against. Default: from the request's "
+        "X-Forwarded-Proto / X-Forwarded-Host or Host headers.",
+    )
+    start_timeout_s: float = Field(
+        10.0, gt=0, le=120,
+        description="A /twilio/media socket that sends no `start` message within this is closed (1008) and logged.",
+    )
+
+    @field_validator("auth_token")
+    @classmethod
+    def _empty_token(cls, v: SecretStr | None) -> SecretStr | None:
+        return v if v is not None and v.get_secret_value() else None  # "" (an empty Secret key): no token
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"twilio.public_url must start with https:// (or http://), not {v[:64]!r}")
+        return v
+
+
 class AppConfig(KameConfig):
     """Every setting of kame (the core's, kame.config.KameConfig, and the server's)."""
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    twilio: TwilioConfig = Field(default_factory=TwilioConfig)
 
     @classmethod
     def normalize_layer(cls, tree: dict[str, Any], where: str) -> dict[str, Any]:

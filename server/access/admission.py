@@ -61,10 +61,12 @@ async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: 
 
 
 async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_reason: bool = False,
-                ephemeral: bool = False, wire_params: ParseWireParams | None = None) -> Admitted | None:
+                ephemeral: bool = False, wire_params: ParseWireParams | None = None,
+                authenticated: bool = False) -> Admitted | None:
     """Accept ``ws`` and run the checks; None when it was refused (and closed).
 
-    ``wire_params`` parses the wire's own query parameters, checked with the others.
+    ``wire_params`` parses the wire's own query parameters, checked with the others. ``authenticated``: the
+    endpoint checked its caller itself (``/twilio/media``: Twilio's signature), so no bearer token is asked.
 
     ``send_reason``: every refusal's reason goes out through ``send_error``
     before the close, not only errors (``/api/chat``: a 0x05 message).
@@ -90,7 +92,7 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
         await no("unauthorized", status.WS_1008_POLICY_VIOLATION, "unauthorized",
                  error="the ephemeral key (ek_...) is unknown or has expired")
         return None
-    if grant is None and not token_ok(cfg.auth_token, creds.token):
+    if grant is None and not authenticated and not token_ok(cfg.auth_token, creds.token):
         log.warning("refused: missing or wrong token", extra={"peer": peer})
         await no("unauthorized", status.WS_1008_POLICY_VIOLATION, "unauthorized")
         return None

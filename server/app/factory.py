@@ -132,5 +132,8 @@ def create_app(
 
     app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)
     app.include_router(live_webrtc_router)  # POST /v1/live/sessions, its hangup and /attach (Live over WebRTC)
+    from kame.server.wires.twilio.routes import install as install_twilio
+
+    install_twilio(app)  # POST /twilio/voice and the /twilio/media websocket (Twilio Media Streams): docs/telephony.md
     install_static(app, cfg.server.client_dir)  # the browser page (or a client build) at /, docs/browser.md
     return app
