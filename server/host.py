@@ -359,6 +359,7 @@ class ModelHost:
             out["frontend"].update(
                 {
                     "has_oracle": self.models.has_oracle,
+                    "weights": self.models.weights,
                     "dtype": str(next(iter(self.models.lm.parameters())).dtype).removeprefix("torch."),
                     "sample_rate": self.models.sample_rate,
                 }

@@ -24,6 +24,14 @@ import torch
 from kame.errors import CheckpointError
 from kame.frontend.checkpoint import CheckpointFiles
 from kame.frontend.personaplex import AGENT_CODEBOOKS
+from kame.frontend.quantized import (
+    Weights,
+    effective_weights,
+    is_quantized,
+    keeps_float32,
+    quantize_linears,
+    require_bitsandbytes,
+)
 from kame.frontend.release_layout import (
     TensorPlan,
     attention_modules,
@@ -43,6 +51,7 @@ class LoadedLM:
     lm: Any  # moshi.models.lm.LMModel
     oracle_weight: torch.Tensor  # (text_card + 1, dim), on the LM's device and dtype
     has_oracle: bool  # True: the checkpoint carried its own oracle_emb (a KAME checkpoint)
+    weights: Weights = "bf16"  # int8: moshi's 8-bit linears (a q8 checkpoint, or frontend.weights int8)
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -257,6 +266,7 @@ def load_lm(
     *,
     lora_weights: Path | None = None,
     fuse_lora: bool = True,
+    weights: str = "bf16",
 ) -> LoadedLM:
     """The LM with weights loaded, plus its oracle table (own or copied from text_emb).
 
@@ -265,11 +275,24 @@ def load_lm(
     fine-tune (``lora`` in config.json, adapters in ``lora_name`` or
     ``lora_weights``) is added by moshi's own loader after the base weights,
     fused into them unless ``fuse_lora`` is false, as KAME's and moshi's servers do.
+    8-bit (:mod:`kame.frontend.quantized`): a q8 checkpoint (``quantize: true``)
+    loads its int8 weights and float32 scales into moshi's quantized linears;
+    ``weights="int8"`` quantizes a float checkpoint's linears once loaded.
     """
     device = torch.device(device)
     if files.lm_weights.suffix not in (".safetensors", ".sft", ".sfts"):
         raise CheckpointError(f"checkpoint file {files.lm_weights}: only safetensors LM weights are supported")
     lora = lora_settings(files, lora_weights, fuse_lora)
+    quantized = is_quantized(files.lm_kwargs)
+    wanted = effective_weights(weights, quantized)
+    if wanted == "int8":
+        if lora is not None and (quantized or not lora.fuse):
+            raise CheckpointError(
+                f"checkpoint {files.source}: LoRA adapters cannot be "
+                + ("added to a q8 checkpoint's 8-bit weights (as in moshi): use its bf16 release"
+                   if quantized else "kept as separate layers with 8-bit weights: fuse them (frontend.fuse_lora true)")
+            )
+        require_bitsandbytes(files.source)
     lm = build_empty_lm(files, dtype)
     if lora is not None:  # a LoRA file that cannot load is refused before the base weights are read
         check_lora_file(with_lora_layers(lm, lora), lora)
@@ -289,7 +312,7 @@ def load_lm(
     def convert(key: str, value: torch.Tensor) -> torch.Tensor:
         if not value.dtype.is_floating_point:
             return _moved(value, device, value.dtype)
-        keep_fp32 = key.startswith(("condition_provider.", "fuser."))
+        keep_fp32 = key.startswith(("condition_provider.", "fuser.")) or keeps_float32(key)
         return _moved(value, device, torch.float32 if keep_fp32 else dtype)
 
     state = _read_planned(files.lm_weights, plans, convert)
@@ -298,6 +321,8 @@ def load_lm(
     del state
     if lora is not None:
         lm = _apply_lora(lm, lora, device, dtype)
+    if wanted == "int8" and not quantized:
+        lm = quantize_linears(lm)
     lm.eval()
     if files.personaplex:
         # 16 depformer steps loaded; LMGen must see the agent's 8 (kame.frontend.personaplex).
@@ -309,7 +334,7 @@ def load_lm(
     else:
         oracle_weight = oracle.to(dtype=text_weight.dtype)
         has_oracle = True
-    return LoadedLM(lm=lm, oracle_weight=oracle_weight, has_oracle=has_oracle)
+    return LoadedLM(lm=lm, oracle_weight=oracle_weight, has_oracle=has_oracle, weights=wanted)
 
 
 def load_mimi(files: CheckpointFiles, device: str | torch.device, num_codebooks: int = 8) -> Any:
