@@ -63,6 +63,16 @@ class FrontendModels:
         return int(self.lm.text_padding_token_id) if self.has_oracle else -1
 
     @property
+    def oracle_off_reason(self) -> str | None:
+        """Why this checkpoint's slots are fed only the idle oracle token (None: the oracle is on). A front-end
+        that was not trained with KAME's oracle stream runs as it was released, whatever the back-end answers."""
+        if self.personaplex is not None:
+            return "PersonaPlex was not trained with KAME's oracle stream"
+        if not self.has_oracle:
+            return "the checkpoint has no oracle table (a plain Moshi front-end)"
+        return None
+
+    @property
     def frame_size(self) -> int:
         return int(self.mimi.sample_rate / self.mimi.frame_rate)
 

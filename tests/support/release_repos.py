@@ -8,6 +8,9 @@
   ``hf://`` names for the files left in the bf16 repo. One liberty: the tiny
   Mimi needs ``mimi_config_name``, which the released configs lack; it points
   into the bf16 repo the same way.
+* :func:`moshi_release` copies a tiny plain-Moshi checkpoint under the file names of Kyutai's bf16
+  repos (what ``kyutai/moshika-rl-seamless`` ships, run by ``moshi.server --hf-repo``);
+  :func:`personaplex_release` a tiny PersonaPlex one with its voices packed as ``voices.tgz``.
 * :func:`seed_hub_cache` puts a directory's files into ``HF_HOME``'s cache as
   a repo at ``main``, so ``HF_HUB_OFFLINE=1`` resolves the real repo ids.
 """
@@ -53,3 +56,29 @@ def seed_hub_cache(hf_home: Path, repo: str, directory: Path) -> Path:
     (root / "refs").mkdir(parents=True, exist_ok=True)
     (root / "refs" / "main").write_text(sha)
     return snapshot
+
+
+def moshi_release(base: Path, out: Path) -> Path:
+    """``base`` (a tiny checkpoint without an oracle table) with Kyutai's released file names."""
+    from moshi.models import loaders
+
+    out.mkdir(parents=True)
+    config = json.loads((base / "config.json").read_text())
+    renames = {"moshi_name": loaders.MOSHI_NAME, "mimi_name": loaders.MIMI_NAME,
+               "tokenizer_name": loaders.TEXT_TOKENIZER_NAME}
+    for key, name in renames.items():
+        shutil.copy(base / config[key], out / name)
+        config[key] = name
+    shutil.copy(base / config["mimi_config_name"], out / config["mimi_config_name"])
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def personaplex_release(base: Path, out: Path) -> Path:
+    """A tiny PersonaPlex checkpoint as its Hub repo holds it: ``voices.tgz`` instead of a ``voices/`` folder."""
+    import tarfile
+
+    shutil.copytree(base, out, ignore=shutil.ignore_patterns("voices"))
+    with tarfile.open(out / "voices.tgz", "w:gz") as tar:
+        tar.add(base / "voices", arcname="voices")
+    return out
