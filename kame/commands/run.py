@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 NAME = "run"
@@ -125,6 +127,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _encode_answer(encode: Callable[[str], list[int]], text: str) -> list[int]:
+    from kame.oracle.answer_text import encode_answer_text
+
+    return encode_answer_text(text, encode)
+
+
 def parse_compare(spec: str) -> tuple[str, str]:
     """``A,B`` -> the two ``frontend.weights`` to compare (each bf16 or int8)."""
     from kame.errors import UserError
@@ -150,8 +158,6 @@ def _run_compare(args, cfg, device, pcm, injections) -> int:
     from kame.frontend.engine import EngineCore
     from kame.frontend.models import load_frontend
     from kame.frontend.runner import run_offline
-    from kame.oracle.answer_text import encode_answer_text
-
     names = parse_compare(args.compare_weights)
     seed = cfg.frontend.seed if cfg.frontend.seed is not None else 0
     traces: list[list[int | None]] = []
@@ -164,7 +170,7 @@ def _run_compare(args, cfg, device, pcm, injections) -> int:
         core = EngineCore(models, fcfg, batch_size=1)
         prompt = models.prompt_plan(args.voice, args.persona)
         result = run_offline(core, pcm, injections=injections, seed=seed, fast=True, prompt=prompt,
-                             encode_answer=lambda text, m=models: encode_answer_text(text, m.encode_text))
+                             encode_answer=functools.partial(_encode_answer, models.encode_text))
         traces.append([o.text_id for o in result.outputs])
         loaded.append(models.weights)
         silent = models.vocab.silent_ids
