@@ -100,6 +100,11 @@ def test_int8_at_load_keeps_the_oracle_table_and_runs_batched(tiny_kame_ckpt: Pa
 
 
 def test_weights_choice_and_lora_refused(tiny_kame_ckpt: Path) -> None:
+    from kame.server.config import load_app_config
+
+    assert load_app_config(None, environ={"KAME_FRONTEND__WEIGHTS": "int8"}).frontend.weights == "int8"
+    with pytest.raises(Exception, match="weights"):
+        load_app_config(None, environ={"KAME_FRONTEND__WEIGHTS": "fp8"})
     assert effective_weights("bf16", True) == "int8" and effective_weights("bf16", False) == "bf16"
     with pytest.raises(CheckpointError, match="frontend.weights 'fp8'"):
         effective_weights("fp8", False)

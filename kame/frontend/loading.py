@@ -210,6 +210,8 @@ def build_empty_lm(files: CheckpointFiles, dtype: torch.dtype) -> Any:
     from moshi.models import loaders
 
     lm_kwargs, _ = split_lora(files.lm_kwargs)
+    if is_quantized(lm_kwargs):  # moshi builds its 8-bit layers with bitsandbytes
+        require_bitsandbytes(files.source)
     try:
         # The default device too: moshi builds a few Linears without a device argument (text_linear,
         # depformer_in, linears: 0.2 B parameters at 7B), which would otherwise be allocated and

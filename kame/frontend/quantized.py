@@ -42,6 +42,10 @@ def keeps_float32(key: str) -> bool:
 
 def require_bitsandbytes(source: str) -> None:
     """One sentence when bitsandbytes is missing, before any weight is read."""
+    import logging
+
+    # Its CPU backend warns at import that an optional 4-bit kernel package is missing: 4-bit is not used here.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
