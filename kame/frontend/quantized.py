@@ -5,7 +5,9 @@ bitsandbytes' ``int8_vectorwise_quant``, an int8 ``weight`` and a float32
 ``weight_scb`` a row, ``bnb.matmul`` in float16). A q8 checkpoint says
 ``quantize: true`` in config.json (moshi's ``scripts/export_quantized.py``
 writes it), so moshi's ``LMModel`` builds those layers itself; with
-``frontend.weights: int8`` kame replaces the loaded LM's linears the same way.
+``frontend.weights: int8`` kame builds the same layers and quantizes each
+float weight with moshi's QLinear as it is read (the float model is never
+whole on the device).
 Only ``nn.Linear`` layers change: the embeddings and KAME's oracle table stay
 in ``frontend.dtype``. bitsandbytes runs these layers on CUDA and on CPU.
 """
@@ -13,9 +15,15 @@ in ``frontend.dtype``. bitsandbytes runs these layers on CUDA and on CPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from kame.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+    from kame.frontend.checkpoint import CheckpointFiles
 
 Weights = Literal["bf16", "int8"]
 WEIGHTS: tuple[Weights, ...] = ("bf16", "int8")
@@ -64,6 +72,32 @@ def quantize_linears(lm: Any) -> Any:
 
     replace_linear_with_qlinear(lm)
     return lm
+
+
+def with_quantize(files: CheckpointFiles) -> CheckpointFiles:
+    """``files`` whose LM is built with moshi's 8-bit layers (``quantize: true`` over its LM keywords)."""
+    from moshi.models import loaders
+
+    base = dict(files.lm_kwargs) if files.lm_kwargs is not None else dict(loaders._lm_kwargs)
+    return replace(files, lm_kwargs={**base, "quantize": True})
+
+
+def quantized_weight_keys(lm: Any) -> set[str]:
+    """State-dict keys of the int8 weights of moshi's quantized linears in ``lm``."""
+    from moshi.utils.quantize import QLinear
+
+    return {f"{name}.weight" for name, m in lm.named_modules() if isinstance(m, QLinear)}
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One float linear weight -> (int8 weight, float32 scales), by moshi's own QLinear (on the weight's device)."""
+    import torch
+    from moshi.utils.quantize import QLinear
+
+    linear = torch.nn.Linear(1, 1, bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    q = QLinear(linear)
+    return q.weight.data, q.weight_scb.data
 
 
 def count_quantized(lm: Any) -> int:
