@@ -1,12 +1,9 @@
 """The 8-bit behaviour check: step-by-step agreement of text tokens and of the speak/silence decision
-(pure units), and ``kame run --compare-weights bf16,int8`` through the real loader on CPU."""
+(pure units; ``kame run --compare-weights bf16,int8`` itself runs in tests/test_quantized.py, with the
+other tests that import bitsandbytes: its import costs seconds, once a worker)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from kame.frontend.agreement import agreement, speaking
@@ -45,23 +42,3 @@ def test_compare_weights_names_two_settings() -> None:
     for bad in ("bf16,fp8", "int8", "bf16,int8,bf16"):
         with pytest.raises(UserError, match="expected two of bf16, int8"):
             parse_compare(bad)
-
-
-def test_kame_run_compares_weights(tiny_kame_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The real CLI entry point, in this process (a subprocess would only add its imports' seconds)."""
-    from kame.audio.files import read_audio, write_wav
-    from kame.cli import main
-
-    wav, out, report = tmp_path / "in.wav", tmp_path / "out.wav", tmp_path / "agreement.json"
-    write_wav(wav, (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32))
-    code = main(["run", "--checkpoint", str(tiny_kame_ckpt), "--input", str(wav), "--output", str(out),
-                 "--compare-weights", "bf16,int8", "--compare-out", str(report), "--seed", "4",
-                 "--oracle", "The capital of France is Paris.@0.2"])
-    stdout = capsys.readouterr().out
-    assert code == 0
-    got = json.loads(report.read_text())
-    a, b = got["text_ids"]["a"], got["text_ids"]["b"]
-    assert got["loaded"] == ["bf16", "int8"] and len(a) == len(b) == got["agreement"]["steps"] == 13
-    assert got["agreement"] == agreement(a, b).to_json()  # the CLI's figure is the pure function's
-    assert "text tokens agree" in stdout and "speak/silence agrees" in stdout
-    assert read_audio(out).size == 24000

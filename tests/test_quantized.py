@@ -3,6 +3,7 @@
 A tiny q8 repo is made from a tiny bf16 one the way moshi's ``scripts/export_quantized.py`` makes
 Kyutai's (tests/support/release_repos.py); both sit in a Hugging Face cache under Kyutai's repo ids, so
 the q8 config's ``hf://`` names resolve into the bf16 repo as they do from the Hub (offline here).
+``kame run --compare-weights bf16,int8`` (the behaviour check before switching) runs here too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from kame.errors import CheckpointError
+from kame.frontend.agreement import agreement
 from kame.frontend.checkpoint import resolve_checkpoint
 from kame.frontend.config import FrontendConfig
 from kame.frontend.loading import load_lm
@@ -155,3 +157,23 @@ def test_q8_repo_serves(q8_server: InProcessServer) -> None:
         return audio
 
     assert asyncio.run(main()) >= 3
+
+
+def test_kame_run_compares_weights(tiny_kame_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The real CLI entry point, in this process (a subprocess would only add its imports' seconds)."""
+    from kame.audio.files import read_audio, write_wav
+    from kame.cli import main
+
+    wav, out, report = tmp_path / "in.wav", tmp_path / "out.wav", tmp_path / "agreement.json"
+    write_wav(wav, (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32))
+    code = main(["run", "--checkpoint", str(tiny_kame_ckpt), "--input", str(wav), "--output", str(out),
+                 "--compare-weights", "bf16,int8", "--compare-out", str(report), "--seed", "4",
+                 "--oracle", "The capital of France is Paris.@0.2"])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    got = json.loads(report.read_text())
+    a, b = got["text_ids"]["a"], got["text_ids"]["b"]
+    assert got["loaded"] == ["bf16", "int8"] and len(a) == len(b) == got["agreement"]["steps"] == 13
+    assert got["agreement"] == agreement(a, b).to_json()  # the CLI's figure is the pure function's
+    assert "text tokens agree" in stdout and "speak/silence agrees" in stdout
+    assert read_audio(out).size == 24000
