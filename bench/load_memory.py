@@ -13,7 +13,7 @@ kame did before). ``load_file`` maps the file, so its float32 copy shows as
 resident file pages (page cache charged to the process's cgroup) rather
 than anonymous memory: both peaks are printed.
 
-    .venv/bin/python bench/load_memory.py [--checkpoint DIR] [--dtype bfloat16] [--device cpu]
+    .venv/bin/python bench/load_memory.py [--checkpoint DIR] [--dtype bfloat16] [--device cpu] [--weights int8]
 
 Without ``--checkpoint`` it writes a ~0.9 GB float32 LM in Kyutai's release
 layout (random weights, moshi's 7B vocabulary and depformer shape, fewer and
@@ -57,10 +57,13 @@ def rss_anon():
 def rss():
     return status()["VmRSS"]
 
-mode, ckpt, dtype_name, device_name = sys.argv[1:5]
+mode, ckpt, dtype_name, device_name, weights = sys.argv[1:6]
 files = resolve_checkpoint(ckpt)
 device = resolve_device(device_name)
 dtype = resolve_dtype(dtype_name, device)
+if weights == "int8":  # its import (torch's compiler stack: a few hundred MiB) is not the load's
+    from kame.frontend.quantized import require_bitsandbytes
+    require_bitsandbytes(ckpt)
 peak = [0]
 peak_rss = [0]
 stop = threading.Event()
@@ -76,7 +79,7 @@ thread = threading.Thread(target=sample, daemon=True)
 thread.start()
 t0 = time.perf_counter()
 if mode == "kame":
-    loaded = load_lm(files, device, dtype)
+    loaded = load_lm(files, device, dtype, weights=weights)
     tensors = list(loaded.lm.state_dict().values()) + [loaded.oracle_weight]
 else:
     from safetensors.torch import load_file
@@ -134,9 +137,9 @@ def write_bench_checkpoint(directory: Path) -> Path:
     return out
 
 
-def measure(mode: str, ckpt: Path, dtype: str, device: str) -> dict[str, float]:
+def measure(mode: str, ckpt: Path, dtype: str, device: str, weights: str = "bf16") -> dict[str, float]:
     res = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(ckpt), dtype, device],
+        [sys.executable, "-c", CHILD, mode, str(ckpt), dtype, device, weights],
         capture_output=True,
         text=True,
         check=False,
@@ -152,6 +155,8 @@ def main() -> int:
     ap.add_argument("--checkpoint", type=Path, help="A checkpoint directory (default: write a ~0.9 GB one).")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "auto"))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--weights", default="bf16", choices=("bf16", "int8"),
+                    help="frontend.weights for kame's load (int8: moshi's 8-bit linears, quantized as read).")
     ap.add_argument("--skip-whole-file", action="store_true", help="Do not measure the whole-file baseline.")
     args = ap.parse_args()
 
@@ -167,10 +172,11 @@ def main() -> int:
         lm_file = resolve_checkpoint(str(ckpt)).lm_weights
         size = lm_file.stat().st_size
         print(versions_line())
-        print(f"checkpoint {ckpt}: LM file {size / MIB:.1f} MiB, loading as {args.dtype} on {args.device}")
+        print(f"checkpoint {ckpt}: LM file {size / MIB:.1f} MiB, loading as {args.dtype} on {args.device}, "
+              f"{args.weights} weights")
         modes = ["kame"] if args.skip_whole_file else ["kame", "whole-file"]
         for mode in modes:
-            r = measure(mode, ckpt, args.dtype, args.device)
+            r = measure(mode, ckpt, args.dtype, args.device, args.weights)
             extra = (r["peak"] - r["base"]) / MIB
             model = r["model_bytes"] / MIB
             on_host = args.device == "cpu"

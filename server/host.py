@@ -359,6 +359,9 @@ class ModelHost:
             out["frontend"].update(
                 {
                     "has_oracle": self.models.has_oracle,
+                    "oracle": "off" if self.models.oracle_off_reason else "on",
+                    **({"oracle_off": self.models.oracle_off_reason} if self.models.oracle_off_reason else {}),
+                    "weights": self.models.weights,
                     "dtype": str(next(iter(self.models.lm.parameters())).dtype).removeprefix("torch."),
                     "sample_rate": self.models.sample_rate,
                 }

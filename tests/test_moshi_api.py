@@ -26,6 +26,7 @@ USED = {
         "no_compile", "no_cuda_graph", "torch_compile_lazy", "_is_cuda_graph_enabled", "_compile_disabled",
         "_disable_cuda_graph",
     ],
+    "moshi.utils.quantize": ["replace_linear_with_qlinear", "QLinear"],  # 8-bit weights (kame/frontend/quantized.py)
     "moshi.utils.sampling": ["sample_token"],  # PersonaPlex's 16 depformer steps (kame/frontend/personaplex.py)
     "moshi.modules.transformer": ["StreamingMultiheadAttention"],
     "moshi.quantization.core_vq": ["EuclideanCodebook"],

@@ -27,6 +27,7 @@ def _is_local(spec: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kame.frontend.catalog import licence_note
     from kame.frontend.checkpoint import resolve_checkpoint
     from kame.server.config import load_app_config
 
@@ -37,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if _is_local(ckpt):
         print(f"front-end checkpoint {ckpt}: local, nothing to download")
     else:
+        note = licence_note(ckpt)
+        if note is not None:
+            print(f"front-end checkpoint {note}")
         files = resolve_checkpoint(ckpt, cfg.frontend.revision)
         print(f"front-end checkpoint {ckpt}: {files.lm_weights.parent}")
         if files.voices is not None:  # a PersonaPlex checkpoint: its voices.tgz, unpacked when first loaded

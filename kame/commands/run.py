@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 NAME = "run"
@@ -34,6 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fuse-lora", "--no_fuse_lora", dest="fuse_lora", action="store_false", default=None,
                    help="Keep LoRA adapters as separate layers instead of fusing them (frontend.fuse_lora false).")
     p.add_argument("--seed", type=int, default=None, help="Sampling seed (reproducible output).")
+    p.add_argument("--weights", default=None, choices=["bf16", "int8"],
+                   help="LM linear weights: as stored, or quantized to int8 at load (frontend.weights).")
+    p.add_argument("--compare-weights", default=None, metavar="A,B",
+                   help="Run the input twice, with weights A then B (e.g. bf16,int8), and print how often their text "
+                        "tokens and speak/silence decisions agree step by step (the --output wav is A's reply).")
+    p.add_argument("--compare-out", type=Path, default=None,
+                   help="With --compare-weights: the agreement and both runs' text tokens as one JSON object.")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: config, auto).")
     p.add_argument("--text-out", type=Path, default=None, help="JSON lines, one per text token: step, t_s, id, piece.")
     p.add_argument("--fast", action="store_true", help="Run as fast as possible instead of at real time.")
@@ -71,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             "frontend.seed": args.seed,
             "frontend.lora_weights": args.lora_weight,
             "frontend.fuse_lora": args.fuse_lora,
+            "frontend.weights": args.weights,
             "asr.kind": args.asr if tandem else None,
             "oracle.policy": args.oracle_policy,
         },
@@ -81,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     pcm = read_audio(args.input)
     device = resolve_device(cfg.device)
+    if args.compare_weights is not None:
+        if tandem:
+            raise UserError("--compare-weights runs the front-end alone: drop --asr and --backend")
+        return _run_compare(args, cfg, device, pcm, injections)
+    if args.compare_out is not None:
+        raise UserError("--compare-out needs --compare-weights")
     log.info("loading %s on %s (%s)", cfg.frontend.checkpoint, device, versions_line())
     models = load_frontend(cfg.frontend, device, cache_dir=cfg.cache_dir)
     core = EngineCore(models, cfg.frontend, batch_size=1)
@@ -107,6 +123,73 @@ def run(args: argparse.Namespace) -> int:
         write_text_file(args.text_out, outputs, models.tokenizer)
     print(f"kame run: {len(outputs)} steps, {pcm.size / models.sample_rate:.2f} s of audio in {wall:.2f} s")
     written = [str(p) for p in (args.output, args.text_out, args.events_out) if p is not None]
+    print(f"kame run: wrote {', '.join(written)}")
+    return 0
+
+
+def _encode_answer(encode: Callable[[str], list[int]], text: str) -> list[int]:
+    from kame.oracle.answer_text import encode_answer_text
+
+    return encode_answer_text(text, encode)
+
+
+def parse_compare(spec: str) -> tuple[str, str]:
+    """``A,B`` -> the two ``frontend.weights`` to compare (each bf16 or int8)."""
+    from kame.errors import UserError
+    from kame.frontend.quantized import WEIGHTS
+
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) != 2 or any(p not in WEIGHTS for p in parts):
+        raise UserError(f"--compare-weights {spec!r}: expected two of {', '.join(WEIGHTS)} separated by a comma, "
+                        f"e.g. bf16,int8")
+    return parts[0], parts[1]
+
+
+def _run_compare(args, cfg, device, pcm, injections) -> int:
+    """The same input, seed and oracle texts through the checkpoint loaded with each weights setting, one
+    after the other (one model in memory at a time); the agreement of their text tokens and speak/silence."""
+    import gc
+    import json
+
+    import torch
+
+    from kame.audio.files import write_wav
+    from kame.frontend.agreement import agreement
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.models import load_frontend
+    from kame.frontend.runner import run_offline
+    names = parse_compare(args.compare_weights)
+    seed = cfg.frontend.seed if cfg.frontend.seed is not None else 0
+    traces: list[list[int | None]] = []
+    loaded: list[str] = []
+    silent: frozenset[int] = frozenset()
+    for i, name in enumerate(names):
+        fcfg = cfg.frontend.model_copy(update={"weights": name})
+        log.info("loading %s with %s weights on %s", fcfg.checkpoint, name, device)
+        models = load_frontend(fcfg, device, cache_dir=cfg.cache_dir)
+        core = EngineCore(models, fcfg, batch_size=1)
+        prompt = models.prompt_plan(args.voice, args.persona)
+        result = run_offline(core, pcm, injections=injections, seed=seed, fast=True, prompt=prompt,
+                             encode_answer=functools.partial(_encode_answer, models.encode_text))
+        traces.append([o.text_id for o in result.outputs])
+        loaded.append(models.weights)
+        silent = models.vocab.silent_ids
+        if i == 0:
+            write_wav(args.output, result.pcm, models.sample_rate)
+        core.close()
+        del core, models, result
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    got = agreement(traces[0], traces[1], silent_ids=silent, idle_steps=cfg.oracle.barge_in_idle_steps)
+    label_a, label_b = (f"{n} ({w} loaded)" if n != w else n for n, w in zip(names, loaded))
+    print(f"kame run: {got.summary(label_a, label_b)}")
+    if args.compare_out is not None:
+        args.compare_out.parent.mkdir(parents=True, exist_ok=True)
+        report = {"checkpoint": cfg.frontend.checkpoint, "weights": list(names), "loaded": loaded, "seed": seed,
+                  "agreement": got.to_json(), "text_ids": {"a": traces[0], "b": traces[1]}}
+        args.compare_out.write_text(json.dumps(report) + "\n")
+    written = [str(p) for p in (args.output, args.compare_out) if p is not None]
     print(f"kame run: wrote {', '.join(written)}")
     return 0
 

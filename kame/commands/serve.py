@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="LoRA adapters for a checkpoint whose config.json sets lora (frontend.lora_weights).")
     p.add_argument("--no-fuse-lora", "--no_fuse_lora", dest="fuse_lora", action="store_false", default=None,
                    help="Keep LoRA adapters as separate layers instead of fusing them (frontend.fuse_lora false).")
+    p.add_argument("--weights", default=None, choices=["bf16", "int8"],
+                   help="LM linear weights: as stored, or quantized to int8 at load (frontend.weights).")
     p.add_argument("--ssl-certfile", type=Path, default=None, help="TLS certificate (PEM), with --ssl-keyfile.")
     p.add_argument("--ssl-keyfile", type=Path, default=None, help="TLS private key (PEM).")
     p.add_argument(
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             "frontend.batch_size": args.max_sessions,
             "frontend.lora_weights": args.lora_weight,
             "frontend.fuse_lora": args.fuse_lora,
+            "frontend.weights": args.weights,
             "server.ssl_certfile": args.ssl_certfile,
             "server.ssl_keyfile": args.ssl_keyfile,
             "server.client_dir": args.client_dir,

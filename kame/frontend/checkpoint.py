@@ -195,11 +195,15 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def access_denied_message(repo: str, status: int | None, gated: bool) -> str:
     """The one sentence for a repo the Hub refuses (401/403: gated, private, or no such repo)."""
+    from kame.frontend.catalog import KNOWN_CHECKPOINTS
+
     why = "is gated" if gated else "is private, gated or does not exist"
     code = f" (HTTP {status})" if status else ""
+    known = KNOWN_CHECKPOINTS.get(repo)
+    licence = f" (licence {known.licence})" if known is not None else ""
     return (
-        f"model {repo} {why}{code}: accept its terms on https://huggingface.co/{repo} with an account that "
-        f"has access, and set HF_TOKEN to a token of that account (or `huggingface-cli login`)"
+        f"model {repo} {why}{code}: accept its terms{licence} on https://huggingface.co/{repo} with an account "
+        f"that has access, and set HF_TOKEN to a token of that account (or `huggingface-cli login`)"
     )
 
 

@@ -49,6 +49,13 @@ class FrontendConfig(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="LM weights dtype; auto = bfloat16 on CUDA, float32 on CPU."
     )
+    weights: Literal["bf16", "int8"] = Field(
+        "bf16",
+        description="LM linear weights: bf16 = as the checkpoint stores them, in frontend.dtype; int8 = quantized at "
+        "load with moshi's bitsandbytes layers (int8 weight + float32 scale a row; embeddings and the oracle table "
+        "stay in frontend.dtype; about half the weight memory). A q8 checkpoint (quantize: true) is int8 either way. "
+        "Compare `kame run --compare-weights bf16,int8` before switching (docs/models.md).",
+    )
     batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Engine slots = concurrent sessions on one model "
                             "(kame serve --max-sessions; server.max_sessions is its deprecated old name).")
     cuda_graphs: bool = Field(

@@ -208,6 +208,8 @@ class EngineCore:
         self.prompts: PromptSlots | None = None
         if models.personaplex is not None:
             self.prompts = PromptSlots(models.lm, self.batch_size, self.device)
+        #: Slots fed only the idle oracle token (models.oracle_off_reason): the FIFO is kept but never read.
+        self.oracle_off = models.oracle_off_reason is not None
         if models.depformer_steps > int(models.lm.dep_q):
             install_full_depformer(self.lm_gen, models.depformer_steps)
         self.stt = stt
@@ -460,8 +462,8 @@ class EngineCore:
                 raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
             self._pcm_host[slot, 0].copy_(torch.from_numpy(pcm))
             self._mask_host[slot] = True
-            # PersonaPlex was not trained with KAME's oracle stream: its slots are fed the idle token.
-            self._oracle_host[slot] = self.idle_id if self.prompts is not None else self.slots[slot].fifo.pop()
+            # A front-end not trained with KAME's oracle stream (PersonaPlex, plain Moshi) is fed the idle token.
+            self._oracle_host[slot] = self.idle_id if self.oracle_off else self.slots[slot].fifo.pop()
         try:
             with self._compile_guard(), torch.no_grad():
                 out_tokens, pcm_out, stt_out = self._model_step()

@@ -24,6 +24,18 @@ import torch
 from kame.errors import CheckpointError
 from kame.frontend.checkpoint import CheckpointFiles
 from kame.frontend.personaplex import AGENT_CODEBOOKS
+from kame.frontend.quantized import (
+    SCALE_SUFFIX,
+    Weights,
+    effective_weights,
+    is_quantized,
+    keeps_float32,
+    quantize_linears,
+    quantize_weight,
+    quantized_weight_keys,
+    require_bitsandbytes,
+    with_quantize,
+)
 from kame.frontend.release_layout import (
     TensorPlan,
     attention_modules,
@@ -43,6 +55,7 @@ class LoadedLM:
     lm: Any  # moshi.models.lm.LMModel
     oracle_weight: torch.Tensor  # (text_card + 1, dim), on the LM's device and dtype
     has_oracle: bool  # True: the checkpoint carried its own oracle_emb (a KAME checkpoint)
+    weights: Weights = "bf16"  # int8: moshi's 8-bit linears (a q8 checkpoint, or frontend.weights int8)
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -201,6 +214,8 @@ def build_empty_lm(files: CheckpointFiles, dtype: torch.dtype) -> Any:
     from moshi.models import loaders
 
     lm_kwargs, _ = split_lora(files.lm_kwargs)
+    if is_quantized(lm_kwargs):  # moshi builds its 8-bit layers with bitsandbytes
+        require_bitsandbytes(files.source)
     try:
         # The default device too: moshi builds a few Linears without a device argument (text_linear,
         # depformer_in, linears: 0.2 B parameters at 7B), which would otherwise be allocated and
@@ -257,6 +272,7 @@ def load_lm(
     *,
     lora_weights: Path | None = None,
     fuse_lora: bool = True,
+    weights: str = "bf16",
 ) -> LoadedLM:
     """The LM with weights loaded, plus its oracle table (own or copied from text_emb).
 
@@ -265,15 +281,36 @@ def load_lm(
     fine-tune (``lora`` in config.json, adapters in ``lora_name`` or
     ``lora_weights``) is added by moshi's own loader after the base weights,
     fused into them unless ``fuse_lora`` is false, as KAME's and moshi's servers do.
+    8-bit (:mod:`kame.frontend.quantized`): a q8 checkpoint (``quantize: true``)
+    loads its int8 weights and float32 scales into moshi's quantized linears;
+    ``weights="int8"`` quantizes a float checkpoint's linears as they are read.
     """
     device = torch.device(device)
     if files.lm_weights.suffix not in (".safetensors", ".sft", ".sfts"):
         raise CheckpointError(f"checkpoint file {files.lm_weights}: only safetensors LM weights are supported")
     lora = lora_settings(files, lora_weights, fuse_lora)
-    lm = build_empty_lm(files, dtype)
+    quantized = is_quantized(files.lm_kwargs)
+    wanted = effective_weights(weights, quantized)
+    if wanted == "int8":
+        if lora is not None and (quantized or not lora.fuse):
+            raise CheckpointError(
+                f"checkpoint {files.source}: LoRA adapters cannot be "
+                + ("added to a q8 checkpoint's 8-bit weights (as in moshi): use its bf16 release"
+                   if quantized else "kept as separate layers with 8-bit weights: fuse them (frontend.fuse_lora true)")
+            )
+        require_bitsandbytes(files.source)
+    # int8 from a float file: moshi's 8-bit layers built empty and each linear quantized as it is read, so the
+    # float model never sits whole on the device (a card too small for bf16 loads it); with LoRA adapters
+    # to fuse first, the linears are quantized once the adapters are in.
+    at_load = wanted == "int8" and not quantized and lora is None
+    lm = build_empty_lm(with_quantize(files) if at_load else files, dtype)
     if lora is not None:  # a LoRA file that cannot load is refused before the base weights are read
         check_lora_file(with_lora_layers(lm, lora), lora)
     expected = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
+    qweights = quantized_weight_keys(lm) if at_load else set()
+    scales: dict[str, torch.Tensor] = {}
+    expected_in_file = {k: v for k, v in expected.items() if k.removesuffix(SCALE_SUFFIX) not in qweights
+                        or not k.endswith(SCALE_SUFFIX)}
     file_shapes = _file_shapes(files.lm_weights)
     oracle_shape = file_shapes.get(ORACLE_KEY)
     want_oracle = expected["text_emb.weight"]
@@ -282,22 +319,28 @@ def load_lm(
             f"checkpoint file {files.lm_weights}: key {ORACLE_KEY} has shape {tuple(oracle_shape)}, "
             f"expected {want_oracle} (same as text_emb)"
         )
-    plans = _plan(files.lm_weights, lm, expected, skip=(ORACLE_KEY,))
+    plans = _plan(files.lm_weights, lm, expected_in_file, skip=(ORACLE_KEY,))
     if oracle_shape is not None:
         plans.append(TensorPlan(ORACLE_KEY, (ORACLE_KEY,)))
 
     def convert(key: str, value: torch.Tensor) -> torch.Tensor:
         if not value.dtype.is_floating_point:
             return _moved(value, device, value.dtype)
-        keep_fp32 = key.startswith(("condition_provider.", "fuser."))
+        if key in qweights:
+            int8, scales[key + SCALE_SUFFIX] = quantize_weight(_moved(value, device, dtype))
+            return int8
+        keep_fp32 = key.startswith(("condition_provider.", "fuser.")) or keeps_float32(key)
         return _moved(value, device, torch.float32 if keep_fp32 else dtype)
 
     state = _read_planned(files.lm_weights, plans, convert)
+    state.update(scales)
     oracle = state.pop(ORACLE_KEY, None)
     lm.load_state_dict(state, assign=True, strict=True)
     del state
     if lora is not None:
         lm = _apply_lora(lm, lora, device, dtype)
+    if wanted == "int8" and not quantized and not at_load:
+        lm = quantize_linears(lm)
     lm.eval()
     if files.personaplex:
         # 16 depformer steps loaded; LMGen must see the agent's 8 (kame.frontend.personaplex).
@@ -309,7 +352,7 @@ def load_lm(
     else:
         oracle_weight = oracle.to(dtype=text_weight.dtype)
         has_oracle = True
-    return LoadedLM(lm=lm, oracle_weight=oracle_weight, has_oracle=has_oracle)
+    return LoadedLM(lm=lm, oracle_weight=oracle_weight, has_oracle=has_oracle, weights=wanted)
 
 
 def load_mimi(files: CheckpointFiles, device: str | torch.device, num_codebooks: int = 8) -> Any:

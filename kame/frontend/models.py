@@ -41,6 +41,8 @@ class FrontendModels:
     voices: VoiceCatalog | None = None
     #: Depformer steps run a frame (PersonaPlex: 16, of which the agent's 8 are kept).
     depformer_steps: int = 0
+    #: The LM's linear weights: "int8" (moshi's 8-bit layers: a q8 checkpoint or frontend.weights int8) or "bf16".
+    weights: str = "bf16"
     _wav_mimi: Any = None
 
     @cached_property
@@ -59,6 +61,16 @@ class FrontendModels:
         if policy == "zero":
             return -1
         return int(self.lm.text_padding_token_id) if self.has_oracle else -1
+
+    @property
+    def oracle_off_reason(self) -> str | None:
+        """Why this checkpoint's slots are fed only the idle oracle token (None: the oracle is on). A front-end
+        that was not trained with KAME's oracle stream runs as it was released, whatever the back-end answers."""
+        if self.personaplex is not None:
+            return "PersonaPlex was not trained with KAME's oracle stream"
+        if not self.has_oracle:
+            return "the checkpoint has no oracle table (a plain Moshi front-end)"
+        return None
 
     @property
     def frame_size(self) -> int:
@@ -153,7 +165,7 @@ def load_frontend(
     files = resolve_checkpoint(cfg.checkpoint, cfg.revision, cache_dir=cache_dir)
     dtype = resolve_dtype(cfg.dtype, device)
     lora = resolve_lora_file(cfg.lora_weights) if cfg.lora_weights else None
-    loaded = load_lm(files, device, dtype, lora_weights=lora, fuse_lora=cfg.fuse_lora)
+    loaded = load_lm(files, device, dtype, lora_weights=lora, fuse_lora=cfg.fuse_lora, weights=cfg.weights)
     mimi = load_mimi(files, device, mimi_codebooks or lm_num_codebooks(files))
     tokenizer = load_tokenizer(files)
     check_runnable(files, loaded.lm, mimi, tokenizer)
@@ -176,4 +188,5 @@ def load_frontend(
         personaplex=spec,
         voices=voices,
         depformer_steps=DEPFORMER_STEPS if files.personaplex else int(loaded.lm.dep_q),
+        weights=loaded.weights,
     )

@@ -61,10 +61,23 @@ KNOWN_ARCHITECTURES: dict[str, dict[str, Any] | None] = {
     "kyutai/moshika-pytorch-bf16": None,
     "kyutai/moshiko-pytorch-q8": None,
     "kyutai/moshika-pytorch-q8": None,
+    "kyutai/moshika-rl-seamless": None,
+    "kyutai/personaplex-rl-seamless": None,
+    "nvidia/personaplex-7b-v1": None,
     "kyutai/stt-1b-en_fr": {k: v for k, v in _STT_1B.items() if not k.startswith("extra_heads")},
     "kyutai/stt-1b-en_fr-candle": _STT_1B,
     "kyutai/stt-2.6b-en": _STT_2_6B,
     "kyutai/stt-2.6b-en-candle": _STT_2_6B,
+}
+
+#: Hub checkpoints that are moshi's 7B with a few keywords changed (applied over ``loaders._lm_kwargs``):
+#: Kyutai's q8 repos (moshi's 8-bit linears, ``quantize: true`` as scripts/export_quantized.py writes it) and
+#: PersonaPlex's layout (16 depformer steps: kame.frontend.personaplex).
+MOSHI_7B_VARIANTS: dict[str, dict[str, Any]] = {
+    "kyutai/moshiko-pytorch-q8": {"quantize": True},
+    "kyutai/moshika-pytorch-q8": {"quantize": True},
+    "kyutai/personaplex-rl-seamless": {"dep_q": 16},
+    "nvidia/personaplex-7b-v1": {"dep_q": 16},
 }
 
 
@@ -118,6 +131,10 @@ def architecture(spec: str, revision: str | None = None, *, cache_dir: str | Pat
                     f"({', '.join(sorted(KNOWN_ARCHITECTURES))}): run `kame download --checkpoint {text}` first"
                 )
             known = KNOWN_ARCHITECTURES[text]
+            if text in MOSHI_7B_VARIANTS:
+                from moshi.models import loaders
+
+                known = {**loaders._lm_kwargs, **MOSHI_7B_VARIANTS[text]}
             return Architecture(str(spec), "known architecture", copy.deepcopy(known), None)
     lm_kwargs = None if raw is None else {k: v for k, v in raw.items() if k not in NON_LM_KEYS}
     return Architecture(str(spec), origin, lm_kwargs, mimi)
@@ -133,6 +150,7 @@ def _files(arch: Architecture) -> CheckpointFiles:
 def attention_caches(module: torch.nn.Module) -> list[AttentionCache]:
     """The streaming KV cache of every attention in ``module``, sized as moshi's ``_init_streaming_state`` does."""
     from moshi.modules.transformer import StreamingMultiheadAttention
+    from moshi.utils.quantize import QLinear
 
     out: list[AttentionCache] = []
     for sub in module.modules():
@@ -148,7 +166,8 @@ def attention_caches(module: torch.nn.Module) -> list[AttentionCache]:
                 num_heads=sub.num_heads // sub.kv_repeat,
                 head_dim=sub.embed_dim // sub.num_heads,
                 capacity=int(capacity),
-                bytes_per_value=weight.element_size(),
+                # moshi keeps the cache of an 8-bit attention in float16
+                bytes_per_value=2 if isinstance(proj, QLinear) else weight.element_size(),
             )
         )
     return out
