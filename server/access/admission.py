@@ -31,6 +31,7 @@ from kame.server.telemetry.logs import SessionLogger, session_logger
 if TYPE_CHECKING:
     from kame.server.access.ephemeral import EphemeralGrant
     from kame.server.app.factory import AppState
+    from kame.session.settings import SessionSettings
 
 SendError = Callable[[WebSocket, str], Awaitable[None]]
 
@@ -47,6 +48,8 @@ class Admitted:
     grant: EphemeralGrant | None = None
     #: The wire's own query parameters (``admit``'s ``wire_params``), None where the wire reads none.
     wire_params: WireParams | None = None
+    #: A resumed session's settings (server/runtime/resume_route.py): the wire starts with them.
+    restored: SessionSettings | None = None
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,

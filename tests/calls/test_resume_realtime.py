@@ -1,0 +1,201 @@
+"""Resume on one replica: a Realtime client (OpenAI's events over a raw websocket) loses its TCP connection
+in the middle of a reply and comes back with ``?resume=HANDLE`` within ``server.resume_grace_s``.
+
+Real parts: ``kame serve`` (CPU demo, tiny model) with a token, its back-end a real OpenAI-compatible HTTP
+server on loopback (tests/support/llm_server.py) reached through the real ``openai`` client. Checked: the
+same session (id, items) goes on; the back-end's next request holds the turns before the drop; a client
+that never comes back frees its slot after the window; a replayed, expired, forged or credential-less
+handle is refused and the session it names is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply
+from tests.support.moshi_client import ServerProcess
+from tests.support.resume import RealtimeConn, history_text
+
+_CONNS: list[RealtimeConn] = []
+TOKEN = "resume-test-token"
+GRACE_S = 4.0
+CONFIG = """device: cpu
+asr:
+  kind: none
+frontend:
+  checkpoint: "tiny:0"
+  batch_size: 2
+backends:
+  llm:
+    base_url: "{llm}"
+    model: plain-model
+    api_key_env: ""
+    breaker: {enabled: false}
+default_backend: llm
+"""
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[LlmServer]:
+    srv = LlmServer(models=["plain-model"]).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(llm: LlmServer, kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("resume")
+    config = tmp / "kame.yaml"
+    config.write_text(CONFIG.replace("{llm}", llm.base_url))
+    proc = ServerProcess(cache_dir=kame_cache_dir, log_path=tmp / "kame.log", config=str(config), label="resume",
+                         env={"KAME_AUTH_TOKEN": TOKEN, "KAME_SERVER__RESUME_GRACE_S": str(GRACE_S),
+                              "KAME_SERVER__IDLE_TIMEOUT_S": "20"})
+    proc.start(timeout=240.0)
+    yield proc
+    proc.stop()
+
+
+def url(server: ServerProcess, resume: str | None = None) -> str:
+    base = f"ws://127.0.0.1:{server.port}/v1/realtime?model=kame&kame_events=1"
+    return base + (f"&resume={resume}" if resume is not None else "")
+
+
+def health(server: ServerProcess) -> dict[str, int]:
+    status, body = server.get("/health")
+    assert status == 200
+    return dict(json.loads(body)["sessions"])
+
+
+async def wait_free(server: ServerProcess, free: int, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while health(server)["free"] != free:
+        assert loop.time() < deadline, f"slots not freed: {health(server)}"
+        await asyncio.sleep(0.2)
+
+
+async def asked_with(llm: LlmServer, words: str, timeout: float = 20.0) -> RecordedRequest:
+    """The first back-end request whose last user message holds ``words``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        for rec in llm.chat_requests():
+            if words in (rec.last_user_message or ""):
+                return rec
+        seen = [r.last_user_message for r in llm.chat_requests()] + [e for c in _CONNS for e in c.events if e["type"] in ("error", "response.done", "response.created")]
+        assert loop.time() < deadline, f"no request asking {words!r}: {seen}"
+        await asyncio.sleep(0.1)
+
+
+def test_dropped_mid_reply_resumes_the_same_session(server: ServerProcess, llm: LlmServer) -> None:
+    llm.reset()
+    llm.set_default(Reply(text="Nice to meet you Ada, I will remember your name for the rest of our talk.",
+                          first_token_delay_s=0.1, chunk_delay_s=0.15))
+
+    async def main() -> None:
+        first = await RealtimeConn.open(url(server), TOKEN)
+        created = await first.wait_for("session.created")
+        offered = await first.wait_for("kame.session.resumable")
+        assert offered["expires_in_s"] == GRACE_S and len(offered["handle"]) >= 32
+        await first.say_text("Hello, my name is Ada Lovelace.")
+        added = await first.wait_for("conversation.item.added")
+        feeding = asyncio.create_task(first.stream_silence(30))
+        await llm.await_requests(1, timeout=15)
+        await first.wait_for("response.created")
+        await asyncio.sleep(0.6)  # mid-reply: the back-end is still streaming its words
+        first.abort()
+        feeding.cancel()
+        await asyncio.sleep(0.5)
+
+        second = await RealtimeConn.open(url(server, offered["handle"]), TOKEN)
+        _CONNS.append(second)
+        again = await second.wait_for("session.created")
+        assert again["session"]["id"] == created["session"]["id"]
+        resumed = await second.wait_for("kame.session.resumed")
+        assert resumed["voice"] == "continued" and resumed["session_id"] == created["session"]["id"]
+        assert resumed["lost"], "what was lost is said"
+        fresh = await second.wait_for("kame.session.resumable")
+        assert fresh["handle"] != offered["handle"]
+        # the item made before the drop is still the conversation's
+        await second.send({"type": "conversation.item.retrieve", "item_id": added["item"]["id"]})
+        retrieved = await second.wait_for("conversation.item.retrieved")
+        assert retrieved["item"]["id"] == added["item"]["id"]
+        assert health(server)["active"] == 1
+
+        llm.set_default(Reply(text="Your name is Ada.", first_token_delay_s=0.05))
+        feeding = asyncio.create_task(second.stream_silence(20))
+        done = await second.wait_for("response.done", timeout=20)  # the voice finishes the reply it was speaking
+        assert done["response"]["status"] == "completed"
+        await second.say_text("What is my name?")
+        asked = await asked_with(llm, "What is my name?")
+        history = history_text(asked.body)
+        assert "my name is Ada Lovelace" in history
+        feeding.cancel()
+
+        # the old handle is dead: replaying it is refused and the session goes on
+        replay = await RealtimeConn.open(url(server, offered["handle"]), TOKEN)
+        error = await replay.wait_for("error")
+        assert "resume handle" in error["error"]["message"]
+        assert (await replay.wait_closed())[0] == 1008
+        await second.send({"type": "conversation.item.retrieve", "item_id": added["item"]["id"]})
+        n = len(second.events)
+        await second.wait_for("conversation.item.retrieved", after=n - 1)
+        await second.close()
+        await wait_free(server, 2, GRACE_S + 10)
+
+    asyncio.run(main())
+
+
+def test_refused_handles_leave_the_session_alone_and_an_abandoned_one_frees_its_slot(server: ServerProcess) -> None:
+    async def main() -> None:
+        await wait_free(server, 2, 10)
+        conn = await RealtimeConn.open(url(server), TOKEN)
+        created = await conn.wait_for("session.created")
+        handle = (await conn.wait_for("kame.session.resumable"))["handle"]
+        conn.abort()
+        await asyncio.sleep(0.3)
+
+        for label, bad_url, token in (
+            ("no credentials", url(server, handle), None),
+            ("wrong credentials", url(server, handle), "someone-else"),
+            ("forged", url(server, "A" * 32), TOKEN),
+        ):
+            refused = await RealtimeConn.open(bad_url, token)
+            code, _ = await refused.wait_closed()
+            assert code == 1008, label
+            assert any(e.get("type") == "error" for e in refused.events), label
+        assert health(server)["active"] == 1  # the held session is untouched
+
+        back = await RealtimeConn.open(url(server, handle), TOKEN)
+        assert (await back.wait_for("session.created"))["session"]["id"] == created["session"]["id"]
+        handle = (await back.wait_for("kame.session.resumable"))["handle"]
+        back.abort()
+
+        # never coming back: after the window the slot is free and the handle refused as expired
+        await asyncio.sleep(GRACE_S + 1.5)
+        await wait_free(server, 2, 10)
+        late = await RealtimeConn.open(url(server, handle), TOKEN)
+        error = await late.wait_for("error")
+        assert "expired" in error["error"]["message"]
+        assert (await late.wait_closed())[0] == 1008
+        assert health(server)["active"] == 0
+
+    asyncio.run(main())
+
+
+def test_a_standard_client_sees_no_resume_events_and_ends_as_today(server: ServerProcess) -> None:
+    async def main() -> None:
+        await wait_free(server, 2, 10)
+        conn = await RealtimeConn.open(f"ws://127.0.0.1:{server.port}/v1/realtime?model=kame", TOKEN)
+        await conn.wait_for("session.created")
+        await conn.stream_silence(0.8)
+        assert not [e for e in conn.events if e["type"].startswith("kame.")]
+        conn.abort()
+        await wait_free(server, 2, 5)  # not held: the slot is free at once, no resume window
+
+    asyncio.run(main())

@@ -1,0 +1,107 @@
+"""A raw Realtime client for the resume tests (tests/calls/test_resume_*.py): OpenAI's events over the
+``websockets`` library, so that a test can cut the TCP connection under it (``abort``) the way a phone on a
+train loses it, then reconnect with the handle."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import numpy as np
+
+SILENCE_80MS = base64.b64encode(np.zeros(1920, dtype="<i2").tobytes()).decode()
+
+
+class RealtimeConn:
+    """One websocket to ``/v1/realtime`` with the events it received (audio deltas counted, not kept)."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+        self.audio_deltas = 0
+        self.closed: tuple[int | None, str] | None = None
+        self._reader = asyncio.create_task(self._read())
+        self._new = asyncio.Event()
+
+    @classmethod
+    async def open(cls, url: str, token: str | None) -> RealtimeConn:
+        from websockets.asyncio.client import connect
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        ws = await connect(url, additional_headers=headers, max_size=None, open_timeout=20)
+        return cls(ws)
+
+    async def _read(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for raw in self.ws:
+                event = json.loads(raw)
+                if event.get("type") in ("response.output_audio.delta", "kame.output_audio.delta"):
+                    self.audio_deltas += 1
+                else:
+                    self.events.append(event)
+                self._new.set()
+        except ConnectionClosed:
+            pass
+        finally:
+            self.closed = (self.ws.close_code, self.ws.close_reason or "")
+            self._new.set()
+
+    async def wait_for(self, etype: str, timeout: float = 20.0, after: int = 0) -> dict[str, Any]:
+        """The first event of ``etype`` at index ``after`` or later."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            for event in self.events[after:]:
+                if event.get("type") == etype:
+                    return event
+            if self.closed is not None:
+                raise AssertionError(f"closed {self.closed} before {etype}; got {[e['type'] for e in self.events]}")
+            left = deadline - loop.time()
+            if left <= 0:
+                raise AssertionError(f"no {etype} within {timeout} s; got {[e['type'] for e in self.events]}")
+            self._new.clear()
+            try:
+                await asyncio.wait_for(self._new.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def wait_closed(self, timeout: float = 10.0) -> tuple[int | None, str]:
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        assert self.closed is not None
+        return self.closed
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(event))
+
+    async def say_text(self, text: str) -> None:
+        """A user message and a response request (the back-end is asked with the conversation so far)."""
+        await self.send({"type": "conversation.item.create",
+                         "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+        await self.send({"type": "response.create"})
+
+    async def stream_silence(self, seconds: float) -> None:
+        """Input audio at real time (what drives the voice's steps)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for k in range(int(seconds / 0.08)):
+            delay = start + k * 0.08 - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.send({"type": "input_audio_buffer.append", "audio": SILENCE_80MS})
+
+    def abort(self) -> None:
+        """The TCP connection lost without a close frame (the client side only)."""
+        self.ws.transport.abort()
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self._reader.cancel()
+
+
+def history_text(body: Any) -> str:
+    """Every message of a chat-completions request, as one string."""
+    return "\n".join(str(m.get("content")) for m in (body.get("messages") or []) if isinstance(m, dict))
