@@ -17,15 +17,19 @@ from kame.server.runtime.resume import (
     binding_of,
     judge,
     new_handle,
+    route_of,
 )
 from kame.server.runtime.store import Snapshot, claim, store_key
 
 
 def test_handles_are_long_random_and_url_safe() -> None:
-    handles = {new_handle() for _ in range(200)}
+    handles = {new_handle("0123abcd") for _ in range(200)}
     assert len(handles) == 200
     for h in handles:
-        assert len(h) >= 32 and all(c.isalnum() or c in "-_" for c in h)
+        route, _, secret = h.partition(".")
+        assert route == "0123abcd" and len(secret) >= 32 and all(c.isalnum() or c in "-_" for c in secret)
+        assert route_of(h) == "0123abcd"
+    assert route_of("A" * 32) is None and route_of("a.") is None and route_of("x/y.z") is None
 
 
 def test_binding_follows_the_credential_that_opened_the_session() -> None:
@@ -68,8 +72,8 @@ def test_registry_rotates_handles_and_remembers_ended_ones() -> None:
     registry = ResumeRegistry(grace_s=30)
     b = binding_of("tok", None)
     hook = ResumeHook(registry, b, _Wire())  # type: ignore[arg-type]
-    first = hook.handle = registry.issue(hook)
-    second = hook.handle = registry.issue(hook)
+    first = hook.handle = registry.issue(hook, "sid1")
+    second = hook.handle = registry.issue(hook, "sid1")
     assert first != second
     assert registry.check(first, b) == (None, None)  # a rotated handle names nothing here
     assert registry.check(second, b) == (hook, None)

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from kame.server.app.factory import AppState
     from kame.session.settings import SessionSettings
 
+#: The upgrade answer's header naming the session (a resume handle starts with the same id).
+ROUTE_HEADER = b"x-kame-session"
+
 SendError = Callable[[WebSocket, str], Awaitable[None]]
 
 
@@ -75,8 +78,9 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
     cfg = state.cfg.server
     host = state.host
     creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
-    await ws.accept(subprotocol=creds.subprotocol)
     session_id = uuid.uuid4().hex[:12]
+    # the session's id on the upgrade's answer: a load balancer learns where a resume goes (deploy/haproxy.cfg)
+    await ws.accept(subprotocol=creds.subprotocol, headers=[(ROUTE_HEADER, session_id.encode())])
     log = session_logger(session_id)
     peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
 

@@ -40,8 +40,16 @@ MAX_HANDLE_CHARS = 128
 REMEMBERED_ENDS = 1000
 
 
-def new_handle() -> str:
-    return secrets.token_urlsafe(HANDLE_BYTES)
+def new_handle(session_id: str) -> str:
+    """``<session id>.<secret>``: the id steers a load balancer back to the replica holding the session (it
+    learned the id from the upgrade's ``x-kame-session`` header); the secret part makes the handle."""
+    return f"{session_id}.{secrets.token_urlsafe(HANDLE_BYTES)}"
+
+
+def route_of(handle: str) -> str | None:
+    """The session id a handle starts with (None: not a handle's shape)."""
+    route, dot, secret = handle.partition(".")
+    return route if dot and secret and 0 < len(route) <= 32 and route.isalnum() else None
 
 
 def binding_of(token: str | None, grant_session: Mapping[str, Any] | None) -> str:
@@ -127,11 +135,11 @@ class ResumeRegistry:
         self.held: dict[str, ResumeHook] = {}
         self._ended: dict[str, None] = {}
 
-    def issue(self, hook: ResumeHook) -> str:
+    def issue(self, hook: ResumeHook, session_id: str) -> str:
         """A new handle for ``hook``'s session; its previous one stops working."""
         if hook.handle is not None:
             self.held.pop(hook.handle, None)
-        handle = new_handle()
+        handle = new_handle(session_id)
         self.held[handle] = hook
         return handle
 
@@ -178,7 +186,7 @@ class ResumeHook:
     def started(self, runtime: SessionRuntime) -> None:
         """The session runs: its first handle (and, when it came from another replica, its conversation)."""
         self.runtime = runtime
-        self.handle = self.registry.issue(self)
+        self.handle = self.registry.issue(self, runtime.id)
         if self.restored is not None:
             turns = restore_turns(runtime, self.restored.turns)
             runtime.say(self.wire.resumed({"session_id": runtime.id, "voice": "fresh", "turns_restored": turns,
@@ -231,7 +239,7 @@ class ResumeHook:
                 await asyncio.wait_for(old.close(1000, "resumed on another connection"), 1.0)
         self.away_since = None
         self.released = asyncio.Event()
-        self.handle = self.registry.issue(self)
+        self.handle = self.registry.issue(self, runtime.id)
         lost = ["output audio written to the dropped connection", "input audio sent while away"]
         messages = [*opening, *self.wire.resumed({"session_id": runtime.id, "voice": "continued",
                                                    "away_s": round(away_s, 2), "lost": lost}),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import WebSocket
 
+from kame.server.access.admission import ROUTE_HEADER
 from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.access.ephemeral import is_ephemeral, settings_from_json
 from kame.server.access.params import QueryParams
@@ -29,6 +30,7 @@ from kame.server.runtime.resume import (
     ResumeWire,
     binding_of,
     registry_of,
+    route_of,
 )
 from kame.server.runtime.store import Snapshot, claim
 from kame.server.runtime.transport import WebSocketTransport
@@ -44,7 +46,9 @@ if TYPE_CHECKING:
 async def serve_resume(ws: WebSocket, state: AppState, route: WireRoute, handle: str) -> None:
     cfg = state.cfg.server
     creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
-    await ws.accept(subprotocol=creds.subprotocol)
+    route_id = route_of(handle) if len(handle) <= MAX_HANDLE_CHARS else None
+    await ws.accept(subprotocol=creds.subprotocol,
+                    headers=[(ROUTE_HEADER, route_id.encode())] if route_id is not None else None)
     log = session_logger("resume")
 
     async def refuse(refusal: Refusal) -> None:
@@ -66,19 +70,19 @@ async def serve_resume(ws: WebSocket, state: AppState, route: WireRoute, handle:
     if grant is None and not token_ok(cfg.auth_token, creds.token):
         await refuse(Refusal("unauthorized", 1008, "unauthorized"))
         return
-    if not handle or len(handle) > MAX_HANDLE_CHARS:
+    if route_id is None:
         await refuse(UNKNOWN)
         return
     binding = binding_of(creds.token if grant is None else None, grant.session if grant is not None else None)
     registry = registry_of(ws.app.state, cfg, lambda: state.sessions.draining)
+    if state.sessions.draining and registry.store is not None:  # its state is (or goes) to the store: elsewhere
+        await refuse(DRAINING)
+        return
     hook, refusal = registry.check(handle, binding)
     if refusal is not None:
         await refuse(refusal)
         return
     if hook is not None:
-        if state.sessions.draining and registry.store is not None:
-            await refuse(DRAINING)
-            return
         assert hook.runtime is not None
         await hook.resume(WebSocketTransport(ws), hook.runtime.wire.opening(hook.runtime.settings))
         return

@@ -87,7 +87,8 @@ async def asked_with(llm: LlmServer, words: str, timeout: float = 20.0) -> Recor
         for rec in llm.chat_requests():
             if words in (rec.last_user_message or ""):
                 return rec
-        seen = [r.last_user_message for r in llm.chat_requests()] + [e for c in _CONNS for e in c.events if e["type"] in ("error", "response.done", "response.created")]
+        seen = [r.last_user_message for r in llm.chat_requests()]
+        seen += [e for c in _CONNS for e in c.events if e["type"] in ("error", "response.done", "response.created")]
         assert loop.time() < deadline, f"no request asking {words!r}: {seen}"
         await asyncio.sleep(0.1)
 
@@ -163,7 +164,7 @@ def test_refused_handles_leave_the_session_alone_and_an_abandoned_one_frees_its_
         for label, bad_url, token in (
             ("no credentials", url(server, handle), None),
             ("wrong credentials", url(server, handle), "someone-else"),
-            ("forged", url(server, "A" * 32), TOKEN),
+            ("forged", url(server, handle.partition(".")[0] + "." + "A" * 32), TOKEN),
         ):
             refused = await RealtimeConn.open(bad_url, token)
             code, _ = await refused.wait_closed()

@@ -105,3 +105,30 @@ class RealtimeConn:
 def history_text(body: Any) -> str:
     """Every message of a chat-completions request, as one string."""
     return "\n".join(str(m.get("content")) for m in (body.get("messages") or []) if isinstance(m, dict))
+
+
+async def resume(url: str, token: str | None, timeout: float = 20.0) -> RealtimeConn:
+    """Reconnect with a handle (``url`` holds ``resume=``) until a replica takes the session: one that is
+    draining or full answers 1001 or 1013 and the client tries again, as kame's clients do."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    refusals: list[tuple[int | None, str]] = []
+    while loop.time() < deadline:
+        from websockets.exceptions import InvalidHandshake
+
+        try:
+            conn = await RealtimeConn.open(url, token)
+        except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
+            refusals.append((None, str(exc)))
+            await asyncio.sleep(0.3)
+            continue
+        while conn.closed is None and not conn.events:
+            await asyncio.sleep(0.02)
+        if conn.events and conn.events[0].get("type") == "session.created":
+            return conn
+        closed = await conn.wait_closed()
+        refusals.append(closed)
+        if closed[0] not in (1001, 1013):
+            raise AssertionError(f"resume refused: {closed} {conn.events}")
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"no replica resumed the session: {refusals}")
