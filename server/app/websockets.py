@@ -51,7 +51,7 @@ def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
         admitted.log.info("chat parameter: %s", notice)
     wire = moshi.MoshiWire(state.host.sample_rate, state.host.frame_size, server_info=info,
                            max_duration_s=state.cfg.server.max_duration_s, vocab=vocab,
-                           kame_messages=params.kame_messages, notices=notices)
+                           kame_messages=params.kame_messages, notices=notices, kame_resume=params.kame_resume)
     return wire, settings
 
 

@@ -11,6 +11,7 @@ handle is refused and the session it names is untouched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,5 +199,52 @@ def test_a_standard_client_sees_no_resume_events_and_ends_as_today(server: Serve
         assert not [e for e in conn.events if e["type"].startswith("kame.")]
         conn.abort()
         await wait_free(server, 2, 5)  # not held: the slot is free at once, no resume window
+
+    asyncio.run(main())
+
+
+def test_api_chat_resumes_only_with_kame_resume(server: ServerProcess) -> None:
+    """``/api/chat``: the handle comes as 0x04 JSON only with ``kame_resume=1``; a reconnect with it gets the
+    handshake again and the same session."""
+    from websockets.asyncio.client import connect
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def messages(ws: object, until: str, timeout: float = 15.0) -> list[bytes]:
+        got: list[bytes] = []
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await ws.recv()  # type: ignore[attr-defined]
+                got.append(msg)
+                if msg[:1] == b"\x04" and until.encode() in msg:
+                    return got
+
+    async def main() -> None:
+        await wait_free(server, 2, 10)
+        plain = await connect(f"ws://127.0.0.1:{server.port}/api/chat", additional_headers=auth)
+        first = await asyncio.wait_for(plain.recv(), 15)
+        assert first == b"\x00"
+        seen: list[bytes] = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.5):
+                while True:
+                    seen.append(await plain.recv())
+        assert seen and not [m for m in seen if b"resumable" in m]  # kame's 0x04 server info, no handle
+        await plain.close()
+
+        ws = await connect(f"ws://127.0.0.1:{server.port}/api/chat?kame_resume=1", additional_headers=auth)
+        got = await messages(ws, "kame.session.resumable")
+        assert got[0] == b"\x00"
+        handle = json.loads(got[-1][1:])["handle"]
+        ws.transport.abort()
+        await asyncio.sleep(0.3)
+        assert health(server)["active"] == 1
+        back = await connect(f"ws://127.0.0.1:{server.port}/api/chat?kame_resume=1&resume={handle}", additional_headers=auth)
+        got = await messages(back, "kame.session.resumed")
+        assert got[0] == b"\x00"
+        assert json.loads(got[-1][1:])["voice"] == "continued"
+        assert health(server)["active"] == 1
+        await back.close()
+        await wait_free(server, 2, 10)
 
     asyncio.run(main())
