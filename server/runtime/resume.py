@@ -197,6 +197,8 @@ class ResumeHook:
         """The client's connection dropped: hold the session (True), or let it end as today (False)."""
         if self.ended or self.handle is None or self.registry.grace_s <= 0:
             return False
+        if self.registry.draining() and self.registry.store is None:  # nowhere to resume: today's end
+            return False
         runtime.detach_transport()
         self.away_since = self.registry.clock()
         self.released.set()
@@ -208,13 +210,16 @@ class ResumeHook:
             self._expiry = loop.call_later(self.registry.grace_s, self._expire, runtime)
         return True
 
-    def draining(self, runtime: SessionRuntime, seconds_left: float) -> list[Outgoing]:
-        """The drain's notice, with the handle; the conversation goes to the store (if any) meanwhile."""
-        if self.registry.store is not None and self.handle is not None:
-            self._spawn(self._write(runtime, final=False))
-        if self.away_since is not None and self.registry.store is not None:
+    def draining(self, runtime: SessionRuntime, seconds_left: float) -> list[Outgoing] | None:
+        """The drain's notice with the handle, the conversation written to the store meanwhile; None without
+        a store (the session cannot move: the wire's usual notice, today's drain)."""
+        if self.registry.store is None or self.handle is None:
+            return None
+        if self.away_since is not None:
             self._spawn(self._hand_over(runtime))
-        return self.wire.ending_with_handle("draining", seconds_left, self.handle or "")
+            return []
+        self._spawn(self._write(runtime, final=False))
+        return self.wire.ending_with_handle("draining", seconds_left, self.handle)
 
     def session_ended(self) -> None:
         self.ended = True

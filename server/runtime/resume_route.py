@@ -75,7 +75,7 @@ async def serve_resume(ws: WebSocket, state: AppState, route: WireRoute, handle:
         return
     binding = binding_of(creds.token if grant is None else None, grant.session if grant is not None else None)
     registry = registry_of(ws.app.state, cfg, lambda: state.sessions.draining)
-    if state.sessions.draining and registry.store is not None:  # its state is (or goes) to the store: elsewhere
+    if state.sessions.draining:  # its state is (or goes) to the store: it resumes elsewhere, or not at all
         await refuse(DRAINING)
         return
     hook, refusal = registry.check(handle, binding)
@@ -88,9 +88,6 @@ async def serve_resume(ws: WebSocket, state: AppState, route: WireRoute, handle:
         return
     if registry.store is None:
         await refuse(UNKNOWN)
-        return
-    if state.sessions.draining:
-        await refuse(DRAINING)
         return
     if state.host.free_slots <= 0:
         await refuse(FULL)
