@@ -470,7 +470,7 @@ async def _after_session(client: Any, retrier: Retrier, display: Display, resume
                 display.state(f"{why}: resuming the same conversation")
             else:
                 why = describe(client.close_code, client.close_reason, why)
-                if not await retrier.wait(f"{why}, resuming the same conversation"):
+                if not await retrier.wait(f"{why}, resuming the same conversation", resuming=True):
                     raise UserError(f"{why}: gave up after {retrier.policy.attempts} retries")
             retrier.reconnects += 1
             return True

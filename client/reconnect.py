@@ -114,14 +114,15 @@ class Retrier:
     def reset(self) -> None:
         self.failures = 0
 
-    async def wait(self, why: str) -> bool:
-        """Wait before the next try; False (without waiting) when the retries are used up."""
+    async def wait(self, why: str, *, resuming: bool = False) -> bool:
+        """Wait before the next try; False (without waiting) when the retries are used up. ``resuming``: the
+        next try takes the same conversation back (no "new conversation" note)."""
         self.failures += 1
         if self.failures > self.policy.attempts:
             self.say(f"{why}: giving up after {self.policy.attempts} retries")
             return False
         delay = backoff_delay_s(self.policy, self.failures, self._draw())
-        note = "; a new conversation starts" if self.started else ""
+        note = "; a new conversation starts" if self.started and not resuming else ""
         self.say(f"{why}: reconnecting in {delay:.1f} s (retry {self.failures} of {self.policy.attempts}){note}")
         self.waited_s += delay
         await self._sleep(delay)

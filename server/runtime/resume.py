@@ -1,15 +1,14 @@
 """Resumable sessions: handles, what a handle is bound to, the grace window, the drain's hand-over.
 
 A session whose client opted in (Realtime: kame's events) gets an unguessable handle. When its
-connection drops, the session is *held* for ``server.resume_grace_s``: the pipeline, its slot and
-its LLM request stay, but nothing feeds the slot, so the engine's batch skips it (the voice resumes
-where it stopped); a reconnect with ``?resume=HANDLE`` and the same credentials re-attaches it and
-gets a new handle (the old one is dead: a replay finds nothing). After the window the session ends
-and frees its slot. While the server drains, each such session is told (``kame.session.ending``
-with its handle) and its conversation state goes to the shared store (server/runtime/store.py),
-where another replica takes it. docs/protocol.md, "Reconnecting", states the rules.
+connection drops (no close frame, or not 1000/1001), the session is *held* for
+``server.resume_grace_s``: pipeline, slot and LLM request stay, but nothing feeds the slot, so the
+engine's batch skips it (the voice resumes where it stopped); ``?resume=HANDLE`` with the same
+credentials re-attaches it with a new handle (a replayed one finds nothing). After the window the
+session ends and frees its slot. On a drain each such session is told (``kame.session.ending``
+with its handle) and its conversation goes to the shared store (server/runtime/store.py), where
+another replica takes it. docs/protocol.md, "Reconnecting", states the rules.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +35,8 @@ log = logging.getLogger("kame.server.runtime.resume")
 HANDLE_BYTES = 24
 #: The longest ``resume`` query parameter looked at.
 MAX_HANDLE_CHARS = 128
+#: Close codes of a client that meant to leave (normal closure, going away: a tab closed): its session ends.
+CLEAN_CLOSES = frozenset({1000, 1001})
 #: Ended sessions' handles remembered, so that a late resume is told "expired" rather than "unknown".
 REMEMBERED_ENDS = 1000
 
@@ -197,7 +198,10 @@ class ResumeHook:
         """The client's connection dropped: hold the session (True), or let it end as today (False)."""
         if self.ended or self.handle is None or self.registry.grace_s <= 0:
             return False
-        if self.registry.draining() and self.registry.store is None:  # nowhere to resume: today's end
+        moving = self.registry.draining() and self.registry.store is not None
+        if self.registry.draining() and not moving:  # nowhere to resume: today's end
+            return False
+        if runtime.client_close_code in CLEAN_CLOSES and not moving:  # the client said goodbye: the session ends
             return False
         runtime.detach_transport()
         self.away_since = self.registry.clock()

@@ -132,6 +132,8 @@ class SessionRuntime:
         self.resume: ResumeHook | None = None
         #: When the connection dropped while the session is held for a resume (None: attached).
         self.away_since: float | None = None
+        #: The close code of the client's close frame (1006: none came, the connection dropped).
+        self.client_close_code: int | None = None
 
     @property
     def protocol(self) -> str:
@@ -367,6 +369,7 @@ class SessionRuntime:
                     return
                 continue
             if message["type"] == "websocket.disconnect":
+                self.client_close_code = message.get("code")
                 self.end("client_closed", None)
                 return
             now = time.monotonic()

@@ -248,3 +248,44 @@ def test_api_chat_resumes_only_with_kame_resume(server: ServerProcess) -> None:
         await wait_free(server, 2, 10)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("protocol", ["realtime", "moshi"])
+def test_kame_mic_resumes_after_its_connection_is_cut(server: ServerProcess, llm: LlmServer, tmp_path: Path,
+                                                      protocol: str) -> None:
+    """``kame mic --input-wav`` through a TCP link that the test cuts mid-session: it reconnects with the handle,
+    says so, and the server keeps one session (no new one was opened)."""
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+
+    from kame.audio.files import write_wav
+    from tests.support.resume import CuttableLink
+
+    llm.reset()
+    llm.set_default(Reply(text="Fine.", first_token_delay_s=0.05))
+    wav = tmp_path / "in.wav"
+    write_wav(wav, np.zeros(24000 * 8, np.float32))
+    link = CuttableLink(server.port).start()
+    before = health(server)
+    assert before["active"] == 0
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kame.cli", "mic", "--server", f"http://127.0.0.1:{link.port}", "--protocol", protocol,
+             "--token", TOKEN, "--input-wav", str(wav), "--output-wav", str(tmp_path / "out.wav"), "--tail", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while health(server)["active"] == 0:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.1)
+        time.sleep(2.0)
+        link.cut()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        link.stop()
+    assert proc.returncode == 0, out[-3000:]
+    assert "the connection dropped" in out and "resumed" in out and "the same conversation goes on" in out, out
+    assert "a new conversation" not in out, out
+    assert "reconnected 1 time(s)" in out, out

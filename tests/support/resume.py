@@ -132,3 +132,68 @@ async def resume(url: str, token: str | None, timeout: float = 20.0) -> Realtime
             raise AssertionError(f"resume refused: {closed} {conn.events}")
         await asyncio.sleep(0.3)
     raise AssertionError(f"no replica resumed the session: {refusals}")
+
+
+class CuttableLink:
+    """A TCP forwarder on loopback in front of a server, in its own thread: ``cut()`` drops every connection
+    through it at once (both sides reset, no close frame), the way a phone on a train or a laptop changing
+    Wi-Fi loses its connection; new connections go through again."""
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        from tests.support.moshi_client import free_port
+
+        self.target_port = target_port
+        self.port = free_port()
+        self.cuts = 0
+        self._loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> CuttableLink:
+        self._thread.start()
+        assert self._ready.wait(5), "the forwarder did not start"
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def cut(self) -> None:
+        def abort_all() -> None:
+            for w in list(self._writers):
+                w.transport.abort()
+            self._writers.clear()
+
+        self.cuts += 1
+        self._loop.call_soon_threadsafe(abort_all)
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
