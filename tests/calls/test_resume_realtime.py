@@ -289,3 +289,54 @@ def test_kame_mic_resumes_after_its_connection_is_cut(server: ServerProcess, llm
     assert "the connection dropped" in out and "resumed" in out and "the same conversation goes on" in out, out
     assert "a new conversation" not in out, out
     assert "reconnected 1 time(s)" in out, out
+
+
+def test_the_page_resumes_after_its_connection_is_cut(server: ServerProcess, llm: LlmServer, tmp_path: Path) -> None:
+    """The browser page (Chromium, a fake microphone) through a TCP link the test cuts: the page takes the same
+    session back and says so, without starting a new conversation."""
+    from playwright.sync_api import sync_playwright
+
+    from kame.audio.files import write_wav
+    from tests.support.browser import BASE_ARGS, CHROMIUM, Console, kame, wait_until
+    from tests.support.resume import CuttableLink
+    from tests.support.speech import silence
+
+    llm.reset()
+    llm.set_default(Reply(text="Fine.", first_token_delay_s=0.05))
+    wav = tmp_path / "mic.wav"
+    write_wav(wav, silence(2.0))
+    link = CuttableLink(server.port).start()
+    console = Console()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                *BASE_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={wav}"])
+            try:
+                page = console.watch(browser.new_page(), "page")
+                page.goto(f"http://127.0.0.1:{link.port}/?transport=websocket")
+                page.fill("#token", TOKEN)
+                page.click("#connect")
+
+                def dump() -> object:
+                    return page.evaluate("({phase: window.kame.phase, notice: document.querySelector('#notice').innerText,"
+                                         " types: window.kame.events.slice(-8).map((e) => e.type)})")
+
+                wait_until(page, "() => window.kame.phase === 'live'", 30, "live", dump)
+                wait_until(page, "() => window.kame.events.some((e) => e.type === 'kame.session.resumable')", 10,
+                           "a resume handle", dump)
+                first_id = kame(page, "k.session.id")
+                link.cut()
+                wait_until(page, "() => window.kame.resumes === 1 && window.kame.phase === 'live'", 30, "resumed", dump)
+                assert kame(page, "k.session.id") == first_id
+                assert kame(page, "k.reconnects") == 0
+                assert "Resumed: the same conversation goes on" in page.inner_text("#notice")
+                assert health(server)["active"] == 1
+                page.click("#connect")  # hang up: a clean close ends the session
+            finally:
+                browser.close()
+    finally:
+        link.stop()
+    # the page asks for the back-ends before the token is typed: that 401 is the only error allowed
+    assert not [e for e in console.errors if "401 (Unauthorized)" not in e], console.errors
+    asyncio.run(wait_free(server, 2, 10))
