@@ -127,3 +127,19 @@ def test_snapshot_round_trip_and_keys_hide_the_handle() -> None:
 def test_handles_are_masked_in_logs() -> None:
     line = '"WebSocket /v1/realtime?model=kame&resume=Zx_9-abc&kame_events=1" [accepted]'
     assert "Zx_9-abc" not in redact(line) and "kame_events=1" in redact(line)
+
+
+def test_clients_pick_the_latest_handle_and_resume_only_what_a_resume_mends() -> None:
+    from kame.client.reconnect import latest_handle, resume_reason
+
+    events = [{"type": "session.created"}, {"type": "kame.session.resumable", "handle": "s.a"},
+              {"type": "kame.session.resumable", "handle": "s.b"}, {"type": "error"}]
+    assert latest_handle(events) == "s.b"
+    assert latest_handle([*events, {"type": "kame.session.ending", "reason": "draining", "handle": "s.c"}]) == "s.c"
+    assert latest_handle([{"type": "kame.session.ending", "reason": "max_duration"}]) is None
+    assert resume_reason(1006, None) is None  # no handle: today's rules
+    assert resume_reason(1006, "s.b") == "the connection dropped"
+    assert resume_reason(None, "s.b") == "the connection dropped"
+    assert resume_reason(1001, "s.b") is not None  # a drain ended it: resume elsewhere
+    assert resume_reason(1008, "s.b") is None and resume_reason(1000, "s.b") is None
+    assert "draining" in (resume_reason(1000, "s.b", moving=True) or "")
