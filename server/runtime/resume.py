@@ -179,6 +179,7 @@ class ResumeHook:
         self.released = asyncio.Event()
         self._expiry: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writing = asyncio.Lock()  # one write at a time: a refresh never lands after the final entry
 
     def state(self) -> HeldState:
         return HeldState(self.binding, self.away_since, self.registry.grace_s, self.ended)
@@ -222,7 +223,7 @@ class ResumeHook:
         if self.away_since is not None:
             self._spawn(self._hand_over(runtime))
             return []
-        self._spawn(self._write(runtime, final=False))
+        self._spawn(self._refresh(runtime, seconds_left))
         return self.wire.ending_with_handle("draining", seconds_left, self.handle)
 
     def session_ended(self) -> None:
@@ -273,13 +274,26 @@ class ResumeHook:
         store = self.registry.store
         if store is None or self.handle is None:
             return False
-        snapshot = snapshot_of(runtime, self.binding, final=final)
-        try:
-            await store.put(self.handle, snapshot, self.registry.store_ttl_s)
-        except Exception as exc:  # noqa: BLE001 - the store down: the session drains as today
-            runtime.log.warning("writing the session to the resume store failed: %s", exc.__class__.__name__)
-            return False
-        return True
+        async with self._writing:
+            if not final and self.handed_over:
+                return False
+            snapshot = snapshot_of(runtime, self.binding, final=final)
+            try:
+                await store.put(self.handle, snapshot, self.registry.store_ttl_s)
+            except Exception as exc:  # noqa: BLE001 - the store down: the session drains as today
+                runtime.log.warning("writing the session to the resume store failed: %s", exc.__class__.__name__)
+                return False
+            return True
+
+    async def _refresh(self, runtime: SessionRuntime, seconds_left: float, period_s: float = 1.0) -> None:
+        """The store's entry kept current while the client has not left yet (a client that never leaves is
+        closed by the drain: the other replica then takes the last entry written)."""
+        deadline = self.registry.clock() + seconds_left
+        while not self.ended and not self.handed_over and self.away_since is None:
+            await self._write(runtime, final=False)
+            if self.registry.clock() >= deadline:
+                return
+            await asyncio.sleep(period_s)
 
     async def _hand_over(self, runtime: SessionRuntime) -> None:
         """Draining, the client gone: the final state to the store, then the session ends here."""
