@@ -340,3 +340,38 @@ def test_the_page_resumes_after_its_connection_is_cut(server: ServerProcess, llm
     # the page asks for the back-ends before the token is typed: that 401 is the only error allowed
     assert not [e for e in console.errors if "401 (Unauthorized)" not in e], console.errors
     asyncio.run(wait_free(server, 2, 10))
+
+
+def test_an_ephemeral_keys_session_resumes_with_its_grant_not_with_another(server: ServerProcess) -> None:
+    """A session opened with an ``ek_`` key is bound to the key's grant: the same key, or a fresh key minted
+    with the same session config, resumes it; the server's own token or a key with another config does not."""
+    import httpx
+
+    def mint(instructions: str) -> str:
+        r = httpx.post(f"{server.http_url}/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {TOKEN}"},
+                       json={"expires_after": {"anchor": "created_at", "seconds": 60},
+                             "session": {"type": "realtime", "instructions": instructions}})
+        assert r.status_code == 200, r.text
+        return str(r.json()["value"])
+
+    async def main() -> None:
+        await wait_free(server, 2, 10)
+        key = mint("Be brief.")
+        conn = await RealtimeConn.open(url(server), key)
+        created = await conn.wait_for("session.created")
+        handle = (await conn.wait_for("kame.session.resumable"))["handle"]
+        conn.abort()
+        await asyncio.sleep(0.3)
+        for other in (TOKEN, mint("Be verbose.")):
+            refused = await RealtimeConn.open(url(server, handle), other)
+            assert (await refused.wait_closed())[0] == 1008
+            assert "not issued to these credentials" in refused.events[0]["error"]["message"]
+        same_grant = mint("Be brief.")
+        assert same_grant != key
+        back = await RealtimeConn.open(url(server, handle), same_grant)
+        assert (await back.wait_for("session.created"))["session"]["id"] == created["session"]["id"]
+        await back.wait_for("kame.session.resumed")
+        await back.close()
+        await wait_free(server, 2, 10)
+
+    asyncio.run(main())
