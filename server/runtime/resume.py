@@ -186,14 +186,20 @@ class ResumeHook:
 
     # ------------------------------------------------------------------ called by the runtime
     def started(self, runtime: SessionRuntime) -> None:
-        """The session runs: its first handle (and, when it came from another replica, its conversation)."""
+        """The session runs: its first handle if its client asked for it (and, when it came from another
+        replica, its conversation)."""
         self.runtime = runtime
-        self.handle = self.registry.issue(self, runtime.id)
         if self.restored is not None:
             turns = restore_turns(runtime, self.restored.turns)
             runtime.say(self.wire.resumed({"session_id": runtime.id, "voice": "fresh", "turns_restored": turns,
                                            "lost": ["output audio in flight", "the voice's state"]}))
-        runtime.say(self.wire.resumable(self.handle, self.registry.grace_s))
+        self.offer(runtime)
+
+    def offer(self, runtime: SessionRuntime) -> None:
+        """The first handle, once the client asked for it (at the start, or when it turned kame's events on)."""
+        if self.handle is None and not self.ended and self.wire.resume_offered:
+            self.handle = self.registry.issue(self, runtime.id)
+            runtime.say(self.wire.resumable(self.handle, self.registry.grace_s))
 
     def hold(self, runtime: SessionRuntime) -> bool:
         """The client's connection dropped: hold the session (True), or let it end as today (False)."""

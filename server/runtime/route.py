@@ -80,12 +80,13 @@ async def serve(ws: WebSocket, route: WireRoute) -> None:
 
 
 def resume_hook(state: AppState, ws: WebSocket, wire: Wire, admitted: Admitted) -> ResumeHook | None:
-    """The resume side of a session whose client asked for it (server/runtime/resume.py), else None."""
+    """The resume side of a session on a wire that can carry handles (server/runtime/resume.py): the handle
+    goes out once the client asks for it (Realtime: kame's events, also when turned on later), else None."""
     from kame.server.access.auth import websocket_credentials
     from kame.server.runtime.resume import ResumeHook, ResumeWire, binding_of, registry_of
 
     cfg = state.cfg.server
-    if cfg.resume_grace_s <= 0 or not isinstance(wire, ResumeWire) or not wire.resume_offered:
+    if cfg.resume_grace_s <= 0 or not isinstance(wire, ResumeWire):
         return None
     creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
     grant = admitted.grant

@@ -516,6 +516,8 @@ class SessionRuntime:
         if command.ignored:
             self.log.debug("settings: ignored %s", ",".join(command.ignored))
         self._queue(self.wire.settings_applied(new, command))
+        if self.resume is not None:  # kame's events turned on: the session becomes resumable
+            self.resume.offer(self)
 
     def _function_output(self, command: FunctionOutputIn) -> None:
         assert self.pipeline is not None

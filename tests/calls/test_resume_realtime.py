@@ -200,6 +200,14 @@ def test_a_standard_client_sees_no_resume_events_and_ends_as_today(server: Serve
         conn.abort()
         await wait_free(server, 2, 5)  # not held: the slot is free at once, no resume window
 
+        # a client that turns kame's events on later gets its handle then
+        late = await RealtimeConn.open(f"ws://127.0.0.1:{server.port}/v1/realtime?model=kame", TOKEN)
+        await late.wait_for("session.created")
+        await late.send({"type": "session.update", "session": {"type": "realtime", "kame": {"events": True}}})
+        assert (await late.wait_for("kame.session.resumable"))["handle"]
+        await late.close()
+        await wait_free(server, 2, 5)
+
     asyncio.run(main())
 
 
