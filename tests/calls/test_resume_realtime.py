@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.llm_server import LlmServer, RecordedRequest, Reply
+from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
 from tests.support.moshi_client import ServerProcess
 from tests.support.resume import RealtimeConn, history_text
 
@@ -36,6 +36,7 @@ backends:
     base_url: "{llm}"
     model: plain-model
     api_key_env: ""
+    allow_tools: true
     breaker: {enabled: false}
 default_backend: llm
 """
@@ -383,3 +384,64 @@ def test_an_ephemeral_keys_session_resumes_with_its_grant_not_with_another(serve
         await wait_free(server, 2, 10)
 
     asyncio.run(main())
+
+
+def test_a_function_call_pending_across_a_drop_is_answered_after_the_resume(server: ServerProcess, llm: LlmServer) -> None:
+    """The back-end asks for a client function; the connection drops before the client answers; after the resume
+    the client's ``function_call_output`` is accepted and reaches the back-end."""
+    weather = {"type": "function", "name": "get_weather", "description": "The weather.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+    def reply(rec: RecordedRequest) -> Reply:
+        if rec.tool_messages:
+            return Reply(text=f"Good news: {rec.tool_messages[-1]['content']}.", first_token_delay_s=0.05)
+        return Reply(text="Let me check.", first_token_delay_s=0.05,
+                     tool_calls=[ToolCallScript("get_weather", {"city": "Paris"})])
+
+    llm.reset()
+    llm.responder = reply
+
+    async def main() -> None:
+        await wait_free(server, 2, 10)
+        conn = await RealtimeConn.open(url(server), TOKEN)
+        await conn.wait_for("session.created")
+        handle = (await conn.wait_for("kame.session.resumable"))["handle"]
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "tools": [weather]}})
+        await conn.wait_for("session.updated")
+        feeding = asyncio.create_task(conn.stream_silence(30))
+        await conn.say_text("What is the weather in Paris?")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not (calls := [e["item"] for e in conn.events if e["type"] == "response.output_item.done"
+                             and e["item"]["type"] == "function_call"]):
+            assert loop.time() < deadline and conn.closed is None, [e["type"] for e in conn.events][-20:]
+            await asyncio.sleep(0.02)
+        call = calls[0]
+        conn.abort()  # gone before answering the call
+        feeding.cancel()
+        await asyncio.sleep(0.5)
+
+        back = await RealtimeConn.open(url(server, handle), TOKEN)
+        await back.wait_for("kame.session.resumed")
+        feeding = asyncio.create_task(back.stream_silence(30))
+        await back.send({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21 degrees"}})
+        await back.send({"type": "response.create"})
+        deadline = loop.time() + 10
+        while not [e for e in back.events if e["type"] == "conversation.item.added"
+                   and e["item"]["type"] == "function_call_output" and e["item"]["call_id"] == call["call_id"]]:
+            assert loop.time() < deadline, [e["type"] for e in back.events]
+            await asyncio.sleep(0.05)
+        deadline = loop.time() + 20
+        while not any("sunny, 21 degrees" in str(m.get("content")) for r in llm.chat_requests() for m in r.tool_messages):
+            assert loop.time() < deadline, [r.tool_messages for r in llm.chat_requests()]
+            await asyncio.sleep(0.1)
+        assert not [e for e in back.events if e["type"] == "error"], back.events
+        feeding.cancel()
+        await back.close()
+        await wait_free(server, 2, 10)
+
+    try:
+        asyncio.run(main())
+    finally:
+        llm.responder = None
