@@ -10,9 +10,10 @@ the server sent is written to ``--output-wav``.
 A refused session (1013: full or starting; HTTP 503 from a load balancer)
 and a drained one (1001: the replica is shutting down) are retried with
 back-off and jitter (:mod:`kame.client.reconnect`), saying so on the
-``state`` line. A reconnect starts a new conversation: the server keeps
-nothing across connections; with ``--input-wav`` the rest of the file goes
-to the new session.
+``state`` line. Where the server gave the session a resume handle, a dropped
+connection or a drain reconnects with it and the same conversation goes on
+(said on the state line); otherwise a reconnect starts a new conversation.
+With ``--input-wav`` the rest of the file goes to the session either way.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ import numpy as np
 from kame.audio.echo import EchoCanceller, EchoPath, read_impulse_response
 from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
 from kame.audio.pcm import float_to_pcm16
-from kame.client.reconnect import Backoff, GaveUp, Refused, Retrier, describe, open_with_retry, retry_reason
+from kame.client.reconnect import (
+    Backoff,
+    GaveUp,
+    Refused,
+    Retrier,
+    describe,
+    latest_handle,
+    open_with_retry,
+    resume_reason,
+    retry_reason,
+)
 from kame.errors import UserError
 
 RATE = SAMPLE_RATE
@@ -251,15 +262,33 @@ class EchoSimulation:
 # --------------------------------------------------------------------------- sessions
 
 
-async def _open_session(opts: MicOptions) -> Any:
+@dataclass
+class _Resume:
+    """The session's resume handle (None: the next connection starts a new conversation), and whether the
+    client left on its own after a drain's notice to resume elsewhere."""
+
+    handle: str | None = None
+    moving: bool = False
+
+
+def _handle_events(client: Any, protocol: str) -> list[Any]:
+    if protocol == "realtime":
+        return [ev for _, ev in client.events]
+    return list(client.metadata)
+
+
+async def _open_session(opts: MicOptions, resume: _Resume | None = None) -> Any:
     url = websocket_url(opts.server, opts.protocol)
+    again = {"resume": resume.handle} if resume is not None and resume.handle else {}
     if opts.protocol == "realtime":
         from kame.client.realtime_client import RealtimeClient
 
-        return await RealtimeClient.connect(url, token=opts.token)
+        return await RealtimeClient.connect(url, token=opts.token, query=again or None)
     from kame.client.moshi_client import MoshiClient
 
-    query = {"backend": opts.backend} if opts.backend else None
+    query: dict[str, str] | None = {"kame_resume": "1", **again}  # kame's own client takes resume handles
+    if opts.backend:
+        query = {**(query or {}), "backend": opts.backend}
     if opts.oracle_policy:
         query = {**(query or {}), "oracle_policy": opts.oracle_policy}
     if opts.voice:  # PersonaPlex's own query parameter: the voice file's name
@@ -268,7 +297,7 @@ async def _open_session(opts: MicOptions) -> Any:
     return await MoshiClient.connect(url, token=opts.token, query=query)
 
 
-async def _ready(client: Any, opts: MicOptions) -> bool:
+async def _ready(client: Any, opts: MicOptions, resuming: bool = False) -> bool:
     """True once the session is usable; False when the server closed it first (the code says why)."""
     if opts.protocol == "realtime":
         ev = await client.wait_for_type("session.created", 30)
@@ -276,6 +305,8 @@ async def _ready(client: Any, opts: MicOptions) -> bool:
             if not client.closed.is_set():
                 client.close_reason = "no session.created within 30 s"
             return False
+        if resuming:  # the session keeps its settings
+            return True
         kame = {k: v for k, v in {"backend": opts.backend, "oracle_policy": opts.oracle_policy}.items() if v}
         audio = {"audio": {"output": {"voice": opts.voice}}} if opts.voice else {}
         if kame or opts.instructions or audio:
@@ -288,9 +319,26 @@ async def _ready(client: Any, opts: MicOptions) -> bool:
     return False
 
 
-async def _connect(opts: MicOptions, display: Display, retrier: Retrier) -> Any:
-    """A ready session, retrying refusals and drains (see the module docstring)."""
+async def _connect(opts: MicOptions, display: Display, retrier: Retrier, resume: _Resume | None = None) -> Any:
+    """A ready session, retrying refusals and drains (see the module docstring); with a resume handle, the
+    same session again (a refused resume: a new conversation, said so)."""
     url = websocket_url(opts.server, opts.protocol)
+    resume = resume or _Resume()
+    if resume.handle:
+        try:
+            client = await open_with_retry(lambda: _open_session(opts, resume), lambda c: _ready(c, opts, True), retrier)
+        except Refused as exc:
+            display.state(f"the resume was refused ({exc}): a new conversation starts")
+        except Exception as exc:  # noqa: BLE001 - the connect itself failed: the plain path below says how
+            display.state(f"the resume failed ({type(exc).__name__}): a new conversation starts")
+        else:
+            resume.moving = False
+            resumed = await _wait_resumed(client, opts.protocol)
+            voice = f", voice {resumed.get('voice')}" if resumed else ""
+            display.state(f"resumed ({opts.protocol}): the same conversation goes on{voice}")
+            return client
+        resume.handle = None
+        resume.moving = False
     try:
         client = await open_with_retry(lambda: _open_session(opts), lambda c: _ready(c, opts), retrier)
     except (GaveUp, Refused) as exc:
@@ -301,6 +349,17 @@ async def _connect(opts: MicOptions, display: Display, retrier: Retrier) -> Any:
         raise UserError(f"cannot connect to {url}: {type(exc).__name__}: {exc}") from None
     display.state(f"connected ({opts.protocol})" + (": a new conversation" if retrier.reconnects else ""))
     return client
+
+
+async def _wait_resumed(client: Any, protocol: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The server's ``kame.session.resumed`` (what was lost, whether the voice continued)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not client.closed.is_set():
+        for ev in _handle_events(client, protocol):
+            if isinstance(ev, dict) and ev.get("type") == "kame.session.resumed":
+                return ev
+        await asyncio.sleep(0.05)
+    return None
 
 
 def _should_reconnect(client: Any, display: Display) -> bool:
@@ -316,8 +375,9 @@ def _should_reconnect(client: Any, display: Display) -> bool:
 class _EventPrinter:
     """Prints what a client received since the last call."""
 
-    def __init__(self, client: Any, protocol: str, display: Display) -> None:
+    def __init__(self, client: Any, protocol: str, display: Display, resume: _Resume | None = None) -> None:
         self.client, self.protocol, self.display = client, protocol, display
+        self.resume = resume
         self.seen = 0
         self.errors_seen = 0
         self.meta_seen = 0
@@ -339,6 +399,8 @@ class _EventPrinter:
             for meta in self.client.metadata[self.meta_seen :]:
                 if isinstance(meta, dict) and meta.get("type") == "session.expiring":
                     self.display.state(_ending_text(meta))
+                elif isinstance(meta, dict) and meta.get("type") == "kame.session.ending":
+                    self._ending(meta)
             self.meta_seen = len(self.client.metadata)
 
     def _realtime(self, ev: dict[str, Any]) -> None:
@@ -355,13 +417,24 @@ class _EventPrinter:
             err = ev.get("error", {})
             self.display.state(f"error: {err.get('code', '')} {err.get('message', '')}")
         elif t == "kame.session.ending":
-            self.display.state(_ending_text(ev))
+            self._ending(ev)
+
+    def _ending(self, ev: dict[str, Any]) -> None:
+        """A drain's notice with a handle: leave now and resume on another replica (the server hands the
+        conversation over as soon as this connection is gone)."""
+        self.display.state(_ending_text(ev))
+        if ev.get("reason") == "draining" and ev.get("handle") and self.resume is not None and not self.resume.moving:
+            self.resume.handle = str(ev["handle"])
+            self.resume.moving = True
+            asyncio.get_running_loop().create_task(self.client.close())
 
 
 def _ending_text(ev: dict[str, Any]) -> str:
     """The notice that a session ends soon: maximum duration, or the server draining for a restart."""
     left = ev.get("seconds_left")
     when = f" in {float(left):.0f} s" if isinstance(left, (int, float)) else " soon"
+    if ev.get("reason") == "draining" and ev.get("handle"):
+        return "the server is shutting down: kame mic resumes this conversation on another replica"
     if ev.get("reason") == "draining":
         return f"the server is shutting down: this conversation ends{when}, then kame mic reconnects (a new conversation)"
     return f"the session ends{when} (maximum duration)"
@@ -381,9 +454,27 @@ def _retrier(opts: MicOptions, display: Display) -> Retrier:
     return Retrier(opts.backoff, say=display.state)
 
 
-async def _after_session(client: Any, retrier: Retrier, display: Display) -> bool:
-    """Close ``client``; True when the server ended it in a way worth a new session."""
+async def _after_session(client: Any, retrier: Retrier, display: Display, resume: _Resume | None = None,
+                         protocol: str = "realtime") -> bool:
+    """Close ``client``; True when the server ended it in a way worth a new session, or when it dropped
+    and the server gave it a resume handle (``resume.handle`` set: the next connection resumes it)."""
     server_closed = client.closed.is_set()
+    if resume is not None:
+        handle = latest_handle(_handle_events(client, protocol)) or resume.handle
+        why = resume_reason(client.close_code if server_closed else None, handle, moving=resume.moving)
+        if why is not None and (server_closed or resume.moving):
+            await client.close()
+            resume.handle = handle
+            retrier.reset()
+            if resume.moving:
+                display.state(f"{why}: resuming the same conversation")
+            else:
+                why = describe(client.close_code, client.close_reason, why)
+                if not await retrier.wait(f"{why}, resuming the same conversation", resuming=True):
+                    raise UserError(f"{why}: gave up after {retrier.policy.attempts} retries")
+            retrier.reconnects += 1
+            return True
+        resume.handle = None
     await client.close()
     if not (server_closed and _should_reconnect(client, display)):
         return False
@@ -435,6 +526,7 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
         display.state(f"simulated speaker and microphone ({opts.echo_path}): echo cancellation "
                       + ("on" if opts.aec else "off (--no-aec)"))
     retrier = _retrier(opts, display)
+    resume = _Resume()
     received: list[np.ndarray] = []
     pos = 0
 
@@ -448,12 +540,12 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
 
     while True:
         try:
-            client = await _connect(opts, display, retrier)
+            client = await _connect(opts, display, retrier, resume)
         except UserError:
             if received:  # what earlier sessions sent is kept even when the reconnect fails
                 save()
             raise
-        printer = _EventPrinter(client, opts.protocol, display)
+        printer = _EventPrinter(client, opts.protocol, display, resume)
 
         async def show(p: _EventPrinter = printer) -> None:
             while True:
@@ -479,7 +571,7 @@ async def run_wav(opts: MicOptions, display: Display) -> MicResult:
             display.flush_assistant()
         received.append(client.received_pcm())
         try:
-            again = cut_short and await _after_session(client, retrier, display)
+            again = cut_short and await _after_session(client, retrier, display, resume, opts.protocol)
         except UserError:  # retries used up: keep what came
             save()
             raise
@@ -510,13 +602,14 @@ async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> M
         raise UserError(f"no usable sound device for playing and recording at once ({exc}); use --input-wav/--output-wav") from None
     speaker = duplex.play
     retrier = _retrier(opts, display)
+    resume = _Resume()
     received: list[np.ndarray] = []
     hint = ("echo cancellation on: speakers are fine" if canceller is not None
             else "--no-aec: use headphones, the speakers would reach the microphone")
     with duplex.stream:
         while True:
-            client = await _connect(opts, display, retrier)
-            printer = _EventPrinter(client, opts.protocol, display)
+            client = await _connect(opts, display, retrier, resume)
+            printer = _EventPrinter(client, opts.protocol, display, resume)
             played = 0
             try:
                 display.state(f"listening: speak ({hint})")
@@ -535,7 +628,7 @@ async def run_live(opts: MicOptions, display: Display, stop: asyncio.Event) -> M
                 printer.poll()
                 display.flush_assistant()
             received.append(client.received_pcm())
-            if stop.is_set() or not await _after_session(client, retrier, display):
+            if stop.is_set() or not await _after_session(client, retrier, display, resume, opts.protocol):
                 await client.close()
                 break
             while not mic_q.empty():  # what was said while reconnecting belongs to no conversation
@@ -550,7 +643,7 @@ def summary_lines(result: MicResult) -> list[str]:
         f"time to first reply audio: {ttfa} (from the first frame sent)",
         f"received audio: {result.received.size / RATE:.2f} s, real-time factor {result.rtf:.3f}"
         + (f", playback underruns {result.underruns}" if result.underruns else ""),
-        *([f"reconnected {result.reconnects} time(s): each reconnect started a new conversation"] if result.reconnects else []),
+        *([f"reconnected {result.reconnects} time(s)"] if result.reconnects else []),
         *([result.echo] if result.echo else []),
     ]
 

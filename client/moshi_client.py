@@ -76,7 +76,8 @@ class MoshiClient(AudioSessionBase):
         origin: str | None = None,
         open_timeout: float = 10.0,
     ) -> MoshiClient:
-        """Open the websocket (``token`` goes in an Authorization header)."""
+        """Open the websocket (``token`` goes in an Authorization header; ``query`` with ``kame_resume=1`` asks
+        for resume handles, ``resume=HANDLE`` takes a session back: :attr:`resume_handle`)."""
         from websockets.asyncio.client import connect
 
         if query:
@@ -95,6 +96,13 @@ class MoshiClient(AudioSessionBase):
             ping_interval=None,
         )
         return cls(ws)
+
+    @property
+    def resume_handle(self) -> str | None:
+        """The session's latest resume handle (0x04 ``kame.session.resumable``; only with ``kame_resume=1``)."""
+        from kame.client.reconnect import latest_handle
+
+        return latest_handle(self.metadata)
 
     @property
     def subprotocol(self) -> str | None:

@@ -92,6 +92,7 @@ class RealtimeClient(EventSession):
         open_timeout: float = 10.0,
         keep_audio: bool = True,
         kame_events: bool = True,
+        resume: str | None = None,
     ) -> RealtimeClient:
         """Open the websocket; ``token_via``: ``header`` (Bearer), ``query`` (?token=) or ``subprotocol``;
         ``kame_events``: ask for kame's own events (``?kame_events=1``: transcripts in progress, the back-end's
@@ -99,6 +100,8 @@ class RealtimeClient(EventSession):
         from websockets.asyncio.client import connect
 
         params = dict(query or {})
+        if resume:  # a handle from kame.session.resumable: the same session again (docs/protocol.md)
+            params["resume"] = resume
         if kame_events and "kame_events=" not in url:
             params.setdefault("kame_events", "1")
         headers: dict[str, str] = {}
@@ -125,6 +128,13 @@ class RealtimeClient(EventSession):
             ping_interval=None,
         )
         return cls(ws, keep_audio=keep_audio)
+
+    @property
+    def resume_handle(self) -> str | None:
+        """The session's latest resume handle (``kame.session.resumable``), None when the server gave none."""
+        from kame.client.reconnect import latest_handle
+
+        return latest_handle(ev for _, ev in self.events)
 
     @property
     def subprotocol(self) -> str | None:

@@ -5,8 +5,9 @@ A kame replica refuses a session it has no room for (close 1013 "server full, re
 rolling update, and a load balancer in front answers the websocket handshake with HTTP 503 when
 no replica has room. All three mean "try again shortly, probably elsewhere". Clients wait a
 growing, jittered delay (so that the sessions of a drained replica do not all come back in the
-same instant) and say so to the user. The server keeps no conversation across connections:
-**a reconnect starts a new conversation** (docs/protocol.md, "Reconnecting").
+same instant) and say so to the user. A reconnect starts a new conversation, unless the server gave
+the session a resume handle (kame's events on): then a dropped connection or a drain reconnects with
+``?resume=HANDLE`` and the conversation goes on (docs/protocol.md, "Reconnecting").
 
 :func:`backoff_delay_s` and :func:`retry_reason` are pure; :class:`Retrier` adds the clock, the
 random draw and the message; :func:`open_with_retry` is the connect loop the clients share.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -113,14 +114,15 @@ class Retrier:
     def reset(self) -> None:
         self.failures = 0
 
-    async def wait(self, why: str) -> bool:
-        """Wait before the next try; False (without waiting) when the retries are used up."""
+    async def wait(self, why: str, *, resuming: bool = False) -> bool:
+        """Wait before the next try; False (without waiting) when the retries are used up. ``resuming``: the
+        next try takes the same conversation back (no "new conversation" note)."""
         self.failures += 1
         if self.failures > self.policy.attempts:
             self.say(f"{why}: giving up after {self.policy.attempts} retries")
             return False
         delay = backoff_delay_s(self.policy, self.failures, self._draw())
-        note = "; a new conversation starts" if self.started else ""
+        note = "; a new conversation starts" if self.started and not resuming else ""
         self.say(f"{why}: reconnecting in {delay:.1f} s (retry {self.failures} of {self.policy.attempts}){note}")
         self.waited_s += delay
         await self._sleep(delay)
@@ -172,3 +174,32 @@ async def open_with_retry(
             message = describe(code, text, why)
         if not await retrier.wait(message):
             raise GaveUp(f"{message}; gave up after {retrier.policy.attempts} retries")
+
+
+# --------------------------------------------------------------------------- resuming (docs/protocol.md)
+#: Close codes of a connection that dropped rather than one the server ended (1006: no close frame).
+DROPPED_CLOSE_CODES = frozenset({1006})
+#: The events that carry a session's resume handle (Realtime events; /api/chat's 0x04 JSON has the same).
+HANDLE_EVENTS = frozenset({"kame.session.resumable", "kame.session.ending"})
+
+
+def latest_handle(events: Iterable[Any]) -> str | None:
+    """The last resume handle the server gave (``kame.session.resumable``, or a drain's
+    ``kame.session.ending``), None when it gave none (a server or session without resume)."""
+    handle: str | None = None
+    for event in events:
+        if isinstance(event, dict) and event.get("type") in HANDLE_EVENTS and event.get("handle"):
+            handle = str(event["handle"])
+    return handle
+
+
+def resume_reason(close_code: int | None, handle: str | None, *, moving: bool = False) -> str | None:
+    """Why to reconnect WITH the handle (the same conversation goes on), or None: no handle, or an ending
+    a resume cannot mend. ``moving``: the client left on its own after the drain's notice."""
+    if handle is None:
+        return None
+    if moving:
+        return "the server is draining: the conversation moves to another replica"
+    if close_code is None or close_code in DROPPED_CLOSE_CODES:
+        return "the connection dropped"
+    return retry_reason(close_code=close_code)

@@ -2,7 +2,7 @@
 
 Why one function: a token that one path masks and another prints is a leak. It masks the values it
 is given (API keys read from the environment, the server's token) and what looks like a credential
-wherever it appears: ``token=`` in query strings, the ``openai-insecure-api-key.`` websocket
+wherever it appears: ``token=`` and ``resume=`` in query strings, the ``openai-insecure-api-key.`` websocket
 subprotocol and ``Bearer`` headers. It only masks: shortening for a one-line message is the
 caller's (:func:`kame.backend.errors.error_detail`).
 """
@@ -16,6 +16,7 @@ MASK = "***"
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 _PATTERNS = (
     re.compile(r"(?i)(token=)[^&\s\"']+"),
+    re.compile(r"(?i)\b(resume=)[^&\s\"']+"),  # a session's resume handle (server/runtime/resume.py)
     re.compile(r"(?i)(openai-insecure-api-key\.)[^,\s\"']+"),
     re.compile(r"(?i)(bearer\s+)[^\s,\"']+"),
 )

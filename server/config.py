@@ -87,6 +87,27 @@ class ServerConfig(BaseModel):
         description="On SIGTERM, after drain_grace_s: how long the closed sessions get to finish their close "
         "handshake before the process exits.",
     )
+    # -- resume (issue 60): server/runtime/resume.py, server/runtime/store.py
+    resume_grace_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="How long a resumable session (one whose client asked for kame's events) is held after its "
+        "connection dropped: the client reconnects with ?resume=HANDLE within it and goes on (0: no resume).",
+    )
+    resume_store_url: SecretStr | None = Field(
+        None,
+        description="A Redis (or Valkey) URL, e.g. redis://:PASSWORD@redis:6379/0, where a draining replica "
+        "writes its resumable sessions' conversation state (conversation text: protect it) so that another "
+        "replica resumes them; unset: resume works within one replica. A secret: never logged.",
+    )
+    resume_store_ttl_s: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="How long a session's state stays in the store (each entry's time to live) after a drain "
+        "wrote it.",
+    )
     warmup_steps: int = Field(
         4, ge=0, le=100, description="Engine ticks on every slot at start, before the server reports ready."
     )

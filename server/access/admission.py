@@ -31,6 +31,10 @@ from kame.server.telemetry.logs import SessionLogger, session_logger
 if TYPE_CHECKING:
     from kame.server.access.ephemeral import EphemeralGrant
     from kame.server.app.factory import AppState
+    from kame.session.settings import SessionSettings
+
+#: The upgrade answer's header naming the session (a resume handle starts with the same id).
+ROUTE_HEADER = b"x-kame-session"
 
 SendError = Callable[[WebSocket, str], Awaitable[None]]
 
@@ -47,6 +51,8 @@ class Admitted:
     grant: EphemeralGrant | None = None
     #: The wire's own query parameters (``admit``'s ``wire_params``), None where the wire reads none.
     wire_params: WireParams | None = None
+    #: A resumed session's settings (server/runtime/resume_route.py): the wire starts with them.
+    restored: SessionSettings | None = None
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,
@@ -74,8 +80,9 @@ async def admit(ws: WebSocket, state: AppState, send_error: SendError, *, send_r
     cfg = state.cfg.server
     host = state.host
     creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
-    await ws.accept(subprotocol=creds.subprotocol)
     session_id = uuid.uuid4().hex[:12]
+    # the session's id on the upgrade's answer: a load balancer learns where a resume goes (deploy/haproxy.cfg)
+    await ws.accept(subprotocol=creds.subprotocol, headers=[(ROUTE_HEADER, session_id.encode())])
     log = session_logger(session_id)
     peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
 

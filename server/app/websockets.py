@@ -51,7 +51,7 @@ def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
         admitted.log.info("chat parameter: %s", notice)
     wire = moshi.MoshiWire(state.host.sample_rate, state.host.frame_size, server_info=info,
                            max_duration_s=state.cfg.server.max_duration_s, vocab=vocab,
-                           kame_messages=params.kame_messages, notices=notices)
+                           kame_messages=params.kame_messages, notices=notices, kame_resume=params.kame_resume)
     return wire, settings
 
 
@@ -65,6 +65,8 @@ def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[W
     if admitted.grant is not None:  # an ek_ key: its session config starts the session and bounds it
         info = admitted.grant.narrow(info)
         settings = replace(admitted.grant.settings, record=_recording(state) and admitted.grant.settings.record)
+    if admitted.restored is not None:  # resumed from another replica: the settings it had there
+        settings = admitted.restored
     vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
     kame_events = realtime.kame_events_query(ws.query_params.get("kame_events"))
     return realtime.RealtimeWire(info, settings, host.frame_size, vocab, kame_events=kame_events), settings

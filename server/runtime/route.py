@@ -24,6 +24,7 @@ from kame.session.settings import SessionSettings
 if TYPE_CHECKING:
     from kame.server.app.factory import AppState
     from kame.server.runtime.recording import SessionRecorder
+    from kame.server.runtime.resume import ResumeHook
     from kame.server.runtime.transport import Transport
     from kame.server.telemetry.logs import SessionLogger
 
@@ -62,6 +63,11 @@ async def serve(ws: WebSocket, route: WireRoute) -> None:
 
     if route.sideband is not None and await route.sideband(ws):
         return
+    if "resume" in ws.query_params:  # a client back with its handle (server/runtime/resume_route.py)
+        from kame.server.runtime.resume_route import serve_resume
+
+        await serve_resume(ws, state, route, ws.query_params["resume"])
+        return
     admitted = await admit(ws, state, send_error, send_reason=route.send_reason, ephemeral=route.ephemeral_keys,
                            wire_params=route.params)
     if admitted is None:
@@ -69,12 +75,29 @@ async def serve(ws: WebSocket, route: WireRoute) -> None:
     wire, settings = route.open(state, admitted, ws)
     admitted.log.info("session accepted", extra={"peer": admitted.peer, "protocol": route.protocol,
                                                  "ignored_params": ",".join(admitted.params.ignored) or "-"})
-    await run_session(state, ws, wire, settings, admitted.session_id, admitted.log, input_buffer_s=route.input_buffer_s(state))
+    await run_session(state, ws, wire, settings, admitted.session_id, admitted.log, input_buffer_s=route.input_buffer_s(state),
+                      resume=resume_hook(state, ws, wire, admitted))
+
+
+def resume_hook(state: AppState, ws: WebSocket, wire: Wire, admitted: Admitted) -> ResumeHook | None:
+    """The resume side of a session on a wire that can carry handles (server/runtime/resume.py): the handle
+    goes out once the client asks for it (Realtime: kame's events, also when turned on later), else None."""
+    from kame.server.access.auth import websocket_credentials
+    from kame.server.runtime.resume import ResumeHook, ResumeWire, binding_of, registry_of
+
+    cfg = state.cfg.server
+    if cfg.resume_grace_s <= 0 or not isinstance(wire, ResumeWire):
+        return None
+    creds = websocket_credentials(ws.headers, ws.query_params, list(ws.scope.get("subprotocols") or []))
+    grant = admitted.grant
+    binding = binding_of(creds.token if grant is None else None, grant.session if grant is not None else None)
+    return ResumeHook(registry_of(ws.app.state, cfg, lambda: state.sessions.draining), binding, wire)
 
 
 async def run_session(state: AppState, transport: WebSocket | Transport, wire: Wire, settings: SessionSettings,
                       session_id: str, log: SessionLogger, *, input_buffer_s: float = 0.0,
-                      started: Callable[[SessionRuntime], None] | None = None) -> SessionRuntime:
+                      started: Callable[[SessionRuntime], None] | None = None,
+                      resume: ResumeHook | None = None) -> SessionRuntime:
     """One session's runtime on ``transport`` until it ends, registered with the server's sessions
     (``started`` sees it first: a WebRTC call keeps it for hangup and the sideband)."""
     cfg = state.cfg.server
@@ -100,6 +123,7 @@ async def run_session(state: AppState, transport: WebSocket | Transport, wire: W
         input_buffer_s=input_buffer_s,
         new_recorder=new_recorder,
     )
+    runtime.resume = resume
     if started is not None:
         started(runtime)
     state.sessions.add(runtime)

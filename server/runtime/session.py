@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from kame.server.config import ServerConfig
     from kame.server.runtime.recording import SessionRecorder
+    from kame.server.runtime.resume import ResumeHook
     from kame.server.telemetry.logs import SessionLogger
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.server.telemetry.protocol_metrics import ProtocolMetrics
@@ -127,6 +128,12 @@ class SessionRuntime:
         self.frames_in = 0
         self.frames_out = 0
         self.frames_dropped = 0
+        #: Set for a session whose client can resume it (server/runtime/resume.py); None: today's end.
+        self.resume: ResumeHook | None = None
+        #: When the connection dropped while the session is held for a resume (None: attached).
+        self.away_since: float | None = None
+        #: The close code of the client's close frame (1006: none came, the connection dropped).
+        self.client_close_code: int | None = None
 
     @property
     def protocol(self) -> str:
@@ -149,12 +156,15 @@ class SessionRuntime:
     def notify_draining(self, seconds_left: float) -> None:
         """The server drains (:class:`~kame.server.runtime.manager.DrainAware`): the wire tells the client how long
         the session has left."""
-        self._queue(self.wire.draining(seconds_left))
+        told = self.resume.draining(self, seconds_left) if self.resume is not None else None
+        self._queue(told if told is not None else self.wire.draining(seconds_left))
         self.log.info("server draining: session ends in %.1f s", seconds_left)
 
     def end_with(self, end: SessionEnd) -> None:
         if self.ended is not None:
             return
+        if end.label == "client_closed" and self.resume is not None and self.resume.hold(self):
+            return  # held for the client's return (server/runtime/resume.py)
         self.ended = end
         self._end_event.set()
 
@@ -163,6 +173,8 @@ class SessionRuntime:
         try:
             await self._run()
         finally:
+            if self.resume is not None:
+                self.resume.session_ended()
             self.done.set()
 
     async def _run(self) -> None:
@@ -233,6 +245,8 @@ class SessionRuntime:
                     *self.transport.tasks(),
                 ):
                     self._tasks[name] = asyncio.create_task(self._guard(work, name))
+                if self.resume is not None:
+                    self.resume.started(self)
                 await self._end_event.wait()
         except Exception as exc:
             self.log.exception("session failed")
@@ -283,6 +297,46 @@ class SessionRuntime:
             },
         )
 
+    # ------------------------------------------------------------------ resume (server/runtime/resume.py)
+    def say(self, messages: Sequence[Outgoing]) -> None:
+        """Queue messages to the client (the resume hook's notices)."""
+        self._queue(messages)
+
+    def detach_transport(self) -> Transport:
+        """The connection is gone but the session is held: receiving, feeding and sending stop; the pipeline,
+        its LLM request, the pump and the slot stay (a slot fed nothing is skipped by the engine's batch).
+        Returns the transport let go."""
+        self.away_since = time.monotonic()
+        for name in ("receive", "feed", "send", *(n for n, _ in self.transport.tasks())):
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+        return self.transport
+
+    def attach_transport(self, transport: Transport, first: Sequence[Outgoing]) -> None:
+        """A resumed connection: ``first`` goes out before what waited in the send queue, then the tasks
+        that ``detach_transport`` stopped run again, on fresh clocks (idle, pacing)."""
+        self.transport = transport
+        now = time.monotonic()
+        self.away_since = None
+        self.last_audio = self.send_q.last_send = now
+        self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
+        while self._after_audio and self.pipeline is not None:  # the audio they waited for is not coming
+            self.pipeline.apply(self._after_audio.pop(0)[1])
+
+        async def send_first_then_queue() -> None:
+            for out in first:
+                try:
+                    await self._write(out)
+                except (WebSocketDisconnect, OSError, RuntimeError):
+                    self.end("client_closed", None)
+                    return
+            await self._send()
+
+        for name, work in (("receive", self._receive), ("feed", self._feed_loop), ("send", send_first_then_queue),
+                           *transport.tasks()):
+            self._tasks[name] = asyncio.create_task(self._guard(work, name))
+
     # ------------------------------------------------------------------ sending
     def _write(self, out: Outgoing) -> Awaitable[None]:
         return self.transport.send(out)
@@ -315,6 +369,7 @@ class SessionRuntime:
                     return
                 continue
             if message["type"] == "websocket.disconnect":
+                self.client_close_code = message.get("code")
                 self.end("client_closed", None)
                 return
             now = time.monotonic()
@@ -461,6 +516,8 @@ class SessionRuntime:
         if command.ignored:
             self.log.debug("settings: ignored %s", ",".join(command.ignored))
         self._queue(self.wire.settings_applied(new, command))
+        if self.resume is not None:  # kame's events turned on: the session becomes resumable
+            self.resume.offer(self)
 
     def _function_output(self, command: FunctionOutputIn) -> None:
         assert self.pipeline is not None
@@ -548,6 +605,8 @@ class SessionRuntime:
         warned = False
         while True:
             await asyncio.sleep(watch_period(self.cfg))
+            if self.away_since is not None:  # held for a resume: the resume window rules, not idleness
+                continue
             verdict = watch(self.cfg, now=time.monotonic(), started=self.started, last_audio=self.last_audio,
                             last_send=self.send_q.last_send, send_pending=self.send_q.pending, warned=warned)
             if verdict.end is not None:

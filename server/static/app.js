@@ -91,6 +91,7 @@ const kame = {
   micSettings: null,
   sampleRate: null,
   reconnects: 0,
+  resumes: 0,
   // "webrtc" or "websocket": what the next (or current) conversation uses; `fallback` says why the
   // page left WebRTC; `rtc` is the browser's own statistics of a WebRTC call.
   transport: forced || (webrtcAvailable() ? "webrtc" : "websocket"),
@@ -103,6 +104,9 @@ const kame = {
 window.kame = kame;
 
 let client = null;
+// Resuming (docs/protocol.md, "Reconnecting"): the session's handle (kame.session.resumable), and whether the
+// connection being opened takes that session back rather than starting a new conversation.
+const resume = { handle: null, active: false };
 let micPending = false; // waiting for getUserMedia (the permission prompt)
 let sessionReady = false;
 let closeMessage = null; // the fatal error event's text, shown when the socket closes
@@ -378,7 +382,7 @@ function openTransport() {
   const token = ui.token.value.trim();
   const c = kame.transport === "webrtc"
     ? new WebRtcClient({ token, track: io.stream.getAudioTracks()[0], iceTimeoutMs })
-    : new RealtimeClient({ token });
+    : new RealtimeClient({ token, resume: resume.active ? resume.handle : null });
   client = c;
   kame.rtc = null;
   if (c.setMicOpen) c.setMicOpen(kame.micMode === "open" || kame.talking);
@@ -406,6 +410,8 @@ function stopRetrying() {
   retry.failures = 0;
   retry.started = false;
   retry.lastKind = null;
+  resume.handle = null; // the next connection is a new conversation
+  resume.active = false;
 }
 
 async function disconnect() {
@@ -426,10 +432,39 @@ async function readyStatus() {
   }
 }
 
+function resumeAfter(code, opened) {
+  // A dropped connection (1006), or a drain or restart (1001, 1012), of a session that has a handle: take it
+  // back. A resume refused for good (1008: expired, unknown) starts a new conversation.
+  if (!resume.handle || kame.transport !== "websocket") return false;
+  if (resume.active && code === 1008) {
+    resume.handle = null;
+    resume.active = false;
+    notice("warn", "The conversation could not be resumed: starting a new one.");
+    setPhase("waiting", "Reconnecting…", "busy");
+    retry.timer = setTimeout(() => {
+      retry.timer = null;
+      if (kame.phase === "waiting") connect({ reconnecting: true });
+    }, 200);
+    return true;
+  }
+  if (!(opened || resume.active) || ![1001, 1006, 1012].includes(code) || retry.failures >= BACKOFF.attempts) return false;
+  retry.failures += 1;
+  const delay = resume.active ? backoffDelayS(BACKOFF, retry.failures, Math.random()) : 0.2;
+  resume.active = true;
+  setPhase("waiting", "Resuming…", "busy");
+  notice("warn", `Connection lost: resuming this conversation in ${delay.toFixed(1)} s…`);
+  retry.timer = setTimeout(() => {
+    retry.timer = null;
+    if (kame.phase === "waiting") connect({ reconnecting: true });
+  }, delay * 1000);
+  return true;
+}
+
 async function onClose({ code, reason, opened }) {
   client = null;
   sessionReady = false;
   io.stop().catch(() => {}); // the microphone is released while no conversation runs
+  if (resumeAfter(code, opened)) return;
   const handshakeFailed = !opened && code === 1006;
   setPhase(handshakeFailed ? "waiting" : "idle", handshakeFailed ? "Reconnecting…" : "Disconnected", handshakeFailed ? "busy" : "idle");
   const kind = retryKind({ code, reason: reason || "", opened, readyStatus: handshakeFailed ? await readyStatus() : null,
@@ -625,8 +660,24 @@ function onServerEvent(event) {
     case "kame.asr.error":
       notice("warn", `Speech recognition stopped (${event.message}); the conversation goes on without transcripts.`);
       break;
+    case "kame.session.resumable":
+      resume.handle = event.handle;
+      break;
+    case "kame.session.resumed":
+      kame.resumes += 1;
+      notice("info", event.voice === "continued"
+        ? "Resumed: the same conversation goes on, the voice where it stopped."
+        : "Resumed on another server: the same conversation goes on (the voice starts fresh, the assistant remembers).");
+      break;
     case "kame.session.ending":
-      if (event.reason === "draining") {
+      if (event.reason === "draining" && event.handle && client && client.transport !== "webrtc") {
+        // the server hands the conversation over as soon as this connection is gone: leave now, come back
+        resume.handle = event.handle;
+        notice("warn", "The server is shutting down for an update: moving this conversation to another server…");
+        const c = client;
+        c.close();
+        onClose({ code: 1001, reason: "server shutting down", opened: true }, c);
+      } else if (event.reason === "draining") {
         notice("warn", `The server is shutting down for an update: this conversation ends in ${Math.round(event.seconds_left)} s, ` +
           "then the page reconnects (a new conversation).");
       } else notice("info", `This conversation reaches its maximum length in ${Math.round(event.seconds_left)} s.`);
@@ -638,6 +689,16 @@ function onServerEvent(event) {
 
 function onSessionCreated(session) {
   applyServerInfo(session);
+  if (resume.active) { // the same session: its settings, items and panes stay
+    resume.active = false;
+    kame.session = session;
+    sessionReady = true;
+    retry.failures = 0;
+    retry.lastKind = null;
+    applySession(session);
+    setPhase("live", "Live", "live");
+    return;
+  }
   const k = session.kame || {};
   // The choices made before connecting, in one update before any audio flows.
   const fields = {};

@@ -16,9 +16,12 @@ export function realtimeUrl(base = document.baseURI) {
 }
 
 export class RealtimeClient extends EventTarget {
-  constructor({ url = realtimeUrl(), token = "" } = {}) {
+  // resume: a handle from kame.session.resumable: this connection takes the same session back
+  // (docs/protocol.md, "Reconnecting").
+  constructor({ url = realtimeUrl(), token = "", resume = null } = {}) {
     super();
-    this.url = url;
+    this.url = resume ? `${url}&resume=${encodeURIComponent(resume)}` : url;
+    this.resuming = Boolean(resume);
     this.token = token;
     this.ws = null;
     this.opened = false;

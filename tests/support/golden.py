@@ -181,8 +181,8 @@ _TIME_KEYS = re.compile(r"(_ms|_s|_at)$|^(seconds|ms|t)$")
 VOLATILE_TEXT_EVENTS = frozenset({"session.output_transcript.delta", "response.output_audio_transcript.delta"})
 #: Audio out: one per 80 ms frame while the session lasts, so their count is the clock's.
 AUDIO_EVENTS = frozenset({"session.output_audio.delta", "response.output_audio.delta", "kame.output_audio.delta"})
-#: Sent every usage_interval_s of wall time.
-CLOCK_EVENTS = frozenset({"session.usage.updated"})
+#: Sent every usage_interval_s of wall time; and a session's random resume handle (tests/calls/test_resume_*.py).
+CLOCK_EVENTS = frozenset({"session.usage.updated", "kame.session.resumable"})
 
 
 class Normaliser:

@@ -48,9 +48,12 @@ class ChatParams:
     voice_prompt: str | None = None
     #: The client gets kame's 0x04 server info and 0x05 notices.
     kame_messages: bool = True
+    #: ``kame_resume=1``: the client gets resume handles as 0x04 JSON messages (server/runtime/resume.py).
+    kame_resume: bool = False
 
-    #: The query parameters read here (not reported as ignored).
-    known: ClassVar[frozenset[str]] = frozenset({"text_prompt", "seed", "voice_prompt", "kame_messages"})
+    #: The query parameters read here (not reported as ignored); ``resume`` carries a handle back.
+    known: ClassVar[frozenset[str]] = frozenset({"text_prompt", "seed", "voice_prompt", "kame_messages", "kame_resume",
+                                                 "resume"})
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> ChatParams:
@@ -70,12 +73,16 @@ class ChatParams:
         if raw not in ("", "0", "1", "true", "false"):
             raise ParamError("query parameter kame_messages: expected 0 or 1")
         messages = (raw in ("1", "true")) if raw else not persona_client
+        resume = (query.get("kame_resume") or "").strip().lower()
+        if resume not in ("", "0", "1", "true", "false"):
+            raise ParamError("query parameter kame_resume: expected 0 or 1")
         persona = _without_system_tags(text) if text is not None else ""
         return cls(
             text_prompt=persona or None,
             seed=seed,
             voice_prompt=voice or None,
             kame_messages=messages,
+            kame_resume=resume in ("1", "true"),
         )
 
     def apply(self, settings: SessionSettings) -> SessionSettings:

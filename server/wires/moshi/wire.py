@@ -51,8 +51,11 @@ class MoshiWire(Wire):
 
     def __init__(self, sample_rate: int = SAMPLE_RATE, frame_size: int = FRAME_SIZE, *, server_info: ServerInfo | None = None,
                  max_duration_s: float = 600.0, vocab: TextVocab = MOSHI_VOCAB, kame_messages: bool = True,
-                 notices: Sequence[str] = ()) -> None:
+                 notices: Sequence[str] = (), kame_resume: bool = False) -> None:
         self.vocab = vocab
+        self._rates = (sample_rate, frame_size)
+        #: ``kame_resume=1``: resume handles as 0x04 JSON (a client that did not ask never sees them).
+        self.kame_resume = kame_resume
         self._opus_in = OpusIn(sample_rate, frame_size)
         self._opus_out = OpusOut(sample_rate)
         self.server_info = server_info
@@ -108,6 +111,25 @@ class MoshiWire(Wire):
         if isinstance(event, ToolsRefused):
             return self._notice(protocol.tools_refused_notice(event.backend, client_safe(event.reason, 200)))
         return []
+
+    # -- resume (server/runtime/resume.py): 0x04 JSON messages, only with kame_resume=1
+    @property
+    def resume_offered(self) -> bool:
+        return self.kame_resume
+
+    def resumable(self, handle: str, expires_in_s: float) -> list[Outgoing]:
+        return [Outgoing(protocol.encode_metadata({"type": "kame.session.resumable", "handle": handle,
+                                                   "expires_in_s": round(expires_in_s, 1)}))]
+
+    def resumed(self, info: dict[str, object]) -> list[Outgoing]:
+        # a new connection is a new Ogg stream both ways
+        self._opus_in = OpusIn(*self._rates)
+        self._opus_out = OpusOut(self._rates[0])
+        return [Outgoing(protocol.encode_metadata({"type": "kame.session.resumed", **info}))]
+
+    def ending_with_handle(self, reason: str, seconds_left: float, handle: str) -> list[Outgoing]:
+        return [*self.draining(seconds_left), Outgoing(protocol.encode_metadata(
+            {"type": "kame.session.ending", "reason": reason, "seconds_left": round(seconds_left, 1), "handle": handle}))]
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
         return self._notice(protocol.expiring_notice(seconds_left, self.max_duration_s))

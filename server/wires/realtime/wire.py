@@ -368,6 +368,21 @@ class RealtimeWire(Wire):
     def draining(self, seconds_left: float) -> list[Outgoing]:
         return self._out([{"type": "kame.session.ending", "reason": "draining", "seconds_left": round(seconds_left, 1)}])
 
+    # -- resume (server/runtime/resume.py): only to a client that asked for kame's events
+    @property
+    def resume_offered(self) -> bool:
+        return self.kame_events
+
+    def resumable(self, handle: str, expires_in_s: float) -> list[Outgoing]:
+        return self._out([{"type": "kame.session.resumable", "handle": handle, "expires_in_s": round(expires_in_s, 1)}])
+
+    def resumed(self, info: dict[str, object]) -> list[Outgoing]:
+        return self._out([{"type": "kame.session.resumed", **info, "session_id": f"sess_{self.info.session_id}"}])
+
+    def ending_with_handle(self, reason: str, seconds_left: float, handle: str) -> list[Outgoing]:
+        return self._out([{"type": "kame.session.ending", "reason": reason, "seconds_left": round(seconds_left, 1),
+                           "handle": handle}])
+
     def closing(self, end: SessionEnd) -> list[Outgoing]:
         events: list[Event] = []
         if end.label != "slow_client":
