@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from kame.frontend.config import FrontendConfig
+from kame.frontend.host_copy import HostCopy
 from kame.frontend.models import FrontendModels
 from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
 from kame.frontend.oracle_fifo import OracleFifo
@@ -228,6 +229,12 @@ class EngineCore:
         self._first_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping their first frame
         self._prompt_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping a prompt frame
         self._pcm_host = torch.zeros(self.batch_size, 1, self.frame_size, dtype=torch.float32)
+        # LM steps of each slot since its reset (moshi's ``offsets``, kept on the host): a slot's output is
+        # generated once they pass the acoustic delay, known without reading the tokens back
+        self._lm_steps = torch.zeros(self.batch_size, dtype=torch.long)
+        self._max_delay = int(self.lm_gen.max_delay)
+        #: every device-to-host copy of a tick goes through it: one a tick
+        self.host_copy = HostCopy(self.device)
         self._temp_scale = torch.ones(self.batch_size, 1, device=self.device)
         self._topk = torch.zeros(self.batch_size, dtype=torch.long)
         self._per_slot_sampling = False
@@ -296,6 +303,7 @@ class EngineCore:
             self.mimi.reset_streaming(mask_dev)
             self.lm_gen.reset_streaming(mask_dev)
         self._mimi_mask = self._lm_mask = None  # reset re-enables the slot's exec mask
+        self._lm_steps[slot] = 0
         self._stt_mask[slot] = False
         self._stt_lag.pop(slot, None)
         state = self.slots[slot]
@@ -532,21 +540,32 @@ class EngineCore:
         else:
             out = self.lm_gen.step(lm_codes)  # moshi slices the 8 codebooks it needs
         assert out is not None  # support_out_of_sync: never None
-        stt_out: dict[int, Any] = {}
-        if self.stt is not None:
-            stt_mask = heard & self._stt_mask
-            if bool(stt_mask.any()):
-                stt_out = self.stt.step_codes(self._stt_codes(codes, stt_mask), stt_mask)
-        tokens = out[:, :, 0].cpu()
-        generated = (tokens != UNGENERATED).all(dim=1) & heard
-        pcm_np: np.ndarray | None = None
-        if bool(generated.any()):
+        self._lm_steps += mask.long()  # moshi: offsets + 1 where the exec mask is set
+        stt_dev: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        stt_mask = heard & self._stt_mask
+        if self.stt is not None and bool(stt_mask.any()):
+            stt_dev = self.stt.step_device(self._stt_codes(codes, stt_mask), stt_mask)
+        # moshi's rule (LMGen._step): a row is ungenerated while offsets <= max_delay or masked out
+        generated = heard & (self._lm_steps > self._max_delay)
+        has_pcm = bool(generated.any())
+        parts = [out[:, :, 0]]
+        if has_pcm:
             self._set_mimi_mask(generated)
             audio = out[:, 1:, :]
-            if not bool(generated.all()):
-                audio = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
-            pcm = self.mimi.decode(audio)  # [B, 1, frame]
-            pcm_np = pcm[:, 0, :].float().cpu().numpy()
+            audio = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
+            parts.append(self.mimi.decode(audio)[:, 0, :])  # [B, frame]
+        if stt_dev is not None:
+            parts.append(stt_dev[0])
+            if stt_dev[1] is not None:
+                parts.append(stt_dev[1])
+        host = self.host_copy.fetch(parts)  # the tick's one device-to-host copy
+        tokens = host[0]
+        pcm_np = host[1].numpy() if has_pcm else None
+        stt_out: dict[int, Any] = {}
+        if stt_dev is not None:
+            assert self.stt is not None
+            k = 2 if pcm_np is not None else 1
+            stt_out = self.stt.host_steps(stt_mask, host[k], host[k + 1] if stt_dev[1] is not None else None)
         return tokens.numpy(), pcm_np, stt_out
 
     def _check_slot(self, slot: int) -> None:
