@@ -34,7 +34,7 @@ import torch
 from kame.frontend.config import FrontendConfig
 from kame.frontend.host_copy import HostCopy
 from kame.frontend.models import FrontendModels
-from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
+from kame.frontend.moshi_gate import MoshiMode, gate_check_from_env, make_kernels_compilable, moshi_call, resolve_compile
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
 from kame.frontend.personaplex import install_full_depformer
@@ -203,6 +203,9 @@ class EngineCore:
             on_text_logits_hook=_weak_hook(self._text_logits_hook),
         )
         self.mode = MoshiMode(compile=resolve_compile(cfg.compile, self.device.type), cuda_graphs=cfg.cuda_graphs)
+        models.mode = self.mode  # a wav voice's Mimi pass runs as the ticks do
+        if gate_check_from_env():
+            log.info("moshi gate check on (KAME_MOSHI_GATE_CHECK=1): a call into moshi outside the gate raises")
         if self.mode.compile:
             make_kernels_compilable()
         #: PersonaPlex checkpoints: each slot's system prompts (kame.frontend.prompts); None otherwise.
@@ -265,6 +268,7 @@ class EngineCore:
     def disable_compile(self) -> None:
         """Run eager from now on (compiling failed); a shared STT follows."""
         self.mode = MoshiMode(compile=False, cuda_graphs=self.mode.cuda_graphs)
+        self.models.mode = self.mode
         if self.stt is not None:
             self.stt.mode = self.mode
 

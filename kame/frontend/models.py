@@ -19,6 +19,7 @@ from kame.frontend.loading import (
     load_tokenizer,
     resolve_dtype,
 )
+from kame.frontend.moshi_gate import MoshiMode, moshi_call
 from kame.frontend.personaplex import DEPFORMER_STEPS, PersonaPlexSpec
 from kame.frontend.prompts import PromptPlan, build_plan
 from kame.frontend.voices import SavedVoice, UnknownVoice, VoiceCatalog, WavVoice, unpack_voices
@@ -41,6 +42,8 @@ class FrontendModels:
     voices: VoiceCatalog | None = None
     #: Depformer steps run a frame (PersonaPlex: 16, of which the agent's 8 are kept).
     depformer_steps: int = 0
+    #: how moshi runs for these models (the engine sets its own: a wav voice's Mimi pass runs like its ticks)
+    mode: MoshiMode = MoshiMode()
     _wav_mimi: Any = None
 
     @cached_property
@@ -99,19 +102,20 @@ class FrontendModels:
 
         from kame.frontend.loading import load_mimi
 
-        if self._wav_mimi is None:
-            self._wav_mimi = load_mimi(self.files, self.device, lm_num_codebooks(self.files))
         pcm = np.asarray(voice.pcm, np.float32).reshape(-1)
         n = -(-pcm.size // self.frame_size)
         padded = np.zeros(n * self.frame_size, np.float32)
         padded[: pcm.size] = pcm
-        codes: list[list[int]] = []
-        with torch.no_grad(), self._wav_mimi.streaming(1):
-            for i in range(n):
-                chunk = torch.from_numpy(padded[i * self.frame_size : (i + 1) * self.frame_size]).to(self.device)
-                got = self._wav_mimi.encode(chunk[None, None])
-                codes.append([int(c) for c in got[0, :, 0].tolist()])
-        return codes
+        frames = torch.from_numpy(padded).view(n, 1, 1, self.frame_size).to(self.device)
+        got = []
+        # inside the process-wide moshi gate, with the engine's mode: the engine thread is inside moshi too
+        with moshi_call(self.mode), torch.no_grad():
+            if self._wav_mimi is None:
+                self._wav_mimi = load_mimi(self.files, self.device, lm_num_codebooks(self.files))
+            with self._wav_mimi.streaming(1):
+                for i in range(n):
+                    got.append(self._wav_mimi.encode(frames[i])[0, :, 0])
+        return [[int(c) for c in row] for row in torch.stack(got).cpu().tolist()]
 
 
 def runnable_mismatch(
