@@ -108,6 +108,19 @@ class SttCore:
                 self.mimi.streaming_forever(batch_size)
             self.gen.streaming_forever(batch_size)
 
+    def restart_streaming(self) -> None:
+        """A fresh streaming state for every slot (after a failed compile left a step half done); slots detached."""
+        from kame.frontend.engine import end_streaming
+
+        with self._guard():
+            for module in (self.gen, self.mimi):
+                if module is not None:
+                    end_streaming(module)
+            if self.mimi is not None:
+                self.mimi.streaming_forever(self.batch_size)
+            self.gen.streaming_forever(self.batch_size)
+        self._mask = self._mimi_mask = None
+
     @classmethod
     def from_spec(
         cls, spec: str, device: torch.device, batch_size: int, *, cache_dir: str | Path | None = None, **kw: Any

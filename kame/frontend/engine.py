@@ -34,7 +34,14 @@ import torch
 from kame.frontend.config import FrontendConfig
 from kame.frontend.host_copy import HostCopy
 from kame.frontend.models import FrontendModels
-from kame.frontend.moshi_gate import MoshiMode, gate_check_from_env, make_kernels_compilable, moshi_call, resolve_compile
+from kame.frontend.moshi_gate import (
+    MoshiMode,
+    first_line,
+    gate_check_from_env,
+    make_kernels_compilable,
+    moshi_call,
+    resolve_compile,
+)
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
 from kame.frontend.personaplex import install_full_depformer
@@ -225,7 +232,6 @@ class EngineCore:
                 raise ValueError("a shared Kyutai STT needs Mimi with 32 codebooks (load_frontend(mimi_codebooks=32))")
             if stt.batch_size != self.batch_size:
                 raise ValueError("the shared STT must have as many slots as the engine")
-            self._stt_silence = self._silence_codes(stt.silence_prefix_frames)
         self.slots = [_SlotState(fifo=OracleFifo(self.start_id, self.idle_id, cfg.oracle_fifo_size)) for _ in range(self.batch_size)]
         self._oracle_host = torch.full((self.batch_size,), self.idle_id, dtype=torch.long)
         self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
@@ -247,11 +253,44 @@ class EngineCore:
         self._lm_mask: torch.Tensor | None = None
         self.ticks = 0
         self.log_step_errors = True  #: off while a warm-up handles a failure itself (compile fallback)
+        try:  # the first model calls of a load (a shared STT's silence prefix through Mimi compiles first)
+            self._stt_silence = None if stt is None else self._silence_codes(stt.silence_prefix_frames)
+            self._start_streaming()
+        except Exception as exc:
+            if not self.mode.compile:
+                raise
+            self.fall_back_to_eager("load", exc)
+
+    def _start_streaming(self) -> None:
         prime_streaming_children(self.lm_gen)
-        prime_streaming_children(models.mimi)
+        prime_streaming_children(self.models.mimi)
         with self._compile_guard():
-            models.mimi.streaming_forever(self.batch_size)
+            self.models.mimi.streaming_forever(self.batch_size)
             self.lm_gen.streaming_forever(self.batch_size)
+
+    def fall_back_to_eager(self, where: str, exc: BaseException) -> None:
+        """Compiling failed at ``where`` (load, warm-up): one log line, then eager from a rebuilt streaming
+        state (a step that failed half-way leaves offsets and caches of some modules advanced, and its
+        CUDA graphs half captured): the LM, Mimi and a shared STT restart, every slot detached."""
+        log.warning("torch.compile failed at %s, running eager: %s", where, first_line(exc))
+        self.disable_compile()
+        with self._compile_guard():
+            for module in (self.lm_gen, self.mimi):
+                end_streaming(module)
+        if self.stt is not None:
+            self.stt.restart_streaming()
+            self._stt_silence = self._silence_codes(self.stt.silence_prefix_frames)  # before Mimi streams for B
+        self._start_streaming()
+        for slot, state in enumerate(self.slots):
+            state.attached = False
+            state.steps = 0
+            state.fifo.clear()
+            if self.prompts is not None:
+                self.prompts.clear(slot)
+        self._mimi_mask = self._lm_mask = None
+        self._lm_steps.zero_()
+        self._stt_mask.zero_()
+        self._stt_lag.clear()
 
     # ------------------------------------------------------------------ set-up helpers
     def _compile_guard(self) -> Any:

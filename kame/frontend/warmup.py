@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from kame.frontend.engine import EngineCore, EngineStepError
-from kame.frontend.moshi_gate import compiled_graphs, first_line
+from kame.frontend.moshi_gate import compiled_graphs
 from kame.frontend.prompts import PromptPlan
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,7 @@ def warm_up_engine(core: EngineCore, steps: int) -> float:
     except EngineStepError as exc:
         if not core.mode.compile:
             raise
-        log.warning("torch.compile failed at warm-up, running eager: %s", first_line(exc.cause))
-        core.disable_compile()
+        core.fall_back_to_eager("warm-up", exc.cause)
         _ticks(core, steps)
     finally:
         core.log_step_errors = True
