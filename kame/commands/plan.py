@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 NAME = "plan"
 HELP = "Print the configured models' parameters, weight and KV-cache bytes, and the largest batch a GPU holds."
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     gib = usable / GIB
     max_batch = largest_batch(plan, usable)
     batch = int(cfg.frontend.batch_size)
-    by_card = [
+    by_card: list[dict[str, Any]] = [
         {"gpu": label, "usable_gib": round(u / GIB, 2), "total_gib": round(t / GIB, 2), "source": src,
          "max_batch": {w: largest_batch(p, u) for w, p in sorted(plans.items())}}
         for label, u, t, src in cards
