@@ -405,6 +405,7 @@ class Check:
         if self.smoke:  # CPU: the engine turns compile off anyway; NO_TORCH_COMPILE covers the STT too
             self.env["NO_TORCH_COMPILE"] = "1"
             self.env.setdefault("OMP_NUM_THREADS", "1")
+        self.int8_available = has_int8_weights()
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.tail: list[str] = []

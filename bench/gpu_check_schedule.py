@@ -9,7 +9,8 @@ priority (what is dropped first when time runs short is the LAST of this list):
 batch whose p99 tick is under 80 ms (secant steps between the best batch under and the smallest
 over; when cut short the result is the bracket); 4. a real server at that batch (its clients'
 seconds shrink before it is dropped); 5. the Kyutai STT beside the engine; 6. int8 weights and
-their behaviour agreement with bf16 (only where ``frontend.weights`` exists); 7. graphs off.
+their behaviour agreement with bf16 (only where ``frontend.weights`` exists; run last in the worker);
+7. graphs off.
 A stage runs only if, after its estimated cost, the time left still covers the minimum of every
 stage of higher priority not yet run; estimates are replaced by what the run measured.
 """
@@ -138,7 +139,8 @@ class Ops(Protocol):
     def stt(self, batch: int) -> dict[str, Any]: ...
 
     def int8(self, batch: int) -> dict[str, Any] | None:
-        """None: this build has no ``frontend.weights`` (the stage is skipped with a note)."""
+        """None: this build has no ``frontend.weights`` (the stage is skipped with a note); an ``int8_available``
+        attribute False says so before the schedule reserves time for it."""
 
     def graphs_off(self, batch: int) -> dict[str, Any]: ...
 
@@ -218,9 +220,16 @@ class Schedule:
                 r["stages_run"].append("search")
         r.update(search.result())
         best = max(1, search.lo)
-        for stage, cost, fn in (("stt", self.costs.stt_s, ops.stt), ("int8", self.costs.int8_s, ops.int8),
-                                ("graphs_off", self.costs.graphs_off_s, ops.graphs_off)):
-            if not self.allowed(stage, cost, before=("server",)):
+        int8_ok = bool(getattr(ops, "int8_available", True))
+        if not int8_ok:
+            self.notes.append("int8: skipped, this build has no frontend.weights (issue 62's int8 path)")
+        # graphs off before int8 (the worker then holds int8 weights), each keeping time for what outranks it
+        worker_stages = [("stt", self.costs.stt_s, ops.stt), ("graphs_off", self.costs.graphs_off_s, ops.graphs_off)]
+        if int8_ok:
+            worker_stages.append(("int8", self.costs.int8_s, ops.int8))
+        for i, (stage, cost, fn) in enumerate(worker_stages):
+            pending = ("server", *(later for later, _, _ in worker_stages[i + 1:]))
+            if not self.allowed(stage, cost, before=pending):
                 continue
             out, took = self._timed(lambda f=fn, b=(1 if stage == "graphs_off" else best): f(b))
             if out is None:

@@ -36,6 +36,7 @@ class FakeBox:
         self.tick_ms = tick_ms
         self.oom_above = oom_above
         self.has_int8 = int8
+        self.int8_available = int8
         self.compile_s = compile_s
         self.calls: list[str] = []
         self.compiled: set[int] = set()
@@ -133,7 +134,7 @@ def test_the_plan_max_under_80_ms_leaves_time_for_every_stage() -> None:
     box = FakeBox(34, line(30.0, 1.2), compile_s=40.0)
     result = run(box, budget=600.0)
     assert result["exact"] and result["largest_batch_under_80ms"] == 34
-    assert [c.split()[0] for c in box.calls] == ["load", "measure", "stt", "int8", "graphs_off", "close", "server"]
+    assert [c.split()[0] for c in box.calls] == ["load", "measure", "stt", "graphs_off", "int8", "close", "server"]
     assert box.calls[-1] == "server 34 60" and result["server"] == {"sessions": 34}
     assert result["int8"]["text_agreement"] == 0.97
 
@@ -145,7 +146,7 @@ def test_short_time_drops_the_stated_stages_first() -> None:
     # the search took the time (its last step too: the answer stands, its bracket is said); every later
     # stage dropped, each with a note saying why
     dropped = [n.split(":")[0] for n in result["notes"]]
-    assert dropped == ["search", "stt", "int8", "graphs_off", "server"], result["notes"]
+    assert dropped == ["search", "stt", "graphs_off", "int8", "server"], result["notes"]
     assert result["largest_batch_under_80ms"] == 24
     lo, hi = result["bracket"]
     assert lo == 24 and hi in (25, 26)
@@ -156,6 +157,7 @@ def test_no_int8_weights_in_this_build_is_a_note() -> None:
     result = run(box, budget=600.0)
     assert "int8" not in result and "int8" not in result["stages_run"]
     assert any(n.startswith("int8: skipped, this build has no frontend.weights") for n in result["notes"])
+    assert "int8 34" not in box.calls  # not asked, and no time kept for it
 
 
 def test_out_of_memory_at_the_plan_max_searches_below() -> None:
