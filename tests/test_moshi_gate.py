@@ -262,10 +262,12 @@ def test_wav_voice_and_sessions_step_moshi_only_inside_the_gate(
     cfg = FrontendConfig(checkpoint=str(ckpt), batch_size=2)
     models = load_frontend(cfg, torch.device("cpu"))
     core = EngineCore(models, cfg)
-    warm_up_engine(core, 2)
+    warm_up_engine(core, 2)  # encodes the wav voice (and frees the Mimi it needed)
+    assert models._wav_mimi is None and list(models._wav_codes_cache) == ["MINE"]
+    models._wav_codes_cache.clear()
     plan = models.prompt_plan("MINE", "Talk.")  # this thread, as `kame run` does
     assert plan is not None and plan.embeddings is None and plan.voice_frames == 4
-    models._wav_mimi = None  # the engine thread loads it again below
+    models._wav_codes_cache.clear()  # the engine thread encodes it again below
     engine = EngineThread(core)
     got: list[Any] = []
     errors: list[str] = []

@@ -91,3 +91,32 @@ def test_warm_up_steps_every_module_a_session_steps(
         assert calls["mimi encode"] >= 2  # not every warm-up tick is a prompt tick
     assert core.attached_slots() == []
     core.close()
+
+
+def test_warm_up_encodes_wav_voices_so_a_session_runs_no_mimi_pass(
+    tiny_personaplex_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from moshi.models.compression import MimiModel
+
+    from kame.audio.files import write_wav
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.models import load_frontend
+    from kame.frontend.warmup import warm_up_engine
+    from tests.support.personaplex_tiny import voice_pcm
+
+    ckpt = tmp_path / "pp"
+    shutil.copytree(tiny_personaplex_ckpt, ckpt)
+    write_wav(ckpt / "voices" / "MINE.wav", voice_pcm(5, seconds=0.3))
+    cfg = FrontendConfig(checkpoint=str(ckpt), batch_size=1)
+    models = load_frontend(cfg, torch.device("cpu"))
+    core = EngineCore(models, cfg)
+    warm_up_engine(core, 1)
+    assert list(models._wav_codes_cache) == ["MINE"] and models._wav_mimi is None  # its Mimi freed
+    encodes: list[int] = []
+    real = MimiModel.encode
+    monkeypatch.setattr(MimiModel, "encode", lambda self, x: encodes.append(1) or real(self, x))
+    plan = models.prompt_plan("MINE", "Talk.")
+    assert plan is not None and plan.voice_frames == 4 and encodes == []  # a session's attach: no Mimi pass
+    core.close()

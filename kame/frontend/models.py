@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ class FrontendModels:
     #: how moshi runs for these models (the engine sets its own: a wav voice's Mimi pass runs like its ticks)
     mode: MoshiMode = MoshiMode()
     _wav_mimi: Any = None
+    _wav_codes_cache: dict[str, list[list[int]]] = field(default_factory=dict)
 
     @cached_property
     def vocab(self) -> TextVocab:
@@ -95,9 +96,29 @@ class FrontendModels:
             return build_plan(self.personaplex, pad, role, loaded)
         return build_plan(self.personaplex, pad, role, voice_name=name, wav_codes=self._wav_codes(loaded))
 
+    def encode_wav_voices(self) -> int:
+        """Every wav voice's Mimi codes computed now (the warm-up does it, so no session runs that Mimi pass in
+        the engine thread), then the Mimi they needed freed; returns how many were encoded."""
+        if self.voices is None:
+            return 0
+        names = self.voices.wav_names
+        for name in names:
+            loaded = self.voices.load(name)
+            assert isinstance(loaded, WavVoice)
+            self._wav_codes(loaded)
+        self._wav_mimi = None
+        return len(names)
+
     def _wav_codes(self, voice: WavVoice) -> list[list[int]]:
-        """A wav voice's Mimi codes, frame by frame from a fresh streaming state (a Mimi of its own: the
-        engine's is streaming for its slots), the last frame padded with zeros, as PersonaPlex encodes it."""
+        """A wav voice's Mimi codes (computed once a voice), frame by frame from a fresh streaming state (a Mimi
+        of its own: the engine's is streaming for its slots), the last frame padded with zeros, as
+        PersonaPlex encodes it."""
+        cached = self._wav_codes_cache.get(voice.name)
+        if cached is None:
+            cached = self._wav_codes_cache[voice.name] = self._encode_wav(voice)
+        return cached
+
+    def _encode_wav(self, voice: WavVoice) -> list[list[int]]:
         import numpy as np
 
         from kame.frontend.loading import load_mimi

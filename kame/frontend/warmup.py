@@ -32,11 +32,13 @@ def warm_up_engine(core: EngineCore, steps: int) -> float:
     core.log_step_errors = False
     try:
         _ticks(core, steps)
-    except EngineStepError as exc:
+        core.models.encode_wav_voices()  # each wav voice's Mimi pass now, not in a session's attach
+    except Exception as exc:
         if not core.mode.compile:
             raise
-        core.fall_back_to_eager("warm-up", exc.cause)
+        core.fall_back_to_eager("warm-up", exc.cause if isinstance(exc, EngineStepError) else exc)
         _ticks(core, steps)
+        core.models.encode_wav_voices()
     finally:
         core.log_step_errors = True
     took = time.monotonic() - t0
