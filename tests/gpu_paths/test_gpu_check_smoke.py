@@ -55,7 +55,7 @@ def _top_levels(dist_name: str) -> set[str]:
     return out
 
 
-def make_bare_python(where: Path) -> Path:
+def make_bare_python(where: Path, *, numpy: bool = True) -> Path:
     """A venv whose only packages are torch (and its own requirements) and numpy, as on the GPU box."""
     venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(where)
     py = where / "bin" / "python"
@@ -63,7 +63,7 @@ def make_bare_python(where: Path) -> Path:
     pkgs = where / "pkgs"
     pkgs.mkdir()
     src = Path(metadata.distribution("torch").locate_file(""))
-    for dist in _dist_closure(["torch", "numpy"]):
+    for dist in _dist_closure(["torch", *(["numpy"] if numpy else [])]):
         for top in _top_levels(dist):
             if (src / top).exists() and not (pkgs / top).exists():
                 (pkgs / top).symlink_to(src / top)
@@ -132,6 +132,16 @@ def test_a_box_without_torch_or_numpy_gets_a_result_saying_so(tmp_path: Path) ->
     result = json.loads(out.read_text())
     assert result["ok"] is False and result["missing"] == ["torch", "numpy"], result
     assert "missing torch; numpy" in proc.stderr
+
+
+def test_a_box_with_torch_but_no_numpy_gets_a_result_saying_so(tmp_path: Path) -> None:
+    py = make_bare_python(tmp_path / "bare", numpy=False)
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([str(py), str(ROOT / "bench" / "gpu_check.py"), "all", "--smoke", "--out", str(out),
+                           "--work", str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(out.read_text())["missing"] == ["numpy"]
 
 
 def test_another_python_than_the_wheels_gets_a_result_saying_so(tmp_path: Path) -> None:
