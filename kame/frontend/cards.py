@@ -6,7 +6,8 @@ and the CUDA context a process creates takes about 1.1 GiB more before any
 tensor exists (measured on an H100 80GB HBM3: 79.6 GiB total, about 78.5 GiB
 free once the context exists). The plan and the server's refusal both use the
 free figure (:func:`kame.frontend.memory_plan.largest_batch`), so they agree on
-the largest batch.
+the largest batch. Sources: the H100's figures from issue 61; the others are the
+``memory.total`` values published for those cards, not measured by this project.
 """
 
 from __future__ import annotations
