@@ -50,7 +50,8 @@ copy server kame/server
 copy client kame/client
 copy configs kame/configs
 rm -rf "$DIR/src/kame/server/static" "$DIR/src/kame/data/mt_bench"  # web pages, evaluation data: not needed
-cp "$ROOT/bench/gpu_check.py" "$DIR/bench/"
+cp "$ROOT/bench/gpu_check.py" "$ROOT/bench/gpu_check_schedule.py" "$DIR/bench/"
+echo "$PYVER" > "$DIR/python_version"
 
 # The wheels: for the box's Python and platform, binary only, no dependency resolution (each one named).
 pins=()
@@ -81,7 +82,8 @@ for pin in pins:
 PYEOF
 cat > "$DIR/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# The GPU check (bench/gpu_check.py all): needs python with torch and numpy; writes gpu_check.json here.
+# The GPU check (bench/gpu_check.py all): needs python with torch and numpy; writes gpu_check.json here
+# (on a box without them, or with another Python than the wheels', a gpu_check.json that says what is missing).
 # --smoke: the same code on CPU at tiny size. Other options go to gpu_check.py all.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -107,8 +109,9 @@ fi
 export PYTHONPATH=$HERE/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export HF_HUB_OFFLINE=1 KAME_CACHE_DIR=${KAME_CACHE_DIR:-${TMPDIR:-/tmp}/kame-gpu-check-cache}
+export GPU_CHECK_PYTHON=$(cat "$HERE/python_version" 2>/dev/null)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-"$PY" -c 'import sys, torch, numpy; print("python", sys.version.split()[0], "torch", torch.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
+"$PY" -c 'import sys, torch, numpy; print("python", sys.version.split()[0], "torch", torch.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())' 2>/dev/null
 cd "$HERE" && exec "$PY" "$HERE/bench/gpu_check.py" all --out "$HERE/gpu_check.json" "$@"
 EOF
 chmod +x "$DIR/run.sh"

@@ -292,9 +292,9 @@ def test_shared_engine_prefix_costs_other_slots_no_frame(stt_prefix_ckpt: Path, 
     assert core.stt_lag_frames == 13
     fed: list[tuple[torch.Tensor, torch.Tensor]] = []
     encoded: list[torch.Tensor] = []
-    real_step, real_encode = stt.step_codes, core.mimi.encode
+    real_step, real_encode = stt.step_device, core.mimi.encode
 
-    def step_codes(codes, mask):  # type: ignore[no-untyped-def]
+    def step_device(codes, mask):  # type: ignore[no-untyped-def]
         fed.append((codes.clone(), mask.clone()))
         return real_step(codes, mask)
 
@@ -303,7 +303,7 @@ def test_shared_engine_prefix_costs_other_slots_no_frame(stt_prefix_ckpt: Path, 
         encoded.append(out.clone())
         return out
 
-    stt.step_codes = step_codes  # type: ignore[method-assign]
+    stt.step_device = step_device  # type: ignore[method-assign]
     core.mimi.encode = encode
     rng = np.random.default_rng(5)
 

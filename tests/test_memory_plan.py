@@ -84,10 +84,11 @@ def test_default_config_plan_is_moshi_7b_with_kame_oracle_and_kyutai_stt(tmp_pat
     plan = report.plan
     front = plan.model("frontend")
     assert report.frontend.origin == "known architecture"
-    # moshi 7B (7.688 B) + the oracle table installed by the engine (32001 + 1 rows x 4096)
-    assert front.params == 7_687_729_152 + 32002 * 4096
-    # bf16 weights + the loaded oracle copy kept by FrontendModels + one slot's oracle id (int64)
-    assert front.weight_bytes == 2 * front.params + 2 * 32001 * 4096 + 8
+    # moshi 7B (7.688 B) + the oracle table installed by the engine (32001 rows x 4096, held once: the
+    # engine's table is the loaded tensor FrontendModels keeps)
+    assert front.params == 7_687_729_152 + 32001 * 4096
+    # bf16 weights + one slot's oracle id (int64)
+    assert front.weight_bytes == 2 * front.params + 8
     assert front.kv_bytes_per_slot == 32 * 2 * 32 * 3000 * 128 * 2 + 6 * 2 * 16 * 8 * 64 * 2
     mimi = plan.model("mimi")
     assert mimi.weight_bytes / GIB == pytest.approx(0.358, abs=0.002)  # float32, with its codebooks
@@ -115,7 +116,8 @@ def test_plan_of_a_tiny_checkpoint_matches_the_loaded_model(tiny_kame_ckpt: Path
     core = EngineCore(models, fcfg, batch_size=2)
     lm = core.models.lm
     held = sum(t.numel() * t.element_size() for t in [*lm.parameters(), *lm.buffers()])
-    held += models.oracle_weight.numel() * models.oracle_weight.element_size()
+    # the oracle table is held once: the engine's parameter is the loaded tensor
+    assert lm.text_emb.oracle_table.data_ptr() == models.oracle_weight.data_ptr()
     tokens = lm.text_emb.tokens  # the engine's per-slot oracle buffer: not a weight
     # the plan counts the oracle id buffer of one slot (8 bytes), the engine holds one per slot
     assert plan.model("frontend").weight_bytes == held - tokens.numel() * tokens.element_size() + 8
@@ -153,13 +155,13 @@ def test_kame_plan_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys:
     assert main(["plan", "--config", "default", "--gpu-memory-gib", "80", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["gpu_memory_gib"] == 80
-    assert out["lm_params"] == 7_687_729_152 + 32002 * 4096
+    assert out["lm_params"] == 7_687_729_152 + 32001 * 4096
     assert out["kv_bytes_per_slot"] == sum(m["kv_bytes_per_slot"] for m in out["models"])
     assert [m["name"] for m in out["models"]] == ["frontend", "mimi", "stt"]
     assert out["max_batch"] == 34 and out["batch_size"] == 8 and out["batch_size_fits"] is True
     assert main(["plan", "--config", "default", "--gpu-memory-gib", "24"]) == 0
     text = capsys.readouterr().out
-    assert "largest batch that fits: 1 " in text and "frontend.batch_size 8: does NOT fit" in text
+    assert "largest batch that fits: 2 " in text and "frontend.batch_size 8: does NOT fit" in text
     assert main(["plan", "--config", "default", "--gpu-memory-gib", "0"]) == 2
     assert "--gpu-memory-gib 0.0: expected a positive number" in capsys.readouterr().err
 
@@ -201,10 +203,92 @@ def test_serve_check_reads_the_cards_free_memory_and_refuses_before_loading(
     with pytest.raises(UserError) as err:
         check_memory(cfg, torch.device("cuda:1"))
     assert asked == [torch.device("cuda:1")]
-    assert str(err.value).endswith("on cuda:1: the largest batch that fits is 1 (kame serve --max-sessions 1)")
+    assert str(err.value).endswith("on cuda:1: the largest batch that fits is 2 (kame serve --max-sessions 2)")
     check_memory(load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)},
                                  overrides={"frontend.batch_size": 1}), torch.device("cuda:1"))
     # an architecture kame cannot know before downloading: no plan, the server goes on to load (and download)
     unknown = load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)},
                               overrides={"frontend.checkpoint": "someone/model"})
     check_memory(unknown, torch.device("cuda:1"))
+
+
+# ---------------------------------------------------------------- cards and weights
+
+
+def test_plan_per_card_and_weights_agrees_with_the_servers_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kame plan --gpu all --weights both`: each card's usable memory, sessions for bf16 and int8; the server's
+    refusal, given that card's free memory, names the same largest batch (one function, both ways)."""
+    from kame.cli import main
+    from kame.commands.serve import memory_refusal
+    from kame.frontend.cards import CARDS
+    from kame.frontend.memory_plan import largest_batch, refusal
+    from kame.frontend.plan_models import build_plan
+    from kame.server.config import load_app_config
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KAME_CACHE_DIR", str(tmp_path))
+    assert main(["plan", "--config", "default", "--gpu", "all", "--weights", "both", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {row["gpu"]: row for row in out["cards"]}
+    assert list(rows) == list(CARDS) == ["h100", "h200", "l40s", "l4", "rtx4090"]
+    h100 = rows["h100"]
+    assert h100["total_gib"] == pytest.approx(79.6, abs=0.1) and h100["usable_gib"] == pytest.approx(78.5, abs=0.1)
+    assert h100["max_batch"] == {"bf16": 33, "int8": 37}  # not 34: the card has 78.5 GiB free, not 80
+    assert rows["l4"]["max_batch"]["bf16"] == 0 < rows["l4"]["max_batch"]["int8"]
+    for row in out["cards"]:
+        assert row["max_batch"]["int8"] >= row["max_batch"]["bf16"]
+    weights = out["weight_bytes_by_weights"]
+    # moshi's int8 replaces the linear layers only: ~7.0 GiB saved on the 7B, embeddings and tables kept
+    assert 6.5 * GIB < weights["bf16"] - weights["int8"] < 7.5 * GIB
+    cfg = load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)})
+    for weights_kind in ("bf16", "int8"):
+        plan = build_plan(cfg, weights=weights_kind).plan
+        for key, card in CARDS.items():
+            fits = rows[key]["max_batch"][weights_kind]
+            assert largest_batch(plan, card.usable_bytes) == fits
+            if fits:
+                assert refusal(plan, fits, card.usable_bytes, card.total_bytes) is None
+            line = refusal(plan, fits + 1, card.usable_bytes, card.total_bytes)
+            assert line is not None and (f"the largest batch that fits is {fits} " in line if fits
+                                         else "not even one session fits" in line)
+    # the server's own check (bf16 as configured) on an H100's free memory
+    h = CARDS["h100"]
+    at = load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)}, overrides={"frontend.batch_size": 33})
+    assert memory_refusal(at, h.usable_bytes, h.total_bytes) is None
+    over = load_app_config("default", environ={"KAME_CACHE_DIR": str(tmp_path)}, overrides={"frontend.batch_size": 34})
+    line = memory_refusal(over, h.usable_bytes, h.total_bytes)
+    assert line is not None and line.endswith("the largest batch that fits is 33 (kame serve --max-sessions 33)")
+
+
+def test_a_q8_checkpoint_is_planned_and_refused_with_int8_weights(tmp_path: Path) -> None:
+    """A checkpoint whose config.json says ``quantize: true`` (Kyutai's q8 layout): the server's check uses int8."""
+    from moshi.models import loaders
+
+    from kame.commands.serve import memory_refusal
+    from kame.frontend.cards import CARDS
+    from kame.frontend.plan_models import build_plan
+    from kame.server.config import load_app_config
+
+    ckpt = tmp_path / "q8"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({**loaders._lm_kwargs, "quantize": True,
+                                                  "moshi_name": "model.q8.safetensors"}))
+    env = {"KAME_CACHE_DIR": str(tmp_path)}
+    cfg = load_app_config("default", environ=env, overrides={"frontend.checkpoint": str(ckpt), "asr.kind": "none"})
+    plan = build_plan(cfg).plan
+    assert plan.weights == "int8"
+    bf16 = build_plan(cfg, weights="bf16").plan
+    assert bf16.weight_bytes - plan.weight_bytes > 6 * GIB
+    l4 = CARDS["l4"]
+    fits = plan.max_batch(l4.usable_bytes)
+    assert fits >= 1 and bf16.max_batch(l4.usable_bytes) < fits
+    ok = load_app_config("default", environ=env, overrides={"frontend.checkpoint": str(ckpt), "asr.kind": "none",
+                                                           "frontend.batch_size": fits})
+    assert memory_refusal(ok, l4.usable_bytes, l4.total_bytes) is None
+    too_many = load_app_config("default", environ=env, overrides={"frontend.checkpoint": str(ckpt), "asr.kind": "none",
+                                                                 "frontend.batch_size": fits + 1})
+    line = memory_refusal(too_many, l4.usable_bytes, l4.total_bytes)
+    assert line is not None and "GiB int8 weights" in line and line.endswith(f"fits is {fits} (kame serve --max-sessions {fits})")

@@ -91,7 +91,8 @@ def test_warm_up_steps_the_shared_stt(stt_ckpt: Path, tiny_kame_ckpt: Path) -> N
     assert stt.mode == core.mode == MoshiMode(compile=False, cuda_graphs=False)  # the engine's settings
     assert _offsets(stt.gen) == [0, 0]
     warm_up_engine(core, 3)
-    assert _offsets(stt.gen) == [3, 3] and _offsets(core.lm_gen) == [3, 3]
+    # 3 ticks of both slots, then slot 0, both, slot 1, both (each exec mask set more than once)
+    assert _offsets(stt.gen) == [6, 6] and _offsets(core.lm_gen) == [6, 6]
     assert core.attached_slots() == []
 
 
@@ -205,3 +206,105 @@ def test_engine_and_separate_stt_are_never_inside_moshi_at_once(
         rec.close()
     assert "kame-kyutai-stt" in callers and len(callers) == 2
     assert not overlaps, f"{len(overlaps)} calls entered moshi while another thread was inside"
+
+
+# ---------------------------------------------------------------- every moshi call inside the gate
+
+
+@pytest.fixture
+def gate_checked() -> Any:
+    from kame.frontend.moshi_gate import install_gate_check, remove_gate_check
+
+    assert install_gate_check()
+    try:
+        yield
+    finally:
+        remove_gate_check()
+
+
+def test_the_gate_check_catches_a_call_outside_the_gate(gate_checked: None, tiny_kame_ckpt: Path) -> None:
+    from kame.frontend.loading import load_mimi
+    from kame.frontend.models import load_frontend
+    from kame.frontend.moshi_gate import GateNotHeld
+
+    models = load_frontend(FrontendConfig(checkpoint=str(tiny_kame_ckpt)), torch.device("cpu"))
+    mimi = load_mimi(models.files, torch.device("cpu"), 8)
+    silence = torch.zeros(1, 1, 1920)
+    with pytest.raises(GateNotHeld, match="MimiModel.encode called outside kame's moshi gate"):
+        with torch.no_grad():
+            mimi.encode(silence)
+    with moshi_call(MoshiMode()), torch.no_grad():
+        assert mimi.encode(silence).shape == (1, 8, 1)
+    from moshi.modules import transformer
+
+    with pytest.raises(GateNotHeld, match="kernel _rms_norm"):  # moshi's kernels are checked too
+        transformer._rms_norm(torch.ones(1, 4), torch.ones(4), 1e-5)
+
+
+def test_wav_voice_and_sessions_step_moshi_only_inside_the_gate(
+    gate_checked: None, tiny_personaplex_ckpt: Path, tmp_path: Path
+) -> None:
+    """A PersonaPlex checkpoint with an operator's WAV voice served by the engine thread (the voice's Mimi pass
+    in the engine thread, as the server does, and from this thread, as ``kame run`` does)."""
+    import shutil
+    import threading as th
+
+    from kame.audio.files import write_wav
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.engine_thread import EngineThread, PromptRequest
+    from kame.frontend.models import load_frontend
+    from kame.frontend.warmup import warm_up_engine
+    from tests.support.personaplex_tiny import voice_pcm
+
+    ckpt = tmp_path / "pp"
+    shutil.copytree(tiny_personaplex_ckpt, ckpt)
+    write_wav(ckpt / "voices" / "MINE.wav", voice_pcm(5, seconds=0.3))
+    cfg = FrontendConfig(checkpoint=str(ckpt), batch_size=2)
+    models = load_frontend(cfg, torch.device("cpu"))
+    core = EngineCore(models, cfg)
+    warm_up_engine(core, 2)  # encodes the wav voice (and frees the Mimi it needed)
+    assert models._wav_mimi is None and list(models._wav_codes_cache) == ["MINE"]
+    models._wav_codes_cache.clear()
+    plan = models.prompt_plan("MINE", "Talk.")  # this thread, as `kame run` does
+    assert plan is not None and plan.embeddings is None and plan.voice_frames == 4
+    models._wav_codes_cache.clear()  # the engine thread encodes it again below
+    engine = EngineThread(core)
+    got: list[Any] = []
+    errors: list[str] = []
+    ready = th.Event()
+    engine.start()
+    try:
+        slot = engine.attach(got.append, errors.append, lambda s: ready.set(), prompt=PromptRequest("MINE", "Talk."))
+        assert ready.wait(20), errors
+        deadline = time.monotonic() + 30
+        while core.prompting(slot) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(4):
+            engine.feed(slot, np.zeros(FRAME_SIZE, np.float32))
+            time.sleep(FRAME_S)
+        deadline = time.monotonic() + 10
+        while len(got) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        engine.stop()
+    assert errors == [] and engine.error is None, (errors, engine.error)
+    assert len(got) >= 4 and models._wav_mimi is not None
+
+
+def test_a_shared_stt_engine_steps_moshi_only_inside_the_gate(
+    gate_checked: None, stt_ckpt: Path, tiny_kame_ckpt: Path
+) -> None:
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.models import load_frontend
+    from kame.frontend.warmup import warm_up_engine
+
+    cfg = FrontendConfig(checkpoint=str(tiny_kame_ckpt), batch_size=2)
+    stt = SttCore.from_spec(str(stt_ckpt), torch.device("cpu"), 2, own_mimi=False)
+    core = EngineCore(load_frontend(cfg, torch.device("cpu"), mimi_codebooks=32), cfg, stt=stt)
+    warm_up_engine(core, 2)
+    core.attach(0)
+    core.stt_attach(0)
+    for _ in range(4):
+        out = core.tick({0: np.zeros(FRAME_SIZE, np.float32)})
+    assert out[0].stt is not None
+    core.close()

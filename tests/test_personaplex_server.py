@@ -20,11 +20,15 @@ from tests.support.inprocess import InProcessServer
 
 @pytest.fixture(scope="module")
 def pp_server(kame_cache_dir: Path, tiny_personaplex_ckpt: Path) -> Iterator[InProcessServer]:
+    from kame.frontend.moshi_gate import install_gate_check, remove_gate_check
+
+    install_gate_check()  # every session of this module: each call into moshi inside kame's gate
     srv = InProcessServer(tiny_personaplex_ckpt, kame_cache_dir).start()
     try:
         yield srv
     finally:
         srv.stop()
+        remove_gate_check()
 
 
 def _client(server: InProcessServer) -> Any:

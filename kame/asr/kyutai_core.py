@@ -108,6 +108,19 @@ class SttCore:
                 self.mimi.streaming_forever(batch_size)
             self.gen.streaming_forever(batch_size)
 
+    def restart_streaming(self) -> None:
+        """A fresh streaming state for every slot (after a failed compile left a step half done); slots detached."""
+        from kame.frontend.engine import end_streaming
+
+        with self._guard():
+            for module in (self.gen, self.mimi):
+                if module is not None:
+                    end_streaming(module)
+            if self.mimi is not None:
+                self.mimi.streaming_forever(self.batch_size)
+            self.gen.streaming_forever(self.batch_size)
+        self._mask = self._mimi_mask = None
+
     @classmethod
     def from_spec(
         cls, spec: str, device: torch.device, batch_size: int, *, cache_dir: str | Path | None = None, **kw: Any
@@ -156,6 +169,12 @@ class SttCore:
 
     def step_codes(self, codes: torch.Tensor, mask: torch.Tensor) -> dict[int, SttStep]:
         """Step the slots set in ``mask`` (bool [B]) with Mimi codes [B, >=32, 1]."""
+        text, end = self.step_device(codes, mask)
+        return self.host_steps(mask, text.cpu(), None if end is None else end.cpu())
+
+    def step_device(self, codes: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`step_codes` without reading anything back: the text tokens [B] and end-of-turn probabilities [B]
+        (None without the head) on the device, for the caller's one copy of a tick (:meth:`host_steps`)."""
         if codes.shape[1] < STT_CODEBOOKS:
             raise ValueError(f"Kyutai STT needs {STT_CODEBOOKS} codebooks, got {codes.shape[1]}")
         mask = mask.to("cpu")
@@ -167,15 +186,21 @@ class SttCore:
                 res = self.gen.step_with_extra_heads(codes[:, :STT_CODEBOOKS])
                 assert res is not None
                 tokens, heads = res
-                end = heads[self.eot_head][:, 0, 0].float().cpu().tolist()
+                end: torch.Tensor | None = heads[self.eot_head][:, 0, 0].float()
             else:
                 tokens = self.gen.step(codes[:, :STT_CODEBOOKS])
                 assert tokens is not None
                 end = None
-        text = tokens[:, 0, 0].cpu().tolist()
+        return tokens[:, 0, 0], end
+
+    @staticmethod
+    def host_steps(mask: torch.Tensor, text: torch.Tensor, end: torch.Tensor | None) -> dict[int, SttStep]:
+        """The per-slot steps of :meth:`step_device`'s outputs, once they are on the host."""
+        ids = text.tolist()
+        ends = None if end is None else end.tolist()
         out: dict[int, SttStep] = {}
-        for slot in torch.nonzero(mask).flatten().tolist():
-            out[slot] = SttStep(text_id=int(text[slot]), end_prob=None if end is None else float(end[slot]))
+        for slot in torch.nonzero(mask.to("cpu")).flatten().tolist():
+            out[slot] = SttStep(text_id=int(ids[slot]), end_prob=None if ends is None else float(ends[slot]))
         return out
 
     def _guard(self) -> Any:

@@ -32,8 +32,16 @@ import numpy as np
 import torch
 
 from kame.frontend.config import FrontendConfig
+from kame.frontend.host_copy import HostCopy
 from kame.frontend.models import FrontendModels
-from kame.frontend.moshi_gate import MoshiMode, make_kernels_compilable, moshi_call, resolve_compile
+from kame.frontend.moshi_gate import (
+    MoshiMode,
+    first_line,
+    gate_check_from_env,
+    make_kernels_compilable,
+    moshi_call,
+    resolve_compile,
+)
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
 from kame.frontend.personaplex import install_full_depformer
@@ -202,6 +210,9 @@ class EngineCore:
             on_text_logits_hook=_weak_hook(self._text_logits_hook),
         )
         self.mode = MoshiMode(compile=resolve_compile(cfg.compile, self.device.type), cuda_graphs=cfg.cuda_graphs)
+        models.mode = self.mode  # a wav voice's Mimi pass runs as the ticks do
+        if gate_check_from_env():
+            log.info("moshi gate check on (KAME_MOSHI_GATE_CHECK=1): a call into moshi outside the gate raises")
         if self.mode.compile:
             make_kernels_compilable()
         #: PersonaPlex checkpoints: each slot's system prompts (kame.frontend.prompts); None otherwise.
@@ -223,13 +234,18 @@ class EngineCore:
                 raise ValueError("a shared Kyutai STT needs Mimi with 32 codebooks (load_frontend(mimi_codebooks=32))")
             if stt.batch_size != self.batch_size:
                 raise ValueError("the shared STT must have as many slots as the engine")
-            self._stt_silence = self._silence_codes(stt.silence_prefix_frames)
         self.slots = [_SlotState(fifo=OracleFifo(self.start_id, self.idle_id, cfg.oracle_fifo_size)) for _ in range(self.batch_size)]
         self._oracle_host = torch.full((self.batch_size,), self.idle_id, dtype=torch.long)
         self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
         self._first_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping their first frame
         self._prompt_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping a prompt frame
         self._pcm_host = torch.zeros(self.batch_size, 1, self.frame_size, dtype=torch.float32)
+        # LM steps of each slot since its reset (moshi's ``offsets``, kept on the host): a slot's output is
+        # generated once they pass the acoustic delay, known without reading the tokens back
+        self._lm_steps = torch.zeros(self.batch_size, dtype=torch.long)
+        self._max_delay = int(self.lm_gen.max_delay)
+        #: every device-to-host copy of a tick goes through it: one a tick
+        self.host_copy = HostCopy(self.device)
         self._temp_scale = torch.ones(self.batch_size, 1, device=self.device)
         self._topk = torch.zeros(self.batch_size, dtype=torch.long)
         self._per_slot_sampling = False
@@ -239,11 +255,44 @@ class EngineCore:
         self._lm_mask: torch.Tensor | None = None
         self.ticks = 0
         self.log_step_errors = True  #: off while a warm-up handles a failure itself (compile fallback)
+        try:  # the first model calls of a load (a shared STT's silence prefix through Mimi compiles first)
+            self._stt_silence = None if stt is None else self._silence_codes(stt.silence_prefix_frames)
+            self._start_streaming()
+        except Exception as exc:
+            if not self.mode.compile:
+                raise
+            self.fall_back_to_eager("load", exc)
+
+    def _start_streaming(self) -> None:
         prime_streaming_children(self.lm_gen)
-        prime_streaming_children(models.mimi)
+        prime_streaming_children(self.models.mimi)
         with self._compile_guard():
-            models.mimi.streaming_forever(self.batch_size)
+            self.models.mimi.streaming_forever(self.batch_size)
             self.lm_gen.streaming_forever(self.batch_size)
+
+    def fall_back_to_eager(self, where: str, exc: BaseException) -> None:
+        """Compiling failed at ``where`` (load, warm-up): one log line, then eager from a rebuilt streaming
+        state (a step that failed half-way leaves offsets and caches of some modules advanced, and its
+        CUDA graphs half captured): the LM, Mimi and a shared STT restart, every slot detached."""
+        log.warning("torch.compile failed at %s, running eager: %s", where, first_line(exc))
+        self.disable_compile()
+        with self._compile_guard():
+            for module in (self.lm_gen, self.mimi):
+                end_streaming(module)
+        if self.stt is not None:
+            self.stt.restart_streaming()
+            self._stt_silence = self._silence_codes(self.stt.silence_prefix_frames)  # before Mimi streams for B
+        self._start_streaming()
+        for slot, state in enumerate(self.slots):
+            state.attached = False
+            state.steps = 0
+            state.fifo.clear()
+            if self.prompts is not None:
+                self.prompts.clear(slot)
+        self._mimi_mask = self._lm_mask = None
+        self._lm_steps.zero_()
+        self._stt_mask.zero_()
+        self._stt_lag.clear()
 
     # ------------------------------------------------------------------ set-up helpers
     def _compile_guard(self) -> Any:
@@ -260,6 +309,7 @@ class EngineCore:
     def disable_compile(self) -> None:
         """Run eager from now on (compiling failed); a shared STT follows."""
         self.mode = MoshiMode(compile=False, cuda_graphs=self.mode.cuda_graphs)
+        self.models.mode = self.mode
         if self.stt is not None:
             self.stt.mode = self.mode
 
@@ -298,6 +348,7 @@ class EngineCore:
             self.mimi.reset_streaming(mask_dev)
             self.lm_gen.reset_streaming(mask_dev)
         self._mimi_mask = self._lm_mask = None  # reset re-enables the slot's exec mask
+        self._lm_steps[slot] = 0
         self._stt_mask[slot] = False
         self._stt_lag.pop(slot, None)
         state = self.slots[slot]
@@ -534,21 +585,32 @@ class EngineCore:
         else:
             out = self.lm_gen.step(lm_codes)  # moshi slices the 8 codebooks it needs
         assert out is not None  # support_out_of_sync: never None
-        stt_out: dict[int, Any] = {}
-        if self.stt is not None:
-            stt_mask = heard & self._stt_mask
-            if bool(stt_mask.any()):
-                stt_out = self.stt.step_codes(self._stt_codes(codes, stt_mask), stt_mask)
-        tokens = out[:, :, 0].cpu()
-        generated = (tokens != UNGENERATED).all(dim=1) & heard
-        pcm_np: np.ndarray | None = None
-        if bool(generated.any()):
+        self._lm_steps += mask.long()  # moshi: offsets + 1 where the exec mask is set
+        stt_dev: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        stt_mask = heard & self._stt_mask
+        if self.stt is not None and bool(stt_mask.any()):
+            stt_dev = self.stt.step_device(self._stt_codes(codes, stt_mask), stt_mask)
+        # moshi's rule (LMGen._step): a row is ungenerated while offsets <= max_delay or masked out
+        generated = heard & (self._lm_steps > self._max_delay)
+        has_pcm = bool(generated.any())
+        parts = [out[:, :, 0]]
+        if has_pcm:
             self._set_mimi_mask(generated)
             audio = out[:, 1:, :]
-            if not bool(generated.all()):
-                audio = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
-            pcm = self.mimi.decode(audio)  # [B, 1, frame]
-            pcm_np = pcm[:, 0, :].float().cpu().numpy()
+            audio = torch.where(audio == UNGENERATED, torch.zeros_like(audio), audio)
+            parts.append(self.mimi.decode(audio)[:, 0, :])  # [B, frame]
+        if stt_dev is not None:
+            parts.append(stt_dev[0])
+            if stt_dev[1] is not None:
+                parts.append(stt_dev[1])
+        host = self.host_copy.fetch(parts)  # the tick's one device-to-host copy
+        tokens = host[0]
+        pcm_np = host[1].numpy() if has_pcm else None
+        stt_out: dict[int, Any] = {}
+        if stt_dev is not None:
+            assert self.stt is not None
+            k = 2 if pcm_np is not None else 1
+            stt_out = self.stt.host_steps(stt_mask, host[k], host[k + 1] if stt_dev[1] is not None else None)
         return tokens.numpy(), pcm_np, stt_out
 
     def _check_slot(self, slot: int) -> None:

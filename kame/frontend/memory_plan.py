@@ -72,6 +72,9 @@ class MemoryPlan:
     models: tuple[ModelFootprint, ...]
     dtype: str
     headroom: Headroom = Headroom()
+    #: "bf16" (the linear layers in ``dtype``) or "int8" (moshi's 8-bit linears: 1 byte a weight + a float32
+    #: scale a row; embeddings, the oracle table, norms and the KV caches stay in ``dtype``)
+    weights: str = "bf16"
 
     @property
     def params(self) -> int:
@@ -120,14 +123,23 @@ class MemoryPlan:
         return n
 
 
+def largest_batch(plan: MemoryPlan, free_bytes: int) -> int:
+    """The largest ``frontend.batch_size`` that fits ``free_bytes``: what ``kame plan`` prints and the server's
+    refusal names (one function, so they agree); 0 if not even one session fits."""
+    from kame.frontend.config import MAX_BATCH_SIZE
+
+    return min(plan.max_batch(free_bytes), MAX_BATCH_SIZE)
+
+
 def refusal(plan: MemoryPlan, batch_size: int, free_bytes: int, total_bytes: int, device: str = "cuda") -> str | None:
     """The one line a server prints instead of loading a batch that cannot fit ``free_bytes``, else None."""
-    fits = plan.max_batch(free_bytes)
+    fits = largest_batch(plan, free_bytes)
     if batch_size <= fits:
         return None
+    kind = "int8 weights" if plan.weights == "int8" else "weights"
     what = (
         f"frontend.batch_size {batch_size} needs {plan.needed_bytes(batch_size) / GIB:.1f} GiB "
-        f"({plan.weight_bytes / GIB:.1f} GiB weights, {plan.kv_bytes_per_slot / GIB:.3f} GiB KV cache a slot, "
+        f"({plan.weight_bytes / GIB:.1f} GiB {kind}, {plan.kv_bytes_per_slot / GIB:.3f} GiB KV cache a slot, "
         f"headroom {plan.headroom.describe()}), {free_bytes / GIB:.1f} GiB free of {total_bytes / GIB:.1f} GiB on {device}"
     )
     if fits == 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from kame.frontend.loading import (
     load_tokenizer,
     resolve_dtype,
 )
+from kame.frontend.moshi_gate import MoshiMode, moshi_call
 from kame.frontend.personaplex import DEPFORMER_STEPS, PersonaPlexSpec
 from kame.frontend.prompts import PromptPlan, build_plan
 from kame.frontend.voices import SavedVoice, UnknownVoice, VoiceCatalog, WavVoice, unpack_voices
@@ -43,7 +44,10 @@ class FrontendModels:
     depformer_steps: int = 0
     #: The LM's linear weights: "int8" (moshi's 8-bit layers: a q8 checkpoint or frontend.weights int8) or "bf16".
     weights: str = "bf16"
+    #: how moshi runs for these models (the engine sets its own: a wav voice's Mimi pass runs like its ticks)
+    mode: MoshiMode = MoshiMode()
     _wav_mimi: Any = None
+    _wav_codes_cache: dict[str, list[list[int]]] = field(default_factory=dict)
 
     @cached_property
     def vocab(self) -> TextVocab:
@@ -104,26 +108,47 @@ class FrontendModels:
             return build_plan(self.personaplex, pad, role, loaded)
         return build_plan(self.personaplex, pad, role, voice_name=name, wav_codes=self._wav_codes(loaded))
 
+    def encode_wav_voices(self) -> int:
+        """Every wav voice's Mimi codes computed now (the warm-up does it, so no session runs that Mimi pass in
+        the engine thread), then the Mimi they needed freed; returns how many were encoded."""
+        if self.voices is None:
+            return 0
+        names = self.voices.wav_names
+        for name in names:
+            loaded = self.voices.load(name)
+            assert isinstance(loaded, WavVoice)
+            self._wav_codes(loaded)
+        self._wav_mimi = None
+        return len(names)
+
     def _wav_codes(self, voice: WavVoice) -> list[list[int]]:
-        """A wav voice's Mimi codes, frame by frame from a fresh streaming state (a Mimi of its own: the
-        engine's is streaming for its slots), the last frame padded with zeros, as PersonaPlex encodes it."""
+        """A wav voice's Mimi codes (computed once a voice), frame by frame from a fresh streaming state (a Mimi
+        of its own: the engine's is streaming for its slots), the last frame padded with zeros, as
+        PersonaPlex encodes it."""
+        cached = self._wav_codes_cache.get(voice.name)
+        if cached is None:
+            cached = self._wav_codes_cache[voice.name] = self._encode_wav(voice)
+        return cached
+
+    def _encode_wav(self, voice: WavVoice) -> list[list[int]]:
         import numpy as np
 
         from kame.frontend.loading import load_mimi
 
-        if self._wav_mimi is None:
-            self._wav_mimi = load_mimi(self.files, self.device, lm_num_codebooks(self.files))
         pcm = np.asarray(voice.pcm, np.float32).reshape(-1)
         n = -(-pcm.size // self.frame_size)
         padded = np.zeros(n * self.frame_size, np.float32)
         padded[: pcm.size] = pcm
-        codes: list[list[int]] = []
-        with torch.no_grad(), self._wav_mimi.streaming(1):
-            for i in range(n):
-                chunk = torch.from_numpy(padded[i * self.frame_size : (i + 1) * self.frame_size]).to(self.device)
-                got = self._wav_mimi.encode(chunk[None, None])
-                codes.append([int(c) for c in got[0, :, 0].tolist()])
-        return codes
+        frames = torch.from_numpy(padded).view(n, 1, 1, self.frame_size).to(self.device)
+        got = []
+        # inside the process-wide moshi gate, with the engine's mode: the engine thread is inside moshi too
+        with moshi_call(self.mode), torch.no_grad():
+            if self._wav_mimi is None:
+                self._wav_mimi = load_mimi(self.files, self.device, lm_num_codebooks(self.files))
+            with self._wav_mimi.streaming(1):
+                for i in range(n):
+                    got.append(self._wav_mimi.encode(frames[i])[0, :, 0])
+        return [[int(c) for c in row] for row in torch.stack(got).cpu().tolist()]
 
 
 def runnable_mismatch(

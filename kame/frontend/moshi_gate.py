@@ -9,11 +9,11 @@ model call of kame runs inside :func:`moshi_call`: it holds :data:`MOSHI_LOCK`
 and sets both switches from the caller's :class:`MoshiMode` for the call's
 duration, whatever another caller or the environment set.
 
-moshi reads ``NO_TORCH_COMPILE`` once, when its modules are imported: set
-then, its kernels are plain functions that can never compile.
-:func:`make_kernels_compilable` wraps them with moshi's own lazy compiler
-when a setting asks for compile, so the setting decides, not the
-environment at import.
+moshi reads ``NO_TORCH_COMPILE`` once, when its modules are imported:
+:func:`make_kernels_compilable` wraps its kernels with moshi's own lazy
+compiler when a setting asks for compile. :func:`install_gate_check`
+(tests; ``KAME_MOSHI_GATE_CHECK=1``) makes any call into moshi's models
+without the gate raise :class:`GateNotHeld`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 #: Held by every call into moshi's models (re-entrant: an engine tick steps a shared STT inside its own call).
 MOSHI_LOCK = threading.RLock()
@@ -65,6 +65,8 @@ def make_kernels_compilable() -> int:
             fun = getattr(module, name)
             if hasattr(fun, "__wrapped__"):  # torch_compile_lazy's functools.wraps marks its wrapper
                 continue
+            if getattr(fun, "_kame_gate_checked", False):  # under install_gate_check: tests on CPU
+                continue
             saved = os.environ.pop("NO_TORCH_COMPILE", None)
             try:
                 setattr(module, name, compile_mod.torch_compile_lazy(fun))
@@ -88,6 +90,67 @@ def moshi_call(mode: MoshiMode) -> Iterator[None]:
             yield
         finally:
             moshi_compile._compile_disabled, moshi_compile._disable_cuda_graph = saved
+
+
+class GateNotHeld(AssertionError):
+    """A call into moshi's models from a thread that does not hold :data:`MOSHI_LOCK`."""
+
+
+#: What :func:`install_gate_check` wraps: moshi's graph wrapper, its model entry points, then its kernels.
+_CHECKED_METHODS = (
+    ("moshi.utils.compile", "CUDAGraphed", "__call__"),
+    ("moshi.models.compression", "MimiModel", "encode"),
+    ("moshi.models.compression", "MimiModel", "decode"),
+    ("moshi.models.lm", "LMGen", "_step"),
+)
+_checks: list[tuple[Any, str, Any]] = []
+
+
+def _gate_held() -> bool:
+    return bool(MOSHI_LOCK._is_owned())  # type: ignore[attr-defined]  # RLock: held by this thread
+
+
+def _checked(fun: Any, what: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not _gate_held():
+            raise GateNotHeld(f"{what} called outside kame's moshi gate (thread {threading.current_thread().name})")
+        return fun(*args, **kwargs)
+
+    call._kame_gate_checked = True  # type: ignore[attr-defined]
+    return call
+
+
+def install_gate_check() -> bool:
+    """Make every call of moshi's graph wrapper (``CUDAGraphed``), Mimi's encode and decode, the LM's step and
+    moshi's compiled kernels raise :class:`GateNotHeld` outside :func:`moshi_call`; False if already installed.
+    For tests on CPU (the check itself would be traced by torch.compile). :func:`remove_gate_check` undoes it."""
+    if _checks:
+        return False
+    with MOSHI_LOCK:
+        for module_name, cls_name, attr in _CHECKED_METHODS:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+            fun = cls.__dict__[attr]
+            _checks.append((cls, attr, fun))
+            setattr(cls, attr, _checked(fun, f"moshi {cls_name}.{attr}"))
+        for module_name, name in _KERNELS:
+            module = importlib.import_module(module_name)
+            fun = getattr(module, name)
+            _checks.append((module, name, fun))
+            setattr(module, name, _checked(fun, f"moshi kernel {name}"))
+    return True
+
+
+def remove_gate_check() -> None:
+    with MOSHI_LOCK:
+        while _checks:
+            owner, name, fun = _checks.pop()
+            setattr(owner, name, fun)
+
+
+def gate_check_from_env(environ: Any = None) -> bool:
+    """:func:`install_gate_check` when ``KAME_MOSHI_GATE_CHECK`` is 1 (the test suite's servers set it)."""
+    env = os.environ if environ is None else environ
+    return env.get("KAME_MOSHI_GATE_CHECK") == "1" and install_gate_check()
 
 
 def compiled_graphs() -> int:

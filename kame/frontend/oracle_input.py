@@ -6,7 +6,8 @@ the oracle table looked up at a persistent ``tokens`` buffer of shape [B].
 The buffer is allocated once and only ever updated in place
 (:meth:`OracleTextEmbedding.set_tokens`), so CUDA graphs captured around the
 LM step see new values without re-capture. Id -1 gives an exact zero vector,
-so a plain Moshi checkpoint fed -1 is numerically vanilla Moshi.
+so a plain Moshi checkpoint fed -1 is numerically vanilla Moshi. The table is
+the loaded tensor itself (no copy): the oracle table is held once on the device.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ class OracleTextEmbedding(nn.Module):
     def __init__(self, text_emb: nn.Module, oracle_weight: torch.Tensor, batch_size: int, idle_id: int) -> None:
         super().__init__()
         self.text = text_emb  # registered first: LMModel.dtype = first parameter's dtype
-        # One extra all-zero row at the end: id -1 wraps to it (``ids % rows``), so the lookup is a
-        # single embedding op and -1 gives an exact zero vector.
-        zero = torch.zeros(1, oracle_weight.shape[1], dtype=oracle_weight.dtype, device=oracle_weight.device)
-        self.oracle_table = nn.Parameter(torch.cat([oracle_weight.detach(), zero]), requires_grad=False)
+        # The loaded table itself (same storage: held once); id -1 is masked to an exact zero vector.
+        self.oracle_table = nn.Parameter(oracle_weight.detach(), requires_grad=False)
         self.register_buffer(
             "tokens", torch.full((batch_size,), idle_id, dtype=torch.long, device=oracle_weight.device), persistent=False
         )
@@ -41,7 +40,8 @@ class OracleTextEmbedding(nn.Module):
         self.tokens.copy_(values, non_blocking=True)
 
     def oracle_embedding(self) -> torch.Tensor:
-        return nn.functional.embedding(self.tokens.remainder(self.oracle_table.shape[0]), self.oracle_table)
+        rows = nn.functional.embedding(self.tokens.clamp(min=0), self.oracle_table)
+        return rows * (self.tokens >= 0).unsqueeze(-1).to(rows.dtype)
 
     def forward(self, text_tokens: torch.Tensor) -> torch.Tensor:
         text = self.text(text_tokens)  # [B, S, D]
@@ -49,9 +49,15 @@ class OracleTextEmbedding(nn.Module):
 
 
 def install_oracle_input(lm: nn.Module, oracle_weight: torch.Tensor, batch_size: int, idle_id: int) -> OracleTextEmbedding:
-    """Replace ``lm.text_emb`` by the oracle wrapper (idempotent per LM: refuses to wrap twice)."""
+    """Replace ``lm.text_emb`` by the oracle wrapper (refuses to wrap twice; :func:`remove_oracle_input` undoes it)."""
     if isinstance(lm.text_emb, OracleTextEmbedding):
         raise RuntimeError("this LM already has an oracle input installed")
     wrapper = OracleTextEmbedding(lm.text_emb, oracle_weight.to(lm.text_emb.weight.dtype), batch_size, idle_id)
     lm.text_emb = wrapper
     return wrapper
+
+
+def remove_oracle_input(lm: nn.Module) -> None:
+    """Put moshi's own text embedding back (an engine of another batch size installs its own wrapper)."""
+    if isinstance(lm.text_emb, OracleTextEmbedding):
+        lm.text_emb = lm.text_emb.text

@@ -186,26 +186,48 @@ def _key(arch: Architecture) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _frontend_cached(key: str, dtype: torch.dtype, lora: LoraSettings | None, name: str) -> ModelFootprint:
+def _frontend_cached(key: str, dtype: torch.dtype, lora: LoraSettings | None, name: str, weights: str) -> ModelFootprint:
     lm_kwargs, mimi_config = json.loads(key)
-    return _frontend_footprint(Architecture("plan", "", lm_kwargs, mimi_config), dtype, lora, name)
+    return _frontend_footprint(Architecture("plan", "", lm_kwargs, mimi_config), dtype, lora, name, weights)
+
+
+WEIGHTS = ("bf16", "int8")
+
+
+def int8_saving(module: torch.nn.Module) -> int:
+    """Bytes saved by moshi's 8-bit path (``moshi/utils/quantize.py``: every ``nn.Linear`` and nothing else
+    becomes an int8 ``weight`` and a float32 ``weight_scb`` a row); embeddings, norms stay as they are."""
+    saved = 0
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Linear):
+            w = sub.weight
+            saved += w.numel() * w.element_size() - (w.numel() + 4 * int(w.shape[0]))
+    return saved
+
+
+def configured_weights(cfg: KameConfig, arch: Architecture | None = None) -> str:
+    """"int8" for a q8 checkpoint (``quantize: true``: its weights are int8 whatever is asked), else
+    ``frontend.weights``."""
+    if arch is not None and (arch.lm_kwargs or {}).get("quantize"):
+        return "int8"
+    return str(cfg.frontend.weights)
 
 
 def frontend_footprint(arch: Architecture, dtype: torch.dtype, lora: LoraSettings | None = None,
-                       name: str = FRONTEND) -> ModelFootprint:
-    """The front-end LM as the engine holds it: the oracle input installed (its table, plus the loaded copy
-    :class:`~kame.frontend.models.FrontendModels` keeps), LoRA adapters fused or kept (memoised: a 7B
-    model takes seconds to build even on the meta device)."""
-    return _frontend_cached(_key(arch), dtype, lora, name)
+                       name: str = FRONTEND, weights: str = "bf16") -> ModelFootprint:
+    """The front-end LM as the engine holds it: the oracle input installed (its table shares the loaded
+    tensor :class:`~kame.frontend.models.FrontendModels` keeps: counted once), LoRA adapters fused or kept
+    (memoised: a 7B model takes seconds to build even on the meta device)."""
+    return _frontend_cached(_key(arch), dtype, lora, name, weights)
 
 
 def _frontend_footprint(arch: Architecture, dtype: torch.dtype, lora: LoraSettings | None = None,
-                        name: str = FRONTEND) -> ModelFootprint:
-    """The front-end LM as the engine holds it: the oracle input installed (its table, plus the loaded copy
-    :class:`~kame.frontend.models.FrontendModels` keeps), LoRA adapters fused or kept."""
+                        name: str = FRONTEND, weights: str = "bf16") -> ModelFootprint:
+    """The front-end LM as the engine holds it: the oracle input installed (one table), LoRA adapters fused or kept."""
     from kame.frontend.oracle_input import install_oracle_input
 
-    lm = build_empty_lm(_files(arch), dtype)
+    lm_kwargs = {k: v for k, v in (arch.lm_kwargs or {}).items() if k != "quantize"} if arch.lm_kwargs else None
+    lm = build_empty_lm(_files(Architecture(arch.source, arch.origin, lm_kwargs, arch.mimi_config)), dtype)
     lora_bytes = 0
     if lora is not None:
         probe = with_lora_layers(lm, lora)
@@ -216,7 +238,8 @@ def _frontend_footprint(arch: Architecture, dtype: torch.dtype, lora: LoraSettin
     oracle = torch.empty_like(lm.text_emb.weight)  # meta, like the table the loader reads
     install_oracle_input(lm, oracle, 1, int(lm.text_padding_token_id))
     params, nbytes = _tensor_bytes(lm)
-    nbytes += oracle.numel() * oracle.element_size()
+    if weights == "int8":
+        nbytes -= int8_saving(lm)
     return ModelFootprint(
         name=name,
         params=params,
@@ -270,12 +293,17 @@ def _same_device(asr_device: str, device: str) -> bool:
     return torch.device(asr_device).type == torch.device(device).type if device != "auto" else asr_device != "cpu"
 
 
-def build_plan(cfg: KameConfig, *, device: str = "cuda", headroom: Headroom | None = None) -> PlanReport:
-    """The memory plan of ``cfg``'s models on a ``device`` (CUDA by default: the card the plan is for)."""
+def build_plan(cfg: KameConfig, *, device: str = "cuda", headroom: Headroom | None = None,
+               weights: str | None = None) -> PlanReport:
+    """The memory plan of ``cfg``'s models on a ``device`` (CUDA by default: the card the plan is for);
+    ``weights`` "bf16" or "int8" (default: :func:`configured_weights`)."""
     fcfg = cfg.frontend
     dtype = resolve_dtype(fcfg.dtype, torch.device(device))
     notes: list[str] = []
     front = architecture(fcfg.checkpoint, fcfg.revision, cache_dir=cfg.cache_dir)
+    weights = weights or configured_weights(cfg, front)
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS)}")
     _, lora_kw = split_lora(front.lm_kwargs)
     lora = None
     if lora_kw is not None:
@@ -284,7 +312,7 @@ def build_plan(cfg: KameConfig, *, device: str = "cuda", headroom: Headroom | No
             f"LoRA rank {lora.rank}: " + ("fused into the weights at load (its tensors held only while loading)"
                                           if lora.fuse else "kept as separate layers (frontend.fuse_lora false)")
         )
-    models = [frontend_footprint(front, dtype, lora), mimi_footprint(front.mimi_config)]
+    models = [frontend_footprint(front, dtype, lora, weights=weights), mimi_footprint(front.mimi_config)]
     stt_arch = None
     asr = cfg.asr
     if asr.kind == "kyutai":
@@ -300,5 +328,6 @@ def build_plan(cfg: KameConfig, *, device: str = "cuda", headroom: Headroom | No
             notes.append(f"Kyutai STT on {asr.device}: not on this card")
     elif asr.kind == "whisper":
         notes.append("Whisper (CTranslate2) not counted: it allocates outside torch (tiny.en: ~0.1 GiB)")
-    plan = MemoryPlan(tuple(models), dtype=str(dtype).removeprefix("torch."), headroom=headroom or Headroom())
+    plan = MemoryPlan(tuple(models), dtype=str(dtype).removeprefix("torch."), headroom=headroom or Headroom(),
+                      weights=weights)
     return PlanReport(plan, front, stt_arch, tuple(notes))

@@ -101,6 +101,7 @@ class _SlotPrompt:
     plan: PromptPlan
     step: int = 0  # the slot's next moshi step (= its LMGen offset)
     held: torch.Tensor | None = field(default=None)  # the user's codes that the next step consumes
+    sine: torch.Tensor | None = field(default=None)  # the plan's sine tokens [agent, 1] on the device, made once
 
     @property
     def prompting(self) -> bool:
@@ -140,7 +141,8 @@ class PromptSlots:
 
     # ---------------------------------------------------------------- slot lifecycle
     def start(self, slot: int, plan: PromptPlan) -> None:
-        self.slots[slot] = _SlotPrompt(plan=plan)
+        sine = torch.tensor(plan.sine_tokens, dtype=torch.long, device=self.device)[:, None]  # once a session, not a tick
+        self.slots[slot] = _SlotPrompt(plan=plan, sine=sine)
 
     def clear(self, slot: int) -> None:
         self.slots.pop(slot, None)
@@ -166,7 +168,8 @@ class PromptSlots:
         out = codes[:, : self.agent].clone()
         for slot in mine:
             state = self.slots[slot]
-            sine = torch.tensor(state.plan.sine_tokens, dtype=out.dtype, device=out.device)[:, None]
+            assert state.sine is not None
+            sine = state.sine
             if state.prompting:
                 out[slot] = sine
                 continue
@@ -201,11 +204,12 @@ class PromptSlots:
         if not writes:
             return
         slots, rows, positions, values = (list(x) for x in zip(*writes))
-        dev = cache.device
-        slot_t = torch.tensor(slots, device=dev)
-        row_t = torch.tensor(rows, device=dev)
-        val_t = torch.tensor(values, dtype=cache.dtype, device=dev)
-        cache.index_put_((slot_t, row_t, torch.tensor([p % cache.shape[-1] for p in positions], device=dev)), val_t)
+        columns = [p % cache.shape[-1] for p in positions]
+        # one host-to-device transfer for the whole tick's writes
+        packed = torch.tensor([slots, rows, columns, values], dtype=torch.long).to(cache.device, non_blocking=True)
+        slot_t, row_t, col_t = packed[0], packed[1], packed[2]
+        val_t = packed[3].to(cache.dtype)
+        cache.index_put_((slot_t, row_t, col_t), val_t)
         if out is not None:
             out.index_put_((slot_t, row_t, torch.zeros_like(slot_t)), val_t.to(out.dtype))
 

@@ -123,6 +123,11 @@ class VoiceCatalog:
     def names(self) -> list[str]:
         return sorted(self._paths)
 
+    @property
+    def wav_names(self) -> list[str]:
+        """The voices that are wav files (their Mimi codes are computed once, at warm-up)."""
+        return sorted(n for n, p in self._paths.items() if p.suffix == ".wav")
+
     def choose(self, requested: str | None) -> tuple[str | None, str | None]:
         """For wires that fall back instead of refusing (``/api/chat?voice_prompt=``): the voice to use and
         a one-line notice when the requested one is unknown (then the default is used)."""

@@ -3,8 +3,10 @@
 The lent GPU box has python, torch (with what torch itself requires) and numpy, and reaches no registry:
 the prepared folder must carry everything else. Here a venv without pip and without system site
 packages sees only links to those packages of this checkout's .venv; run.sh must then get through every
-phase on CPU (tiny checkpoints, the engine ticks, the STT beside, a real ``kame serve`` with Realtime
-clients) and write gpu_check.json. Preparing downloads wheels from PyPI (cached outside the checkout).
+stage on CPU (tiny checkpoints written and loaded once, the engine ticks, the STT beside, a real
+``kame serve`` with Realtime clients) and write gpu_check.json. A venv without torch or numpy, or a
+Python other than the wheels', gets a gpu_check.json saying what is missing. Preparing downloads wheels
+from PyPI (cached outside the checkout).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def _top_levels(dist_name: str) -> set[str]:
     return out
 
 
-def make_bare_python(where: Path) -> Path:
+def make_bare_python(where: Path, *, numpy: bool = True) -> Path:
     """A venv whose only packages are torch (and its own requirements) and numpy, as on the GPU box."""
     venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(where)
     py = where / "bin" / "python"
@@ -61,7 +63,7 @@ def make_bare_python(where: Path) -> Path:
     pkgs = where / "pkgs"
     pkgs.mkdir()
     src = Path(metadata.distribution("torch").locate_file(""))
-    for dist in _dist_closure(["torch", "numpy"]):
+    for dist in _dist_closure(["torch", *(["numpy"] if numpy else [])]):
         for top in _top_levels(dist):
             if (src / top).exists() and not (pkgs / top).exists():
                 (pkgs / top).symlink_to(src / top)
@@ -90,17 +92,22 @@ def test_prepared_folder_runs_the_smoke_check_with_only_torch_and_numpy(tmp_path
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     result = json.loads((prepared / "gpu_check.json").read_text())
-    assert result["smoke"] is True and not result["errors"], (result["errors"], out[-3000:])
-    batches = result["batches"]
-    assert [b["batch"] for b in batches][:1] == [1], batches  # growing batches, up to the first over a frame
-    for b in batches:
+    assert result["smoke"] is True and result["ok"] is True and not result["errors"], (result["errors"], out[-3000:])
+    # written and loaded once, in one worker; the plan's largest batch measured first
+    assert result["stages_run"][:2] == ["load", "ceiling"], result["stages_run"]
+    assert out.count("written and loaded") == 1
+    assert result["batches"][0]["batch"] == result["plan_max"] == 4
+    assert result["drop_order"] == ["graphs_off", "int8", "stt", "server", "search"]
+    for b in result["ticks"]:
         assert "error" not in b, b
         assert 0 < b["tick_p50_ms"] <= b["tick_p99_ms"]
         assert b["partial_tick_p50_ms"] is None or b["partial_tick_p50_ms"] > 0
-    assert result["graphs_off"] and "error" not in result["graphs_off"][0]
+    assert result["graphs_off"]["graphs"] == "off" and "error" not in result["graphs_off"]
     assert result["stt"] is not None and "error" not in result["stt"] and result["stt"]["stt"] is True
-    # every tick of a batch within one frame (p99); on a loaded CPU even batch 1 may miss it
-    assert result["largest_batch_under_80ms"] == max([b["batch"] for b in batches if b["tick_p99_ms"] < 80], default=0)
+    under = [b["batch"] for b in result["ticks"] if b["tick_p99_ms"] < 80]
+    assert result["largest_batch_under_80ms"] == max(under, default=0)
+    if "int8" not in result:  # this build has no frontend.weights: said, not failed
+        assert any(n.startswith("int8: skipped") for n in result["notes"]), result["notes"]
     server = result["server"]
     assert server is not None and "error" not in server, server
     assert server["sessions"] == max(1, result["largest_batch_under_80ms"])
@@ -108,3 +115,44 @@ def test_prepared_folder_runs_the_smoke_check_with_only_torch_and_numpy(tmp_path
     assert server["rtf_min"] > 0.5 and server["first_audio_median_ms"] is not None and server["lateness_p99_ms"] is not None
     cpu = server["thread_cpu_pct_of_core"]
     assert cpu["event_loop"] > 0 and cpu["kame-engine"] > 0, cpu
+    assert result["elapsed_s"] < 240
+
+
+def _empty_python(where: Path) -> Path:
+    venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(where)
+    return where / "bin" / "python"
+
+
+def test_a_box_without_torch_or_numpy_gets_a_result_saying_so(tmp_path: Path) -> None:
+    py = _empty_python(tmp_path / "empty")
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([str(py), str(ROOT / "bench" / "gpu_check.py"), "all", "--out", str(out), "--work", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] is False and result["missing"] == ["torch", "numpy"], result
+    assert "missing torch; numpy" in proc.stderr
+
+
+def test_a_box_with_torch_but_no_numpy_gets_a_result_saying_so(tmp_path: Path) -> None:
+    py = make_bare_python(tmp_path / "bare", numpy=False)
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([str(py), str(ROOT / "bench" / "gpu_check.py"), "all", "--smoke", "--out", str(out),
+                           "--work", str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(out.read_text())["missing"] == ["numpy"]
+
+
+def test_another_python_than_the_wheels_gets_a_result_saying_so(tmp_path: Path) -> None:
+    py = make_bare_python(tmp_path / "bare")
+    out = tmp_path / "gpu_check.json"
+    other = "3.10" if sys.version_info[:2] != (3, 10) else "3.13"
+    proc = subprocess.run([str(py), str(ROOT / "bench" / "gpu_check.py"), "all", "--smoke", "--out", str(out),
+                           "--work", str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "GPU_CHECK_PYTHON": other})
+    assert proc.returncode == 2, proc.stderr
+    result = json.loads(out.read_text())
+    have = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert len(result["missing"]) == 1 and result["missing"][0].startswith(f"python {other} "), result
+    assert f"--python-version {have}" in result["missing"][0]

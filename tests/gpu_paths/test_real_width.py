@@ -124,6 +124,6 @@ def test_memory_plan_matches_the_loaded_real_width(real_width: Loaded, tmp_path:
         held -= emb.oracle_table.numel() * emb.oracle_table.element_size() + emb.tokens.numel() * 8
     oracle = real_width.models.oracle_weight
     rows, dim = oracle.shape
-    # the plan: the LM, the engine's oracle table (rows + 1 zero row), the loaded copy, one slot's oracle id
-    assert front.weight_bytes == held + 2 * (rows + 1) * dim + 2 * rows * dim + 8
+    # the plan: the LM, the oracle table (held once: the engine's is the loaded tensor), one slot's oracle id
+    assert front.weight_bytes == held + 2 * rows * dim + 8
     assert front.kv_bytes_per_slot == 2 * 32 * 3000 * 128 * 2 + 2 * 16 * 8 * 64 * 2

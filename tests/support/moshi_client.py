@@ -102,6 +102,8 @@ class ServerProcess:
                 "KAME_ASR__WHISPER__CPU_THREADS": "1",
                 "KAME_CACHE_DIR": str(cache_dir),
                 "NO_TORCH_COMPILE": "1",
+                # every call into moshi's models must hold kame's moshi gate: a call outside it fails the session
+                "KAME_MOSHI_GATE_CHECK": "1",
                 "HF_HUB_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1",
             }
