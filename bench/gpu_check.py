@@ -375,11 +375,14 @@ class Worker:
 
 
 def has_int8_weights() -> bool:
-    """This build's ``frontend.weights`` (issue 62's quantize-at-load) exists and offers int8."""
+    """This build's ``frontend.weights`` (issue 62's quantize-at-load) exists and offers int8, and moshi's 8-bit
+    layers can be built here (bitsandbytes importable)."""
+    import importlib.util
+
     from kame.frontend.config import FrontendConfig
 
     field = FrontendConfig.model_fields.get("weights")
-    return field is not None and "int8" in str(field.annotation)
+    return field is not None and "int8" in str(field.annotation) and importlib.util.find_spec("bitsandbytes") is not None
 
 
 # ---------------------------------------------------------------------------------------------- the orchestra
