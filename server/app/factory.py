@@ -113,9 +113,14 @@ def create_app(
         host.open_backends()
         host.start_loading()
         gc_task = asyncio.create_task(collector.run()) if collector.interval_s > 0 else None
+        from kame.server.telephony.stack import start_sip
+
+        sip = start_sip(state)  # phones over SIP (docs/sip.md), when sip.port is set
         try:
             yield
         finally:
+            if sip is not None:
+                await sip.aclose()
             if gc_task is not None:
                 gc_task.cancel()
                 await asyncio.gather(gc_task, return_exceptions=True)
@@ -130,6 +135,9 @@ def create_app(
     from kame.server.webrtc.live import router as live_webrtc_router
     from kame.server.webrtc.signaling import router as webrtc_router
 
+    from kame.server.telephony.routes import router as sip_router
+
+    app.include_router(sip_router)  # accept/reject/refer/hangup of SIP calls, before the WebRTC routes' 404s
     app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)
     app.include_router(live_webrtc_router)  # POST /v1/live/sessions, its hangup and /attach (Live over WebRTC)
     install_static(app, cfg.server.client_dir)  # the browser page (or a client build) at /, docs/browser.md
