@@ -213,11 +213,10 @@ class UserAgent:
             self.ep.transportCreate(pj.PJSIP_TRANSPORT_UDP if kind == "udp" else pj.PJSIP_TRANSPORT_TCP, tcfg)
         self.ep.libStart()
         self.ep.audDevManager().setNullDev()
-        for codec in cfg.get("codecs") or ():
-            priority = 255 - cfg["codecs"].index(codec)
-            for info in self.ep.codecEnum2():
-                if info.codecId.lower().startswith(codec.lower() + "/"):
-                    self.ep.codecSetPriority(info.codecId, priority)
+        wanted = [c.lower() for c in cfg.get("codecs") or ()]
+        for info in self.ep.codecEnum2():  # only the configured codecs, preferred first (0 disables one)
+            name = info.codecId.lower().split("/", 1)[0]
+            self.ep.codecSetPriority(info.codecId, 255 - wanted.index(name) if name in wanted else 0)
         acfg = pj.AccountConfig()
         acfg.idUri = f"sip:kame@{cfg.get('public_address') or cfg['host']}:{cfg['port']}"
         rtp = acfg.mediaConfig.transportConfig

@@ -237,11 +237,12 @@ class SipService:
         url = str(self.cfg.webhook_url)
         secret = self.cfg.webhook_secret.get_secret_value() if self.cfg.webhook_secret else None
         body = webhook.incoming_event(event, call_id, pending.headers)
+        msg_id = webhook.message_id()  # the same on every retry, as Standard Webhooks asks
         attempt = 0
         while self.ringing.get(pending.cid) is pending:
             attempt += 1
             try:
-                resp = await self._http.post(url, content=body, headers=webhook.signed_headers(secret, body))
+                resp = await self._http.post(url, content=body, headers=webhook.signed_headers(secret, body, msg_id))
                 if 200 <= resp.status_code < 300:
                     self.metrics.webhooks.labels(result="delivered").inc()
                     return

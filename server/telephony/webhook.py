@@ -37,9 +37,12 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def signed_headers(secret: str | None, body: bytes, now: float | None = None) -> dict[str, str]:
-    """The Standard Webhooks headers of one delivery (unsigned without a secret)."""
-    msg_id = "wh_" + uuid.uuid4().hex
+def message_id() -> str:
+    return "wh_" + uuid.uuid4().hex
+
+
+def signed_headers(secret: str | None, body: bytes, msg_id: str, now: float | None = None) -> dict[str, str]:
+    """The Standard Webhooks headers of one delivery attempt (unsigned without a secret)."""
     timestamp = int(now if now is not None else time.time())
     headers = {"content-type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
                "user-agent": "kame-webhooks"}

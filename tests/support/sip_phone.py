@@ -38,7 +38,7 @@ class Phone:
         self.ep.libInit(ep_cfg)
         tcfg = pj.TransportConfig()
         tcfg.port = 0
-        tcfg.boundAddress = "127.0.0.1"
+        tcfg.boundAddress = cfg.get("bind", "127.0.0.1")
         kind = pj.PJSIP_TRANSPORT_TCP if cfg.get("transport") == "tcp" else pj.PJSIP_TRANSPORT_UDP
         self.ep.transportCreate(kind, tcfg)
         self.ep.libStart()
@@ -49,7 +49,7 @@ class Phone:
                 self.ep.codecSetPriority(info.codecId, 255 if info.codecId.lower().startswith(codec.lower() + "/") else 0)
         acfg = pj.AccountConfig()
         acfg.idUri = "sip:phone@127.0.0.1"
-        acfg.mediaConfig.transportConfig.boundAddress = "127.0.0.1"
+        acfg.mediaConfig.transportConfig.boundAddress = cfg.get("bind", "127.0.0.1")
         self.account = pj.Account()
         self.account.create(acfg, True)
         self.calls: list[PhoneCall] = []
@@ -70,7 +70,7 @@ class Phone:
         return call
 
     def run(self) -> None:
-        call = self.dial(self.cfg["uri"])
+        self.dial(self.cfg["uri"])
         actions = sorted(self.cfg.get("actions") or [], key=lambda a: a["at"])
         deadline = time.monotonic() + float(self.cfg.get("max_s", 30))
         while time.monotonic() < deadline and not self.done:
@@ -80,7 +80,7 @@ class Phone:
             if time.monotonic() - self.answered_at >= actions[0]["at"]:
                 action = actions.pop(0)
                 live = [c for c in self.calls if c.active]
-                target = live[-1] if live else call
+                target = live[-1] if live else self.calls[0]
                 try:
                     if "dtmf" in action:
                         target.dialDtmf(action["dtmf"])

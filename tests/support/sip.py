@@ -1,0 +1,143 @@
+"""Real parts for the SIP tests: a phone (PJSIP's user agent, tests/support/sip_phone.py, in a subprocess),
+the operator's webhook app (a tiny HTTP server on loopback whose handler uses only the ``openai`` SDK),
+and free SIP and RTP ports."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import wave
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PHONE = Path(__file__).with_name("sip_phone.py")
+
+
+def free_sip_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.bind(("127.0.0.1", 0))
+            port = int(u.getsockname()[1])
+            with socket.socket() as t:
+                try:
+                    t.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no free SIP port")
+
+
+def free_rtp_range(size: int = 64) -> int:
+    """The first port of ``size`` consecutive UDP ports free on 127.0.0.1 (probed; below the ephemeral range)."""
+    import random
+
+    for _ in range(100):
+        base = random.randrange(10000, 30000, 2)
+        socks = []
+        try:
+            for port in range(base, base + size):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free RTP range")
+
+
+def speech_wav(path: Path, text: str) -> Path:
+    """espeak-ng's speech of ``text`` as a WAV file (what the phone plays)."""
+    subprocess.run(["espeak-ng", "-w", str(path), text], check=True)
+    return path
+
+
+def wav_rms(path: Path) -> tuple[float, float]:
+    """(seconds, RMS in full scale) of a 16-bit WAV file."""
+    with wave.open(str(path)) as w:
+        data = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+        seconds = w.getnframes() / w.getframerate()
+    return seconds, float(np.sqrt(np.mean(data**2))) if len(data) else 0.0
+
+
+class Phone:
+    """One call placed by tests/support/sip_phone.py; its JSON events are collected as they come."""
+
+    def __init__(self, **cfg: Any) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen([sys.executable, str(PHONE), json.dumps(cfg)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                self.events.append(json.loads(line))
+
+    def wait_for(self, match: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in list(self.events):
+                if match(event):
+                    return event
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"phone event not seen; events: {self.events}")
+
+    def finish(self, timeout: float = 30) -> list[dict[str, Any]]:
+        self.proc.wait(timeout)
+        self._reader.join(5)
+        return self.events
+
+    @staticmethod
+    def states_of(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
+        return [(e["state"], e["code"]) for e in events if e["event"] == "state"]
+
+
+class WebhookApp:
+    """The operator's app: receives kame's webhooks on loopback; ``handler(headers, body)`` runs for each
+    (it may accept the call before the 200 goes back, as OpenAI's example does) and may raise to answer 500."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[dict[str, str], bytes], None] = lambda headers, body: None
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        app = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                app.received.append((headers, body))
+                try:
+                    app.handler(headers, body)
+                    self.send_response(200)
+                except Exception:  # noqa: BLE001 - the app failed: kame retries
+                    self.send_response(500)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/webhook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
