@@ -52,6 +52,8 @@ if [ "$WITH_TEST" = "1" ]; then
   [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || need+=(haproxy)
   # tests/test_webrtc_turn.py relays a WebRTC call through coturn on loopback.
   [ -x /usr/bin/turnserver ] || need+=(coturn)
+  # tests/calls/test_sip_load.py and bench/sip_load.py place phone calls with SIPp.
+  command -v sipp >/dev/null || need+=(sip-tester)
   if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     echo "install.sh: installing Debian packages: ${need[*]}"

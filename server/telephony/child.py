@@ -32,6 +32,7 @@ log = logging.getLogger("kame.server.sip.child")
 #: Reply frames held per call (the parent paces them; more means it ran ahead: the oldest are dropped).
 MAX_OUT_FRAMES = 25
 SILENCE = bytes(ipc.FRAME_BYTES)
+LOG_LINES_PER_S = 5
 _STATES_ENDED = (pj.PJSIP_INV_STATE_DISCONNECTED,)
 
 
@@ -166,12 +167,29 @@ class Account(pj.Account):
 
 
 class LogWriter(pj.LogWriter):
-    """PJSIP's log to stderr (the server's log), one line each, only warnings and errors (malformed SIP)."""
+    """PJSIP's warnings and errors (malformed SIP, ...) to stderr, the server's log: one line each, at most
+    :data:`LOG_LINES_PER_S` a second (a flood of bad packets is summed up, not copied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.second = 0
+        self.lines = 0
+        self.suppressed = 0
 
     def write(self, entry: Any) -> None:
         text = " ".join(str(entry.msg).split())
-        if text:
-            print(f"kame sip child: pjsip: {text[:300]}", file=sys.stderr, flush=True)
+        if not text:
+            return
+        now = int(time.monotonic())
+        if now != self.second:
+            if self.suppressed:
+                print(f"kame sip child: pjsip: {self.suppressed} more message(s) suppressed", file=sys.stderr, flush=True)
+            self.second, self.lines, self.suppressed = now, 0, 0
+        self.lines += 1
+        if self.lines > LOG_LINES_PER_S:
+            self.suppressed += 1
+            return
+        print(f"kame sip child: pjsip: {text[:300]}", file=sys.stderr, flush=True)
 
 
 class UserAgent:
@@ -182,7 +200,7 @@ class UserAgent:
         self.relay = relay
         self.calls: dict[int, Call] = {}
         self.ended: list[int] = []
-        self.next_cid = 1
+        self.next_cid = int(cfg.get("first_cid", 0)) + 1
         self.ep = pj.Endpoint()
         self.ep.libCreate()
         ep_cfg = pj.EpConfig()

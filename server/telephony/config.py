@@ -16,6 +16,10 @@ class SipConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     port: int | None = Field(None, ge=1, le=65535, description="SIP port (UDP and TCP); unset: no SIP.")
+    processes: int | None = Field(
+        None, ge=1, le=64,
+        description="PJSIP child processes, on ports port, port+1, ... with 4 calls each (the pjsua2 wheels' limit); "
+                    "unset: enough for frontend.batch_size. A trunk or SIP proxy spreads calls over them (docs/sip.md).")
     host: str = Field("127.0.0.1", description="Address SIP and RTP listen on (0.0.0.0: every interface).")
     transports: list[Literal["udp", "tcp"]] = Field(
         ["udp", "tcp"], min_length=1,

@@ -1,7 +1,7 @@
-"""SIP in ``kame serve``: the supervised PJSIP child, and each call from INVITE to session, as OpenAI runs it.
+"""SIP in ``kame serve``: the supervised PJSIP children, and each call from INVITE to session, as OpenAI runs it.
 
-:class:`SipService` starts the child (:mod:`~kame.server.telephony.child`), restarts it when it exits
-(one log line; its calls end), and turns its events into OpenAI's flow: an INVITE from an allowed
+:class:`SipService` starts the children (:mod:`~kame.server.telephony.child`; 4 calls each, on ``port``,
+``port + 1``, ...), restarts one that exits (one log line; its calls end), and turns its events into OpenAI's flow: an INVITE from an allowed
 network, with a free slot, rings (180) and becomes a :class:`Pending` call announced by signed webhooks
 (:mod:`~kame.server.telephony.webhook`, retried until ``accept_timeout_s``, then SIP 480); the first
 accept (``/v1/realtime/calls/{id}/accept`` or ``/v1/live/sessions/{id}/accept``) answers it (200 OK) and
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kame.server.sip")
 
 RESTART_DELAY_S = 1.0
+#: Calls one PJSIP process holds: the pjsua2 wheels are built with PJSUA_MAX_CALLS 4 (a compile-time array).
+CALLS_PER_PROCESS = 4
+#: A call's number carries its child in the bits above these (children number their calls from k << 24).
+CID_BITS = 24
 #: Calls ringing at once, per engine slot (more INVITEs are refused Busy: a flood cannot pile up webhooks).
 PENDING_PER_SLOT = 4
 
@@ -74,61 +78,71 @@ class SipService:
         self.pending: dict[str, Pending] = {}  # by call_id and by live_id
         self.ringing: dict[int, Pending] = {}
         self.active: dict[int, SipTransport] = {}
-        self.ready = asyncio.Event()
-        self._writer: asyncio.StreamWriter | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self.processes = self.cfg.processes or max(1, -(-state.host.max_sessions // CALLS_PER_PROCESS))
+        self._writers: list[asyncio.StreamWriter | None] = [None] * self.processes
+        self._procs: list[asyncio.subprocess.Process | None] = [None] * self.processes
+        self.ready = [asyncio.Event() for _ in range(self.processes)]
         self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._http: Any = None
 
-    # ------------------------------------------------------------------ the child
+    # ------------------------------------------------------------------ the children
     def start(self) -> None:
-        self._task = asyncio.create_task(self._supervise(), name="kame-sip-stack")
+        self._tasks = [asyncio.create_task(self._supervise(k), name=f"kame-sip-stack-{k}") for k in range(self.processes)]
 
     async def aclose(self) -> None:
         self._stopping = True
         for pending in list(self.ringing.values()):
             self._finish_pending(pending, 503, "shutting_down")
-        if self._writer is not None:
-            self._writer.close()
-        if self._proc is not None and self._proc.returncode is None:
-            try:
-                await asyncio.wait_for(self._proc.wait(), 3.0)
-            except asyncio.TimeoutError:
-                self._proc.kill()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for writer in self._writers:
+            if writer is not None:
+                writer.close()
+        for proc in self._procs:
+            if proc is not None and proc.returncode is None:
+                try:
+                    await asyncio.wait_for(proc.wait(), 3.0)
+                except asyncio.TimeoutError:
+                    proc.kill()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
 
-    def child_config(self) -> dict[str, Any]:
+    def child_config(self, k: int) -> dict[str, Any]:
+        """Child ``k``'s settings: port ``port + k``, its share of the RTP range, call numbers from ``k << 24``."""
         c = self.cfg
-        return {"port": c.port, "host": c.host, "public_address": c.public_address, "transports": c.transports,
-                "rtp_port_min": c.rtp_port_min, "rtp_port_max": c.rtp_port_max, "codecs": c.codecs, "max_calls": 32}
+        assert c.port is not None
+        share = (c.rtp_port_max - c.rtp_port_min + 1) // self.processes
+        first = c.rtp_port_min + k * share
+        return {"port": c.port + k, "host": c.host, "public_address": c.public_address, "transports": c.transports,
+                "rtp_port_min": first, "rtp_port_max": first + share - 1, "codecs": c.codecs,
+                "max_calls": CALLS_PER_PROCESS, "first_cid": k << CID_BITS}
 
-    async def _supervise(self) -> None:
+    async def _supervise(self, k: int) -> None:
         while not self._stopping:
             started = time.monotonic()
-            rc = await self._run_child()
+            rc = await self._run_child(k)
             if self._stopping:
                 return
-            lost = len(self.active) + len(self.ringing)
-            self._end_all(f"the SIP stack exited ({rc})")
+            lost = self._end_all(k, f"the SIP stack exited ({rc})")
             self.metrics.restarts.inc()
-            log.error("SIP stack (PJSIP child) exited with code %s after %.0f s; %d call(s) ended; restarting in %.0f s",
-                      rc, time.monotonic() - started, lost, RESTART_DELAY_S)
+            log.error("SIP stack %d (PJSIP child, port %d) exited with code %s after %.0f s; %d call(s) ended; "
+                      "restarting in %.0f s", k, self.child_config(k)["port"], rc, time.monotonic() - started, lost,
+                      RESTART_DELAY_S)
             await asyncio.sleep(RESTART_DELAY_S)
 
-    async def _run_child(self) -> int | None:
+    async def _run_child(self, k: int) -> int | None:
         ours, theirs = socket.socketpair()
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "kame.server.telephony.child", str(theirs.fileno()), json.dumps(self.child_config()),
-                pass_fds=(theirs.fileno(),))
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kame.server.telephony.child", str(theirs.fileno()), json.dumps(self.child_config(k)),
+                pass_fds=(theirs.fileno(),), stdout=asyncio.subprocess.DEVNULL)  # PJSIP's start-up chatter
         finally:
             theirs.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        self._procs[k] = proc
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        self._writers[k] = writer
         try:
             while True:
                 head = await reader.readexactly(ipc.HEADER.size)
@@ -139,33 +153,41 @@ class SipService:
                     if transport is not None:
                         transport.audio_in(payload)
                 else:
-                    self._on_event(cid, json.loads(payload))
+                    self._on_event(k, cid, json.loads(payload))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            self._writer.close()
-            self._writer = None
-            self.ready.clear()
-        return await self._proc.wait()
+            writer.close()
+            self._writers[k] = None
+            self.ready[k].clear()
+        return await proc.wait()
 
     def send_child(self, frame: bytes) -> None:
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(frame)
+        """Write one IPC frame to the child that owns its call number."""
+        k = ipc.HEADER.unpack_from(frame)[1] >> CID_BITS
+        writer = self._writers[k] if k < len(self._writers) else None
+        if writer is not None and not writer.is_closing():
+            writer.write(frame)
 
-    def _end_all(self, reason: str) -> None:
-        for pending in list(self.ringing.values()):
+    def _end_all(self, k: int, reason: str) -> int:
+        """End child ``k``'s calls (it exited); returns how many."""
+        ringing = [p for p in self.ringing.values() if p.cid >> CID_BITS == k]
+        active = [t for t in self.active.values() if t.cid >> CID_BITS == k]
+        for pending in ringing:
             self._drop_pending(pending)
-        for transport in list(self.active.values()):
+        for transport in active:
             transport.end("sip_stack", reason)
-        self.active.clear()
+            self.active.pop(transport.cid, None)
+        return len(ringing) + len(active)
 
     # ------------------------------------------------------------------ events from the child
-    def _on_event(self, cid: int, ev: dict[str, Any]) -> None:
+    def _on_event(self, k: int, cid: int, ev: dict[str, Any]) -> None:
         kind = ev.get("ev")
         if kind == "ready":
-            self.ready.set()
-            log.info("SIP listening on %s:%s (%s), RTP %d-%d%s", self.cfg.host, self.cfg.port, "+".join(self.cfg.transports),
-                     self.cfg.rtp_port_min, self.cfg.rtp_port_max,
+            self.ready[k].set()
+            child = self.child_config(k)
+            log.info("SIP listening on %s:%s (%s), RTP %d-%d, %d calls%s", self.cfg.host, child["port"],
+                     "+".join(self.cfg.transports), child["rtp_port_min"], child["rtp_port_max"], CALLS_PER_PROCESS,
                      f", webhook {decisions.url_for_log(self.cfg.webhook_url)}" if self.cfg.webhook_url else
                      ", no webhook: calls are answered with sip.default_session")
         elif kind == "failed":

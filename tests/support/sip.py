@@ -21,19 +21,25 @@ import numpy as np
 PHONE = Path(__file__).with_name("sip_phone.py")
 
 
-def free_sip_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1."""
-    for _ in range(50):
+def free_sip_port(count: int = 1) -> int:
+    """The first of ``count`` consecutive ports free for both UDP and TCP on 127.0.0.1."""
+    for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
             u.bind(("127.0.0.1", 0))
-            port = int(u.getsockname()[1])
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
+            base = int(u.getsockname()[1])
+        if all(_free_both(base + i) for i in range(count)):
+            return base
     raise RuntimeError("no free SIP port")
+
+
+def _free_both(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket() as t:
+        try:
+            u.bind(("127.0.0.1", port))
+            t.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_rtp_range(size: int = 64) -> int:
