@@ -132,10 +132,9 @@ def create_app(
     app.include_router(http_router)
     for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
         add_wire(app, route)
+    from kame.server.telephony.routes import router as sip_router
     from kame.server.webrtc.live import router as live_webrtc_router
     from kame.server.webrtc.signaling import router as webrtc_router
-
-    from kame.server.telephony.routes import router as sip_router
 
     app.include_router(sip_router)  # accept/reject/refer/hangup of SIP calls, before the WebRTC routes' 404s
     app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)

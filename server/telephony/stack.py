@@ -1,8 +1,8 @@
-"""SIP in ``kame serve``: the supervised PJSIP children, and each call from INVITE to session, as OpenAI runs it.
+"""SIP in ``kame serve``: the supervised PJSIP children, and each call from INVITE to session, as OpenAI has it.
 
 :class:`SipService` starts the children (:mod:`~kame.server.telephony.child`; 4 calls each, on ``port``,
-``port + 1``, ...), restarts one that exits (one log line; its calls end), and turns its events into OpenAI's flow: an INVITE from an allowed
-network, with a free slot, rings (180) and becomes a :class:`Pending` call announced by signed webhooks
+``port + 1``, ...), restarts one that exits (one log line; its calls end), and turns its events into OpenAI's flow: an INVITE from an
+allowed network, with a free slot, rings (180) and becomes a :class:`Pending` call announced by signed webhooks
 (:mod:`~kame.server.telephony.webhook`, retried until ``accept_timeout_s``, then SIP 480); the first
 accept (``/v1/realtime/calls/{id}/accept`` or ``/v1/live/sessions/{id}/accept``) answers it (200 OK) and
 runs its session on a :class:`~kame.server.telephony.transport.SipTransport`, registered with the WebRTC

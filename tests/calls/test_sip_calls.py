@@ -22,7 +22,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.support.moshi_client import ServerProcess
-from tests.support.sip import Phone, WebhookApp, free_rtp_range, free_sip_port, speech_wav, wav_rms
+from tests.support.sip import Kamailio, Phone, WebhookApp, free_rtp_range, free_sip_port, speech_wav, wav_rms
 
 TOKEN = "sip-test-token"
 SECRET = "whsec_c2lwLXRlc3Qtc2VjcmV0LWtleS0xMjM0NTY3ODkw"
@@ -268,3 +268,35 @@ def test_bad_sip_and_rtp_floods_lose_no_frame_of_another_call(sip_server: Server
     logs = sip_server.logs()
     assert "pjsip: Dropping" in logs and "suppressed" in logs  # PJSIP said what it dropped, without flooding the log
     assert logs.count("kame sip child: pjsip:") < 200
+
+
+def test_sip_over_tls_through_the_shipped_proxy(sip_server: ServerProcess, app: WebhookApp, speech: Path,
+                                                tmp_path: Path) -> None:
+    """deploy/sip/kamailio.cfg terminates TLS (kame never uses the PJSIP wheels' OpenSSL) and record-routes:
+    the call is answered, audio flows, and kame's own BYE (the app's hangup) reaches the phone over TLS. The
+    test phone's TLS is the wheel's (a client here, not kame)."""
+    client = _client(sip_server)
+    accepted: list[str] = []
+
+    def handler(headers: dict[str, str], body: bytes) -> None:
+        event = client.webhooks.unwrap(body, headers)
+        if event.type == "realtime.call.incoming":
+            client.realtime.calls.accept(event.data.call_id, type="realtime")
+            accepted.append(event.data.call_id)
+
+    app.handler = handler
+    proxy = Kamailio(tmp_path, sip_server.sip_port)  # type: ignore[attr-defined]
+    try:
+        record = tmp_path / "heard.wav"
+        phone = Phone(uri=f"sip:kame@127.0.0.1:{proxy.tls_port};transport=tls", transport="tls", cert=str(proxy.cert),
+                      key=str(proxy.key), play=str(speech), record=str(record), max_s=40)
+        phone.wait_for(_confirmed(0), 20)
+        time.sleep(4)
+        client.realtime.calls.hangup(accepted[0])  # kame's BYE, through the proxy, over TLS
+        events = phone.finish(30)
+    finally:
+        proxy.close()
+    assert ("DISCONNECTED", 200) in Phone.states_of(events), events
+    seconds, rms = wav_rms(record)
+    assert seconds > 3.0 and rms > 1e-3, (seconds, rms)
+    assert "reason=hangup" in sip_server.logs()

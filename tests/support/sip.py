@@ -147,3 +147,52 @@ class WebhookApp:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+KAMAILIO_CFG = Path(__file__).resolve().parents[2] / "deploy" / "sip" / "kamailio.cfg"
+
+
+class Kamailio:
+    """deploy/sip/kamailio.cfg run for real: SIP over TLS (a self-signed certificate made here) on
+    ``tls_port``, forwarded to kame's UDP ``kame_port``, record-routed."""
+
+    def __init__(self, workdir: Path, kame_port: int) -> None:
+        self.workdir = workdir
+        self.cert, self.key = workdir / "cert.pem", workdir / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.key),
+                        "-out", str(self.cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+        tls = workdir / "tls.cfg"
+        tls.write_text(f"[server:default]\nmethod = TLSv1.2+\nverify_certificate = no\nrequire_certificate = no\n"
+                       f"private_key = {self.key}\ncertificate = {self.cert}\n\n"
+                       "[client:default]\nmethod = TLSv1.2+\nverify_certificate = no\nrequire_certificate = no\n")
+        self.tls_port = free_sip_port()
+        udp_port = free_sip_port()
+        run = workdir / "run"
+        run.mkdir(exist_ok=True)
+        self.log = workdir / "kamailio.log"
+        self._log = open(self.log, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            ["kamailio", "-DD", "-E", "-f", str(KAMAILIO_CFG), "-Y", str(run), "-w", str(run),
+             "-A", f"PUBLIC_TLS=tls:127.0.0.1:{self.tls_port}", "-A", f"PRIVATE_UDP=udp:127.0.0.1:{udp_port}",
+             "-A", f'KAME="sip:127.0.0.1:{kame_port};transport=udp"', "-A", f'TLS_CFG="{tls}"'],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.tls_port)) == 0:
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.close()
+        raise RuntimeError(f"kamailio did not start:\n{self.log.read_text(errors='replace')[-2000:]}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()

@@ -39,8 +39,13 @@ class Phone:
         tcfg = pj.TransportConfig()
         tcfg.port = 0
         tcfg.boundAddress = cfg.get("bind", "127.0.0.1")
-        kind = pj.PJSIP_TRANSPORT_TCP if cfg.get("transport") == "tcp" else pj.PJSIP_TRANSPORT_UDP
-        self.ep.transportCreate(kind, tcfg)
+        kinds = {"tcp": pj.PJSIP_TRANSPORT_TCP, "tls": pj.PJSIP_TRANSPORT_TLS}
+        if cfg.get("transport") == "tls":  # the phone's side of a TLS hop (the proxy in front of kame)
+            tcfg.tlsConfig.certFile = cfg["cert"]
+            tcfg.tlsConfig.privKeyFile = cfg["key"]
+            tcfg.tlsConfig.verifyServer = False
+            tcfg.tlsConfig.method = pj.PJSIP_TLSV1_2_METHOD
+        self.ep.transportCreate(kinds.get(cfg.get("transport", ""), pj.PJSIP_TRANSPORT_UDP), tcfg)
         self.ep.libStart()
         self.ep.audDevManager().setNullDev()
         codec = cfg.get("codec")
