@@ -300,3 +300,50 @@ def test_sip_over_tls_through_the_shipped_proxy(sip_server: ServerProcess, app: 
     seconds, rms = wav_rms(record)
     assert seconds > 3.0 and rms > 1e-3, (seconds, rms)
     assert "reason=hangup" in sip_server.logs()
+
+
+def _sip_children(srv: ServerProcess) -> list[int]:
+    """The server's PJSIP child processes (their pids), read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == srv.proc.pid and b"kame.server.telephony.child" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_crashed_sip_stack_is_restarted_and_answers_again(sip_server: ServerProcess, app: WebhookApp) -> None:
+    import os
+    import signal
+
+    client = _client(sip_server)
+
+    def handler(headers: dict[str, str], body: bytes) -> None:
+        event = client.webhooks.unwrap(body, headers)
+        if event.type == "realtime.call.incoming":
+            client.realtime.calls.accept(event.data.call_id, type="realtime")
+
+    app.handler = handler
+    phone = Phone(uri=_uri(sip_server), max_s=8)
+    phone.wait_for(_confirmed(0), 20)
+    children = _sip_children(sip_server)
+    assert len(children) == 1
+    os.kill(children[0], signal.SIGKILL)  # PJSIP dies mid-call
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (not _sip_children(sip_server) or _sip_children(sip_server) == children
+                                           or sip_server.logs().count("SIP listening") < 2):
+        time.sleep(0.2)
+    logs = sip_server.logs()
+    assert "exited with code -9" in logs and "1 call(s) ended; restarting" in logs
+    assert "reason=sip_stack" in logs  # the call's session ended and freed its slot
+    phone.finish(20)
+    again = Phone(uri=_uri(sip_server), actions=[{"at": 1.0, "hangup": True}], max_s=20)
+    events = again.finish(30)
+    assert ("CONFIRMED", 200) in Phone.states_of(events), events
+    assert sip_server.metric("kame_sip_stack_restarts_total", "", _auth()) == 1
