@@ -119,12 +119,12 @@ def create_app(
         try:
             yield
         finally:
-            if sip is not None:
-                await sip.aclose()
             if gc_task is not None:
                 gc_task.cancel()
                 await asyncio.gather(gc_task, return_exceptions=True)
             await state.drain()
+            if sip is not None:  # after the drain: the calls' sessions hung up through it
+                await sip.aclose()
             await host.aclose()
 
     app = FastAPI(title="kame", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
