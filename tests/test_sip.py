@@ -107,3 +107,58 @@ def test_ipc_frames_and_the_invite_headers() -> None:
               "Authorization: Digest secret\r\nX-Id: 1\r\nX-Id: 2\r\n\r\nv=0\r\n")
     assert sip_headers(invite) == [{"name": "Via", "value": "SIP/2.0/UDP 1.2.3.4"}, {"name": "From", "value": "<sip:a@b>;tag=1"},
                                    {"name": "X-Id", "value": "1"}, {"name": "X-Id", "value": "2"}]
+
+
+class _Sideband:
+    """What SipTransport needs of a sideband websocket: ``send_text`` (records what it got)."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(json.loads(data))
+
+
+def test_sip_transport_resamples_the_phone_and_words_keys_for_each_api() -> None:
+    import asyncio
+
+    import numpy as np
+
+    from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
+    from kame.server.telephony.transport import SipTransport
+
+    async def main() -> tuple[SipTransport, SipTransport, list[bytes], _Sideband, _Sideband]:
+        frames: list[bytes] = []
+        rt = SipTransport(call_id="rtc_x", cid=1, api="realtime", send_child=frames.append)
+        live = SipTransport(call_id="live_x", cid=2, api="live", send_child=frames.append)
+        side_rt, side_live = _Sideband(), _Sideband()
+        rt.attach(side_rt)  # type: ignore[arg-type]
+        live.attach(side_live)  # type: ignore[arg-type]
+        t = np.arange(ipc.RATE) / ipc.RATE
+        tone = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2").tobytes()
+        for i in range(0, len(tone), ipc.FRAME_BYTES):  # one second of 20 ms frames at 8 kHz
+            rt.audio_in(tone[i:i + ipc.FRAME_BYTES])
+        rt.dtmf_in("5")
+        rt.dtmf_in("x")  # not a key: dropped
+        live.dtmf_in("#")
+        live.from_sideband({"type": "websocket.receive", "text": json.dumps({"type": "transport.dtmf.send", "event": "9",
+                                                                             "event_id": "c1"})})
+        live.from_sideband({"type": "websocket.receive", "text": json.dumps({"type": "transport.dtmf.send", "event": "99"})})
+        rt.from_sideband({"type": "websocket.receive", "text": json.dumps({"type": "transport.dtmf.send", "event": "1"})})
+        live.dtmf_sent("9", "c1")
+        await asyncio.sleep(0.05)
+        return rt, live, frames, side_rt, side_live
+
+    rt, live, frames, side_rt, side_live = asyncio.run(main())
+    assert SAMPLE_RATE - 1000 < rt._position <= SAMPLE_RATE  # 8 kHz in, 24 kHz on the clock (the filter holds ~25 ms)
+    pcm = np.concatenate([rt.clock.take() for _ in range(SAMPLE_RATE // FRAME_SIZE)])
+    assert 0.15 < float(np.sqrt(np.mean(pcm[4800:] ** 2))) < 0.25  # the tone, at its level
+    [dtmf] = side_rt.sent[:1]
+    assert dtmf["type"] == "input_audio_buffer.dtmf_event_received" and dtmf["event"] == "5"
+    assert isinstance(dtmf["received_at"], int)
+    assert side_rt.sent[1]["type"] == "error"  # transport.dtmf.send is the Live API's
+    types = [e["type"] for e in side_live.sent]
+    assert types == ["transport.dtmf.received", "error", "transport.dtmf.sent"], side_live.sent
+    assert side_live.sent[2]["client_event_id"] == "c1"
+    sent = [json.loads(f[ipc.HEADER.size:]) for f in frames if ipc.HEADER.unpack_from(f)[0] == ipc.CONTROL]
+    assert sent == [{"op": "dtmf", "digits": "9", "ref": "c1"}]  # only the valid key reached the phone
