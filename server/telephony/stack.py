@@ -459,6 +459,9 @@ def start_sip(state: AppState) -> SipService | None:
     if state.cfg.sip.port is None:
         return None
     service = SipService(state)
+    if state.cfg.sip.webhook_url and state.cfg.sip.webhook_secret is None:
+        log.warning("sip.webhook_url is set without sip.webhook_secret: webhooks go unsigned, and apps that verify "
+                    "them (client.webhooks.unwrap) refuse them")
     state._sip = service  # type: ignore[attr-defined]
     service.start()
     return service
