@@ -22,7 +22,16 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.support.moshi_client import ServerProcess
-from tests.support.sip import Kamailio, Phone, WebhookApp, free_rtp_range, free_sip_port, speech_wav, wav_rms
+from tests.support.sip import (
+    Kamailio,
+    Phone,
+    WebhookApp,
+    first_sound,
+    free_rtp_range,
+    free_sip_port,
+    speech_wav,
+    wav_rms,
+)
 
 TOKEN = "sip-test-token"
 SECRET = "whsec_c2lwLXRlc3Qtc2VjcmV0LWtleS0xMjM0NTY3ODkw"
@@ -131,6 +140,9 @@ def test_a_phone_is_verified_accepted_followed_transferred_and_hung_up(
     assert len(ended) == 2, events
     seconds, rms = wav_rms(record)
     assert seconds > 2.0 and rms > 1e-3, (seconds, rms)  # the model's voice reached the phone
+    # first audio: from the call's media starting (the recorder's start) to the model's first sound at the
+    # phone, through kame's clocks, both resamplers, PJSIP's RTP and the phone's jitter buffer: 0.27 s here
+    assert first_sound(record) < 1.0
     assert sip_server.metric("kame_sip_calls_total", 'result="answered"', _auth()) >= answered0 + 2
     assert sip_server.metric("kame_sip_refers_total", 'result="transferred"', _auth()) >= 1
     assert sip_server.metric("kame_sip_dtmf_total", 'direction="in"', _auth()) >= 1

@@ -77,6 +77,15 @@ def wav_rms(path: Path) -> tuple[float, float]:
     return seconds, float(np.sqrt(np.mean(data**2))) if len(data) else 0.0
 
 
+def first_sound(path: Path, level: float = 0.003) -> float:
+    """Seconds from the start of a 16-bit WAV recording to its first sample above ``level`` (inf: none)."""
+    with wave.open(str(path)) as w:
+        data = np.abs(np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768)
+        rate = w.getframerate()
+    loud = np.flatnonzero(data > level)
+    return float(loud[0]) / rate if len(loud) else float("inf")
+
+
 class Phone:
     """One call placed by tests/support/sip_phone.py; its JSON events are collected as they come."""
 
