@@ -54,6 +54,10 @@ if [ "$WITH_TEST" = "1" ]; then
   [ -x /usr/bin/turnserver ] || need+=(coturn)
   # tests/calls/test_resume_*.py: two replicas resume a drained session through a real Redis.
   command -v redis-server >/dev/null || need+=(redis-server)
+  # tests/calls/test_sip_load.py and bench/sip_load.py place phone calls with SIPp.
+  command -v sipp >/dev/null || need+=(sip-tester)
+  # tests/calls/test_sip_calls.py runs deploy/sip/kamailio.cfg: SIP over TLS in front of kame.
+  [ -n "$(ls /usr/lib/*/kamailio/modules/tls.so 2>/dev/null)" ] || need+=(kamailio kamailio-tls-modules)
   if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     echo "install.sh: installing Debian packages: ${need[*]}"

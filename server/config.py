@@ -1,4 +1,4 @@
-"""The server's settings (``server.*``, ``log.*``) and the whole config: the core's plus them.
+"""The server's settings (``server.*``, ``log.*``, ``sip.*``) and the whole config: the core's plus them.
 
 :class:`AppConfig` is what every ``kame`` command loads (:func:`load_app_config`): a YAML
 file shared by ``kame serve`` and ``kame run`` may hold every section. The core
@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from kame.config import KameConfig, load_config
+from kame.server.telephony.config import SipConfig
 
 log = logging.getLogger("kame.config")
 
@@ -299,6 +300,7 @@ class AppConfig(KameConfig):
     server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     twilio: TwilioConfig = Field(default_factory=TwilioConfig)
+    sip: SipConfig = Field(default_factory=SipConfig)
 
     @classmethod
     def normalize_layer(cls, tree: dict[str, Any], where: str) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def test_the_core_config_does_not_import_the_server() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
     assert issubclass(AppConfig, KameConfig)
-    assert set(AppConfig.model_fields) - set(KameConfig.model_fields) == {"server", "log", "twilio"}
+    assert set(AppConfig.model_fields) - set(KameConfig.model_fields) == {"server", "log", "twilio", "sip"}
 
 
 def test_switch_interval_ms_sets_pythons_gil_switch_interval_and_0_keeps_it() -> None:

@@ -106,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
             check_client_dir(s.client_dir)
         except ClientDirError as e:
             raise UserError(str(e)) from None
+    if cfg.sip.port is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("pjsua2") is None:
+            raise UserError("sip.port is set but PJSIP's Python bindings are missing: pip install 'pjsua2-python>=2.15.1,"
+                            "<2.16' (wheels for CPython 3.8-3.12; docs/sip.md)")
 
     from kame.server.telemetry.logs import configure_logging
 

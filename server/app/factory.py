@@ -113,6 +113,9 @@ def create_app(
         host.open_backends()
         host.start_loading()
         gc_task = asyncio.create_task(collector.run()) if collector.interval_s > 0 else None
+        from kame.server.telephony.stack import start_sip
+
+        sip = start_sip(state)  # phones over SIP (docs/sip.md), when sip.port is set
         try:
             yield
         finally:
@@ -120,6 +123,8 @@ def create_app(
                 gc_task.cancel()
                 await asyncio.gather(gc_task, return_exceptions=True)
             await state.drain()
+            if sip is not None:  # after the drain: the calls' sessions hung up through it
+                await sip.aclose()
             await host.aclose()
 
     app = FastAPI(title="kame", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -127,9 +132,11 @@ def create_app(
     app.include_router(http_router)
     for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
         add_wire(app, route)
+    from kame.server.telephony.routes import router as sip_router
     from kame.server.webrtc.live import router as live_webrtc_router
     from kame.server.webrtc.signaling import router as webrtc_router
 
+    app.include_router(sip_router)  # accept/reject/refer/hangup of SIP calls, before the WebRTC routes' 404s
     app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)
     app.include_router(live_webrtc_router)  # POST /v1/live/sessions, its hangup and /attach (Live over WebRTC)
     from kame.server.wires.twilio.routes import install as install_twilio
