@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kame.server.config import AppConfig
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.session.pipeline import Pipeline
+    from kame.session.responses.backend import ResponsesOffer
     from kame.session.root import SessionRoot
     from kame.session.settings import SessionSettings
 
@@ -384,7 +385,27 @@ class ModelHost:
             command_timeout_s=self.cfg.server.engine_command_timeout_s,
             tools=self.tools,
             echo_guard=self.cfg.asr.echo_guard,
+            responses=self.responses_offer(),
         )
+
+    def responses_offer(self) -> ResponsesOffer | None:
+        """Responses delegation as this server offers it: when it has an LLM back-end (docs/protocol.md section 5),
+        on its back-ends and MCP servers, with its tool limits and metrics."""
+        from kame.session.responses.backend import responses_offer
+
+        registry = self.backends
+        if registry is None or not registry.names:
+            return None
+        toolbox = getattr(self.tools, "mcp", None)  # the server's MCP servers
+        metrics = self.metrics
+
+        def on_tool_call(event: Any, label: str) -> None:
+            metrics.on_tool_call(event, tool=label)
+
+        tools = self.cfg.tools
+        return responses_offer(registry, toolbox, on_tool_call if hasattr(metrics, "on_tool_call") else None,
+                               function_timeout_s=tools.client_call_timeout_s, max_rounds=tools.max_rounds + 1,
+                               max_output_chars=tools.max_client_output_chars)
 
     def new_pipeline(self, settings: SessionSettings) -> Pipeline:
         """A session's pipeline (``async with`` it to attach its engine slot)."""

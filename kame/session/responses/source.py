@@ -5,11 +5,11 @@ requests (:mod:`.speculation`) to the session: final transcripts, instructions a
 into the back-end conversation; function outputs and ``response.create`` go to the driver; each
 round's text becomes a new oracle sequence, judged like a late commentary (docs/oracle.md).
 
-``emit`` must keep one order with the events the wire's calls return (the runtime queues those before
-it next awaits), so ``session.delegation.created`` precedes its stream. Its tasks and oracle stream
-are the session's (``SourceHooks``). A wire never creates it: it sends :class:`UseResponses` and the
-session starts it (:meth:`kame.session.pipeline.Pipeline.use_responses`, through
-:meth:`.backend.ResponsesOffer.answer_source`).
+``emit`` goes to the session's event queue, after the delegation's own ``delegation.opened`` (a
+delegation's rounds run in tasks). Its tasks and oracle stream are the session's (``SourceHooks``).
+The session's answer source for Responses delegation
+(:class:`kame.session.delegated_answers.ResponsesDelegation`) starts it through
+:meth:`.backend.ResponsesOffer.answer_source`; no wire does.
 """
 
 from __future__ import annotations
@@ -98,14 +98,9 @@ class SourceHooks:
 
 @dataclass(frozen=True)
 class UseResponses:
-    """A wire's command: this session answers in Responses delegation, with these settings.
-
-    The session creates the answer source (the pipeline's, through
-    ``WireIO.use_responses``: it adds the server's back-ends and its own
-    oracle stream and tasks as :class:`SourceHooks`); the wire gives what only it
-    knows: the settings as the client changes them, where the source's
-    events go (``emit``: the wire encodes them), how its delegations stand
-    (``judge``), and the conversation the client started with.
+    """What the session's Responses delegation starts the source with: the settings as the client changes them,
+    where the source's events go (``emit``), how its delegations stand (``judge``), and the conversation the
+    client started with; the server's back-ends and the session's oracle and tasks come as :class:`SourceHooks`.
     """
 
     settings: Callable[[], ResponsesDelegationSettings]
