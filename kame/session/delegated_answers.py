@@ -38,18 +38,9 @@ from kame.session.events import (
     ContextAppended,
     DelegationOpened,
     PipelineEvent,
-    ResponsesStreamed,
-    SourceNotice,
-    SourceProgress,
 )
 from kame.session.responses.settings import ResponsesDelegationSettings
-from kame.session.responses.source import (
-    Notice,
-    ResponseEvent,
-    ResponsesAnswerSource,
-    SourceEvent,
-    UseResponses,
-)
+from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 from kame.session.settings import Delegation, SessionSettings
 
 if TYPE_CHECKING:
@@ -295,7 +286,7 @@ class ResponsesDelegation(ClientDelegation):
     def __init__(self, delegation: Delegation, io: SourceIO, *, encode: Encode, oracle_config: OracleConfig,
                  offer: ResponsesOffer) -> None:
         super().__init__(delegation, io, encode=encode, oracle_config=oracle_config)
-        use = UseResponses(self._settings, self._emit, self.answers.judge, encode, oracle_config, delegation.history)
+        use = UseResponses(self._settings, io.emit, self.answers.judge, encode, oracle_config, delegation.history)
         self.responses = offer.answer_source(use, oracle_reset=lambda answer: io.writer.reset(answer.ids),
                                              oracle_push=io.writer.push, spawn=io.spawn)
         self.answers.responses = self.responses
@@ -303,14 +294,6 @@ class ResponsesDelegation(ClientDelegation):
     def _settings(self) -> ResponsesDelegationSettings:
         assert self.delegation.responses is not None
         return self.delegation.responses
-
-    def _emit(self, event: SourceEvent) -> None:
-        if isinstance(event, ResponseEvent):
-            self.io.emit(ResponsesStreamed(event=event.event, delegation_id=event.delegation_id))
-        elif isinstance(event, Notice):
-            self.io.emit(SourceNotice(code=event.code, message=event.message))
-        else:
-            self.io.emit(SourceProgress(event=event.name, data=event.fields))
 
     def apply(self, command: ConversationCommand) -> list[PipelineEvent]:
         if isinstance(command, DeliverItem):

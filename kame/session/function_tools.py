@@ -60,6 +60,29 @@ class FunctionTool:
         parameters = dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
         return ToolSpec(self.name, self.description or "", parameters, read_only=self.read_only)
 
+    def chat_tool(self) -> dict[str, Any]:
+        """The chat-completions ``tools`` entry."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = (
+            dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
+        )
+        if self.strict is not None:
+            function["strict"] = self.strict
+        return {"type": "function", "function": function}
+
+    def as_config(self) -> dict[str, Any]:
+        """The Live ``FunctionTool`` shape (for ``session.started`` / ``.updated``)."""
+        out: dict[str, Any] = {"type": "function", "name": self.name}
+        if self.description is not None:
+            out["description"] = self.description
+        if self.parameters is not None:
+            out["parameters"] = dict(self.parameters)
+        if self.strict is not None:
+            out["strict"] = self.strict
+        return out
+
 
 def tool_list(value: object, param: str, errors: ToolErrors) -> Sequence[Any]:
     """A list of tools (at most :data:`MAX_TOOLS`)."""

@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from kame.session.function_tools import ToolErrors, function_tool, tool_list, unique
+from kame.session.function_tools import FunctionTool, ToolErrors, function_tool, tool_list, unique
 from kame.session.responses.settings import (
     BackendCatalog,
     BackendTarget,
     DelegationConfigError,
-    FunctionSpec,
     McpServerRef,
     ResponsesDelegationSettings,
     ToolChoiceSpec,
@@ -241,11 +240,11 @@ def _max_tokens(value: object, param: str) -> int | None:
 
 def _tools(
     value: object, catalog: BackendCatalog, param: str
-) -> tuple[tuple[FunctionSpec, ...], tuple[McpServerRef, ...]]:
+) -> tuple[tuple[FunctionTool, ...], tuple[McpServerRef, ...]]:
     value = tool_list(value, param, ERRORS)
     refused: list[str] = []
     first_refused: str | None = None
-    functions: list[FunctionSpec] = []
+    functions: list[FunctionTool] = []
     mcp: list[McpServerRef] = []
     for i, tool in enumerate(value):
         where = f"{param}[{i}]"
@@ -298,10 +297,9 @@ def _known_fields(tool: Mapping[str, Any], known: Any, where: str, kind: str) ->
         )
 
 
-def _function(tool: Mapping[str, Any], where: str) -> FunctionSpec:
+def _function(tool: Mapping[str, Any], where: str) -> FunctionTool:
     _known_fields(tool, _FUNCTION_KEYS, where, "a function tool")
-    found = function_tool(tool, where, ERRORS)
-    return FunctionSpec(found.name, found.description, found.parameters, found.strict)
+    return function_tool(tool, where, ERRORS)
 
 
 def _mcp_ref(tool: Mapping[str, Any], catalog: BackendCatalog, where: str) -> McpServerRef:
@@ -360,7 +358,7 @@ def _mcp_ref(tool: Mapping[str, Any], catalog: BackendCatalog, where: str) -> Mc
     return McpServerRef(label, names)
 
 
-def _tool_keys(functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], catalog: BackendCatalog) -> set[str]:
+def _tool_keys(functions: Sequence[FunctionTool], mcp: Sequence[McpServerRef], catalog: BackendCatalog) -> set[str]:
     keys = {f"function:{f.name}" for f in functions}
     for ref in mcp:
         names = (
@@ -371,7 +369,7 @@ def _tool_keys(functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], c
 
 
 def _any_offered(
-    choice: ToolChoiceSpec, functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], catalog: BackendCatalog
+    choice: ToolChoiceSpec, functions: Sequence[FunctionTool], mcp: Sequence[McpServerRef], catalog: BackendCatalog
 ) -> bool:
     return any(choice.offers(k) for k in _tool_keys(functions, mcp, catalog))
 
@@ -405,7 +403,7 @@ def _choice_key(entry: object, keys: set[str], where: str) -> str:
 
 def _tool_choice(
     value: object,
-    functions: Sequence[FunctionSpec],
+    functions: Sequence[FunctionTool],
     mcp: Sequence[McpServerRef],
     catalog: BackendCatalog,
     param: str,
@@ -436,7 +434,7 @@ def _tool_choice(
 
 def _recheck_choice(
     choice: ToolChoiceSpec,
-    functions: Sequence[FunctionSpec],
+    functions: Sequence[FunctionTool],
     mcp: Sequence[McpServerRef],
     catalog: BackendCatalog,
     param: str,

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 from kame.backend.speculation import ToolCallEvent
 from kame.backend.tool_loop import CallFinished, LoopDone, RoundPlan, TextDelta, run_rounds
 from kame.backend.tools import ToolCall, ToolCallAssembler, ToolOutcome
-from kame.session.function_tools import MAX_OUTPUT_CHARS, ToolErrors, function_output
+from kame.session.function_tools import MAX_OUTPUT_CHARS, FunctionTool, ToolErrors, function_output
 from kame.session.responses.conversation import (
     BackendTurn,
     CallOutput,
@@ -33,7 +33,7 @@ from kame.session.responses.conversation import (
     ConversationLog,
     build_backend_messages,
 )
-from kame.session.responses.settings import FunctionSpec, ResponsesDelegationSettings, ResponsesError
+from kame.session.responses.settings import ResponsesDelegationSettings, ResponsesError
 from kame.session.responses.stream import (
     Event,
     IncompleteReason,
@@ -70,7 +70,7 @@ class ServerTool:
     name: str  #: the function name the back-end sees
     server_label: str
     tool: str  #: the tool's name on its server
-    function: FunctionSpec
+    function: FunctionTool
 
     @property
     def key(self) -> str:
@@ -103,7 +103,7 @@ class RoundRequest:
     """One back-end request of a delegation."""
 
     messages: list[dict[str, Any]]
-    functions: tuple[FunctionSpec, ...]  #: offered (empty on the last round: the back-end must answer)
+    functions: tuple[FunctionTool, ...]  #: offered (empty on the last round: the back-end must answer)
     tool_choice: str | None  #: ``auto`` / ``none`` / ``required`` or one function's name
     max_tokens: int | None
     backend: str
