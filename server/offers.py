@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kame.server.state import AppState
 from kame.server.wires.live import wire as live
 from kame.server.wires.realtime import wire as realtime
-
-if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
 
 
 def realtime_info(state: AppState, session_id: str, model: str) -> realtime.ServerInfo:

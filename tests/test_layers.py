@@ -341,3 +341,44 @@ def test_answers_have_one_road_through_the_answer_source() -> None:
     from kame.session.pipeline import Pipeline
 
     assert not {"use_responses", "delegated_answers"} & set(dir(Pipeline))
+
+
+#: Where the app is assembled: an import inside a function there is a deliberate deferral (issue 57, point 3).
+DEFERRAL_CHECKED = ("kame.server.app", "kame.server.webrtc", "kame.server.host")
+
+
+def undeclared_deferrals(source: str) -> list[int]:
+    """Lines of imports inside functions with no ``# deferred: why`` above their block (or on their line)."""
+    lines = source.split("\n")
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            if not isinstance(inner, (ast.Import, ast.ImportFrom)):
+                continue
+            if "# deferred:" in lines[inner.lineno - 1]:
+                continue
+            i = inner.lineno - 2
+            while i >= 0 and (not lines[i].strip() or lines[i].lstrip().startswith(("import ", "from "))):
+                i -= 1
+            if i < 0 or not lines[i].lstrip().startswith("# deferred:"):
+                out.append(inner.lineno)
+    return sorted(set(out))
+
+
+def test_app_state_is_typed_without_a_circle_and_deferrals_say_why() -> None:
+    """``AppState`` lives in ``kame.server.state`` (no route imports), so the routes, the WebRTC endpoints and
+    the admission import it at their top; what still loads inside a function (torch, moshi, aiortc) says why."""
+    problems = []
+    for module, path in all_modules().items():
+        source = path.read_text()
+        for imp in imports_of(module, source, path.name == "__init__.py"):
+            if imp.target == "kame.server.app.factory" and module != "kame.server.app.serving":
+                problems.append(f"{module}:{imp.line} imports the app factory (AppState is kame.server.state's)")
+        if module.startswith(DEFERRAL_CHECKED):
+            problems += [f"{module}:{line} imports inside a function without '# deferred: why'"
+                         for line in undeclared_deferrals(source)]
+    assert problems == [], "\n".join(problems)
+    assert undeclared_deferrals("def f():\n    from kame.server.app.websockets import WIRES\n") == [2]
+    assert not undeclared_deferrals("def f():\n    # deferred: torch is slow\n    import torch\n\n    import av\n")
