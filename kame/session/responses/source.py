@@ -94,7 +94,7 @@ class ResponsesAnswerSource:
 
     @classmethod
     def start(cls, use: UseResponses, hooks: SourceHooks) -> ResponsesAnswerSource:
-        """The source a wire's :class:`UseResponses` asks for, on the session's ``hooks``."""
+        """The source :class:`UseResponses` describes, on the session's ``hooks``."""
         return cls(use.settings, hooks, use.emit, judge=use.judge, encode=use.encode,
                    oracle_config=use.oracle_config, history=use.history)
 
