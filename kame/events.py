@@ -345,6 +345,76 @@ class UserTurnCommitted(PipelineEvent):
     text: str
 
 
+# --------------------------------------------------------------------------- delegated answers (kame.session.answer_source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelegationOpened(PipelineEvent):
+    """The session delegated an answer (client or Responses delegation): ``response_id`` names the Responses
+    response that answers it (None: the client answers with appends). Its place on the session timeline is
+    the wire's (it knows the output frames and transcript fragments sent)."""
+
+    name: ClassVar[str] = "delegation.opened"
+    delegation_id: str
+    response_id: str | None = None
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextAppended(PipelineEvent):
+    """A client's append was taken (``kind``: instructions, thinking or commentary) at ``at_ms`` on the session
+    timeline; its answer runs until ``end_ms``; ``unspoken`` says why a commentary was not spoken."""
+
+    name: ClassVar[str] = "delegation.appended"
+    kind: str
+    delegation_id: str | None
+    at_ms: int
+    end_ms: int
+    unspoken: str | None = None
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerSpoken(PipelineEvent):
+    """A delegated answer became a new oracle sequence of ``tokens`` steps (start id included)."""
+
+    name: ClassVar[str] = "delegation.spoken"
+    has_text: ClassVar[bool] = True
+    delegation_id: str | None
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceNotice(PipelineEvent):
+    """Something an answer source wants the client to know that changes nothing (Live: ``info``)."""
+
+    name: ClassVar[str] = "delegation.notice"
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceProgress(PipelineEvent):
+    """An answer source's own progress, as kame's extension event ``name`` with ``fields`` (``kame.backend.*``,
+    ``kame.oracle.reset``, ``kame.responses.answer``)."""
+
+    name: ClassVar[str] = "delegation.progress"
+    has_text: ClassVar[bool] = True
+    event: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResponsesStreamed(PipelineEvent):
+    """One nested Responses streaming event of delegation ``delegation_id`` (Live: ``response.event``)."""
+
+    name: ClassVar[str] = "delegation.responses_event"
+    has_text: ClassVar[bool] = True
+    event: dict[str, Any]
+    delegation_id: str | None
+
+
 AsrEvent = SpeechStarted | SpeechStopped | UserPartial | UserFinal | AsrFailed | EchoJudged
 LlmEvent = (
     LlmRequestStarted | LlmFirstToken | LlmDone | LlmCancelled | LlmDropped | LlmDeferred | LlmError | BackendDown | BackendUp
@@ -352,3 +422,4 @@ LlmEvent = (
 )
 ToolEvent = ToolCallStarted | ToolCallFinished | FunctionCallRequested
 OracleEvent = OracleReset | OracleText | OracleCleared
+DelegationEvent = DelegationOpened | ContextAppended | AnswerSpoken | SourceNotice | SourceProgress | ResponsesStreamed

@@ -19,26 +19,30 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kame.asr.factory import create_recognizer
 from kame.audio.media import FRAME_SIZE, SAMPLE_RATE
+from kame.backend.registry import BackendRegistry
 from kame.errors import UserError
-from kame.frontend.checkpoint import is_tiny, resolve_spec, tiny_seed
-from kame.frontend.moshi_gate import compiled_graphs
+from kame.frontend.checkpoint import is_tiny, resolve_checkpoint, resolve_spec, tiny_seed
+from kame.frontend.moshi_gate import MoshiMode, compiled_graphs, resolve_compile
+from kame.oracle.session_tools import ToolCatalog
+from kame.server.telemetry.metrics import CLIENT_FUNCTION_LABEL
+from kame.session.responses.backend import ResponsesOffer, responses_offer
 
 if TYPE_CHECKING:
     import torch
 
-    from kame.backend.registry import BackendRegistry
     from kame.config import KameConfig
     from kame.frontend.engine import EngineCore
     from kame.frontend.engine_thread import EngineThread
     from kame.frontend.models import FrontendModels
-    from kame.oracle.session_tools import ToolCatalog
     from kame.server.config import AppConfig
     from kame.server.telemetry.metrics import ServerMetrics
     from kame.session.pipeline import Pipeline
@@ -59,6 +63,7 @@ def resolve_checkpoint_spec(checkpoint: str, cache_dir: Path) -> str:
 
 def choose_device(cfg: KameConfig) -> torch.device:
     """The device to serve on, or a one-line :class:`UserError` saying how to run the CPU demo."""
+    # deferred: torch (seconds to import) only when a server picks its device, not when this module loads
     import torch
 
     from kame.frontend.loading import resolve_device
@@ -99,8 +104,6 @@ class ModelHost:
         environ: Mapping[str, str] | None = None,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
-        import os
-
         self.cfg = cfg
         self.device = str(device)
         self.metrics = metrics
@@ -126,7 +129,6 @@ class ModelHost:
     # ------------------------------------------------------------------ start / stop
     def open_backends(self) -> None:
         """Build the back-end registry (in the event loop: back-ends own async HTTP clients)."""
-        from kame.backend.registry import BackendRegistry
 
         self.backends = BackendRegistry.from_config(
             self.cfg, self.environ, observers=[self.metrics.on_backend_event]
@@ -143,8 +145,6 @@ class ModelHost:
     def open_tools(self) -> None:
         """The MCP servers and tool settings (in the event loop); the servers sessions will use are
         connected in the background now, so the first session does not wait for them."""
-        from kame.oracle.session_tools import ToolCatalog
-        from kame.server.telemetry.metrics import CLIENT_FUNCTION_LABEL
 
         metrics = self.metrics
 
@@ -190,6 +190,7 @@ class ModelHost:
         )
 
     def _load_models(self) -> None:
+        # deferred: torch and the model code load in the loading thread (the app answers /health meanwhile)
         import torch
 
         from kame.frontend.engine import EngineCore
@@ -210,9 +211,8 @@ class ModelHost:
             asr_cfg = asr_cfg.model_copy(update={"model": resolve_spec(asr_cfg.model, self.cfg.cache_dir, stt=True)})
         stt = self._shared_stt(asr_cfg, device)
         if stt is None and asr_cfg.kind != "none":
-            from kame.asr.factory import create_recognizer
+            # deferred: loads torch: only once the models load
             from kame.frontend.loading import resolve_device
-            from kame.frontend.moshi_gate import MoshiMode, resolve_compile
 
             log.info("loading ASR (%s)", asr_cfg.kind)
             asr_device = resolve_device(asr_cfg.device).type if asr_cfg.kind == "kyutai" else "cpu"
@@ -243,12 +243,11 @@ class ModelHost:
         """Kyutai STT stepped by the front-end engine on its Mimi codes, when it can be shared."""
         if asr_cfg.kind != "kyutai" or not asr_cfg.share_engine:
             return None
+        # deferred: Kyutai's STT loads torch and moshi: only when the server shares its engine
         from kame.asr.kyutai_core import SttCore
         from kame.asr.kyutai_recognizer import DEFAULT_MODEL
         from kame.asr.kyutai_shared import SharedKyutaiAsr, same_mimi
-        from kame.frontend.checkpoint import resolve_checkpoint
         from kame.frontend.loading import load_mimi, resolve_device
-        from kame.frontend.moshi_gate import MoshiMode, resolve_compile
 
         assert self.models is not None
         files = resolve_checkpoint(asr_cfg.model or DEFAULT_MODEL)
@@ -267,6 +266,7 @@ class ModelHost:
 
     def _warm_up(self, core: EngineCore) -> None:
         """Silent ticks of every slot (and a shared STT's) before the host is ready; see :func:`warm_up_engine`."""
+        # deferred: loads torch: only once the engine is built
         from kame.frontend.warmup import warm_up_engine
 
         warm_up_engine(core, self.cfg.server.warmup_steps)
@@ -332,6 +332,7 @@ class ModelHost:
         core = self.core
         if core is None:
             return None
+        # deferred: moshi loads torch: only once the engine is built
         from moshi.utils.compile import _is_cuda_graph_enabled
 
         graphs = core.device.type == "cuda" and core.mode.cuda_graphs and _is_cuda_graph_enabled()
@@ -375,6 +376,7 @@ class ModelHost:
     # ------------------------------------------------------------------ sessions
     def _session_root(self, engine: EngineThread) -> SessionRoot:
         """The shared parts every session's pipeline is built from (after the models loaded)."""
+        # deferred: the pipeline's modules load torch: only once the models are loaded
         from kame.session.root import SessionRoot
 
         assert self.models is not None
@@ -387,7 +389,26 @@ class ModelHost:
             command_timeout_s=self.cfg.server.engine_command_timeout_s,
             tools=self.tools,
             echo_guard=self.cfg.asr.echo_guard,
+            responses=self.responses_offer(),
         )
+
+    def responses_offer(self) -> ResponsesOffer | None:
+        """Responses delegation as this server offers it: when it has an LLM back-end (docs/protocol.md section 5),
+        on its back-ends and MCP servers, with its tool limits and metrics."""
+
+        registry = self.backends
+        if registry is None or not registry.names:
+            return None
+        toolbox = getattr(self.tools, "mcp", None)  # the server's MCP servers
+        metrics = self.metrics
+
+        def on_tool_call(event: Any, label: str) -> None:
+            metrics.on_tool_call(event, tool=label)
+
+        tools = self.cfg.tools
+        return responses_offer(registry, toolbox, on_tool_call if hasattr(metrics, "on_tool_call") else None,
+                               function_timeout_s=tools.client_call_timeout_s, max_rounds=tools.max_rounds + 1,
+                               max_output_chars=tools.max_client_output_chars)
 
     def new_pipeline(self, settings: SessionSettings) -> Pipeline:
         """A session's pipeline (``async with`` it to attach its engine slot)."""

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kame.server.state import AppState
 from kame.server.wires.live import wire as live
 from kame.server.wires.realtime import wire as realtime
-from kame.session.responses.backend import ResponsesOffer, responses_offer
-
-if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
 
 
 def realtime_info(state: AppState, session_id: str, model: str) -> realtime.ServerInfo:
@@ -52,30 +49,7 @@ def live_info(state: AppState, session_id: str, **extra: Any) -> live.LiveServer
 
 
 def live_wire_args(state: AppState) -> dict[str, Any]:
-    """The keyword arguments of a Live wire on this server (its frame size, Responses delegation); the tokenizer
-    and the oracle settings are the session's (its pipeline builds the answers)."""
-    return {"frame_size": state.host.frame_size, "responses": _responses_offer(state)}
-
-
-def _responses_offer(state: AppState) -> ResponsesOffer | None:
-    """Responses delegation is offered when the server has an LLM back-end (docs/protocol.md section 5)."""
-    host = state.host
-    registry = host.backends
-    if registry is None or not registry.names:
-        return None
-    catalog = getattr(host, "tools", None)  # the server's MCP servers (kame.oracle.session_tools.ToolCatalog)
-    toolbox = getattr(catalog, "mcp", None)
-    metrics = getattr(host, "metrics", None)
-    on_tool_call = None
-    if metrics is not None and hasattr(metrics, "on_tool_call"):
-        def on_tool_call(event: Any, label: str) -> None:
-            metrics.on_tool_call(event, tool=label)
-    tools = state.cfg.tools
-    return responses_offer(
-        registry,
-        toolbox,
-        on_tool_call,
-        function_timeout_s=tools.client_call_timeout_s,
-        max_rounds=tools.max_rounds + 1,
-        max_output_chars=tools.max_client_output_chars,
-    )
+    """The keyword arguments of a Live wire on this server (its frame size, the back-ends Responses delegation
+    offers); who answers is the session's (its pipeline runs the answer source)."""
+    offer = state.host.responses_offer()
+    return {"frame_size": state.host.frame_size, "responses": None if offer is None else offer.catalog}

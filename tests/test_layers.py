@@ -209,7 +209,8 @@ ORACLE_WRITES = frozenset({"oracle_reset", "oracle_push", "oracle_clear"})
 #: What builds an answer source: the session does (the pipeline), never server/ (a wire, the runtime, the app):
 #: the own LLM's loop, the Responses source, and the delegated answers a Live wire translates.
 SOURCE_BUILDERS = frozenset({"OracleLoop", "ResponsesAnswerSource", "SourceHooks", "answer_source",
-                             "DelegatedAnswers", "answers_with"})
+                             "DelegatedAnswers", "answers_with", "ClientDelegation", "ResponsesDelegation",
+                             "LlmAnswers", "delegation_source"})
 
 
 def calls_of(source: str) -> list[tuple[str, int]]:
@@ -293,3 +294,91 @@ def test_a_client_message_is_typed_twice_at_most() -> None:
     wrapper = "@dataclass(frozen=True)\nclass ConversationIn:\n    command: ConversationCommand\n"
     assert _command_fields(wrapper) == [("ConversationIn.command", 3)]  # the check sees the wrapper that was
     assert _command_fields("class A:\n    speak: 'sc.SpeakAnswer | None'\n") == [("A.speak", 2)]
+
+
+#: The roads that went around the one answer-source interface (issue 57): the runtime lending a wire the session's
+#: answer factories (``WireIO``, a wire's ``bind``) and the pipeline's two side doors (``use_responses``,
+#: ``delegated_answers``). Who answers is the pipeline's :class:`~kame.session.answer_source.AnswerSource`.
+GONE = frozenset({"WireIO", "bind", "use_responses", "delegated_answers", "OpenAnswers", "ResponsesPort"})
+
+
+def side_doors(module: str, source: str) -> list[str]:
+    """Where a module of the session or the server defines, names or calls one of :data:`GONE`."""
+    if not (module.startswith("kame.server.") or module.startswith("kame.session")):
+        return []
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        name = None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = node.name
+        elif isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value  # getattr(wire, "bind")
+        elif isinstance(node, ast.alias):
+            name = node.asname or node.name.rsplit(".", 1)[-1]
+        if name in GONE:
+            problems.append(f"{module}:{getattr(node, 'lineno', '?')} {name}")
+    return problems
+
+
+def test_answers_have_one_road_through_the_answer_source() -> None:
+    """``WireIO``, ``bind``, ``Pipeline.use_responses`` and ``Pipeline.delegated_answers`` do not come back: a wire
+    decodes client messages into session commands and encodes the session's events, nothing more."""
+    problems = []
+    for module, path in all_modules().items():
+        problems += side_doors(module, path.read_text())
+    assert problems == [], "\n".join(problems)
+    was = ('bind = getattr(self.wire, "bind", None)\n'
+           "bind(WireIO(send=self._queue, use_responses=pipeline.use_responses,\n"
+           "            delegated_answers=pipeline.delegated_answers))\n")
+    found = side_doors("kame.server.runtime.session", was)
+    assert {p.split()[-1] for p in found} == {"bind", "WireIO", "use_responses", "delegated_answers"}
+    assert side_doors("kame.session.pipeline", "class Pipeline:\n    def use_responses(self): ...\n")
+    assert not side_doors("kame.asr.stream", "def bind_engine(self): ...\n")  # another layer, another word
+    from kame.session.pipeline import Pipeline
+
+    assert not {"use_responses", "delegated_answers"} & set(dir(Pipeline))
+
+
+#: Where the app is assembled: an import inside a function there is a deliberate deferral (issue 57, point 3).
+DEFERRAL_CHECKED = ("kame.server.app", "kame.server.webrtc", "kame.server.host")
+
+
+def undeclared_deferrals(source: str) -> list[int]:
+    """Lines of imports inside functions with no ``# deferred: why`` above their block (or on their line)."""
+    lines = source.split("\n")
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            if not isinstance(inner, (ast.Import, ast.ImportFrom)):
+                continue
+            if "# deferred:" in lines[inner.lineno - 1]:
+                continue
+            i = inner.lineno - 2
+            while i >= 0 and (not lines[i].strip() or lines[i].lstrip().startswith(("import ", "from "))):
+                i -= 1
+            if i < 0 or not lines[i].lstrip().startswith("# deferred:"):
+                out.append(inner.lineno)
+    return sorted(set(out))
+
+
+def test_app_state_is_typed_without_a_circle_and_deferrals_say_why() -> None:
+    """``AppState`` lives in ``kame.server.state`` (no route imports), so the routes, the WebRTC endpoints and
+    the admission import it at their top; what still loads inside a function (torch, moshi, aiortc) says why."""
+    problems = []
+    for module, path in all_modules().items():
+        source = path.read_text()
+        for imp in imports_of(module, source, path.name == "__init__.py"):
+            if imp.target == "kame.server.app.factory" and module != "kame.server.app.serving":
+                problems.append(f"{module}:{imp.line} imports the app factory (AppState is kame.server.state's)")
+        if module.startswith(DEFERRAL_CHECKED):
+            problems += [f"{module}:{line} imports inside a function without '# deferred: why'"
+                         for line in undeclared_deferrals(source)]
+    assert problems == [], "\n".join(problems)
+    assert undeclared_deferrals("def f():\n    from kame.server.app.websockets import WIRES\n") == [2]
+    assert not undeclared_deferrals("def f():\n    # deferred: torch is slow\n    import torch\n\n    import av\n")

@@ -17,12 +17,13 @@ from starlette import status
 from kame.oracle.config import OracleConfig
 from kame.server.runtime.client_limits import ClientLimits
 from kame.server.runtime.end import SessionEnd
-from kame.server.runtime.wire import AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn, WireIO
+from kame.server.runtime.wire import AudioIn, EndIn, Fault, Outgoing, Reply, SettingsIn
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.wire import MAX_CLIENT_ERRORS, LiveWire
 from kame.session import events as pe
-from kame.session.commands import SpeakAnswer as OracleResetIn  # the runtime's command became the session's
-from kame.session.delegated_answers import answers_with
+from kame.session.answer_source import OracleWriter, SourceIO
+from kame.session.commands import AppendAnswer
+from kame.session.delegated_answers import delegation_source
 from kame.session.settings import SessionSettings
 
 INFO = LiveServerInfo(session_id="feedbeef0001", asr="whisper", admitted_at=1_800_000_000.0, usage_interval_s=1.0)
@@ -53,21 +54,15 @@ def replies(commands: list[Any]) -> list[dict[str, Any]]:
 
 
 def bound(encode: Callable[[str], list[int]], settings: SessionSettings | None = None) -> LiveWire:
-    """A Live wire as the runtime binds it: the session's answers (its tokenizer), no Responses delegation."""
-    wire = LiveWire(INFO, settings or SessionSettings())
-
-    def no_responses(offer: Any, use: Any) -> Any:
-        raise AssertionError("no Responses delegation here")
-
-    wire.bind(WireIO(send=lambda messages: None, use_responses=no_responses,
-                     delegated_answers=answers_with(encode, OracleConfig())))
-    return wire
+    """A Live wire as the runtime holds it: it knows nothing of the session's answers."""
+    return LiveWire(INFO, settings or SessionSettings())
 
 
 def started(encode: Callable[[str], list[int]], session: dict[str, Any] | None = None) -> LiveWire:
     wire = bound(encode)
     commands = wire.decode(msg({"type": "session.start", "event_id": "s", "session": session or {"model": "gpt-live-1"}}), 10.0)
     settings = [c for c in commands if isinstance(c, SettingsIn)]
+    assert settings and settings[0].settings.delegation is not None  # the session's answer source: client delegation
     assert len(settings) == 1 and not replies(commands)  # session.started waits for the pipeline
     out = sent(wire.settings_applied(settings[0].settings, settings[0]))
     assert out[0]["type"] == "session.started" and out[0]["client_event_id"] == "s"
@@ -97,13 +92,19 @@ def test_audio_commentary_and_close_become_commands(encode: Callable[[str], list
     assert isinstance(tiny, AudioIn) and tiny.frames == []  # still audio activity for the idle timer
     commands = wire.decode(msg({"type": "session.commentary.append", "content": "Paris, of course.",
                                 "delegation_id": None, "event_id": "c"}), 12.5)
-    kinds = [type(c) for c in commands]
-    assert kinds == [Reply, OracleResetIn, Reply]
-    answer = commands[1]
-    assert isinstance(answer, OracleResetIn) and answer.received_t == 12.5 and list(answer.ids) == encode("Paris, of course.")
-    ack, fed = replies(commands)
+    (append,) = commands  # the session's command, applied by its answer source
+    assert isinstance(append, AppendAnswer) and append.received_t == 12.5 and append.event_id == "c"
+    resets: list[tuple[list[int], Any]] = []
+    writer = OracleWriter(lambda: type("Slot", (), {"oracle_reset": lambda self, ids, done=None: resets.append((ids, done))})())
+    delegation = wire.live.delegation()
+    assert delegation is not None
+    source = delegation_source(delegation, SourceIO(writer, lambda e: None, lambda w: None),  # type: ignore[arg-type,return-value]
+                               encode=encode, oracle_config=OracleConfig(), offer=None)
+    ids = encode("Paris, of course.")
+    ack, fed = [e for ev in source.apply(append) for e in sent(wire.event(ev))]
+    assert [r[0] for r in resets] == [ids]
     assert ack["type"] == "session.commentary.appended" and ack["client_event_id"] == "c"
-    assert fed == {**fed, "type": "kame.oracle.reset", "text": "Paris, of course.", "tokens": len(answer.ids) + 1}
+    assert fed == {**fed, "type": "kame.oracle.reset", "text": "Paris, of course.", "tokens": len(ids) + 1}
     (end,) = wire.decode(msg({"type": "session.close", "event_id": "bye"}), 13.0)
     assert isinstance(end, EndIn) and end.end.label == "close_requested" and end.end.code == status.WS_1000_NORMAL_CLOSURE
     last = sent(wire.closing(end.end))
@@ -146,7 +147,10 @@ def test_frames_and_transcripts(encode: Callable[[str], list[int]]) -> None:
                                              latency_s=0.3, t=11.0)))
     assert [e["type"] for e in partial] == ["kame.input_transcript.partial", "session.input_transcript.delta"]
     final = sent(wire.event(pe.UserFinal(utterance=1, audio_s=1.6, text="what is the capital", t=12.0)))
-    assert [e["type"] for e in final] == ["session.input_transcript.delta", "session.delegation.created"]
+    assert [e["type"] for e in final] == ["session.input_transcript.delta"]
+    # the session's answer source opened a delegation on that final: placed where the words it heard end
+    (opened,) = sent(wire.event(pe.DelegationOpened(delegation_id="dlg_feedbeef000001", t=12.0)))
+    assert opened["type"] == "session.delegation.created" and opened["offset_ms"] == 1600
     usage = [e for e in sent(wire.frame(frame(2, t=12.4), 2, True)) if e["type"] == "session.usage.updated"]
     assert usage and usage[0]["usage"]["seconds"] == 2.0  # whole seconds since session.start (t=10)
 

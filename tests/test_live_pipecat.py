@@ -13,13 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kame.oracle.config import OracleConfig
 from kame.server.wires.ids import Ids
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import ErrorEvent, KameEvent, LiveEncoder
-from kame.server.wires.live.protocol import LiveProtocol
-from kame.session.delegated_answers import answers_with
 from tests.support.live_pipecat import pipecat_live_events
+from tests.support.live_session import LiveSession
 
 INFO = LiveServerInfo(session_id="0123456789ab", asr="whisper", admitted_at=1_800_000_000.0)
 
@@ -38,7 +36,7 @@ def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int
 
 def test_pipecats_client_events_are_accepted_and_its_parser_reads_ours(encode: Callable[[str], list[int]]) -> None:
     pc = pipecat_live_events()
-    wire = LiveProtocol(INFO, answers=answers_with(encode, OracleConfig()))
+    wire = LiveSession(INFO, encode)
     enc = LiveEncoder(Ids("pc"))
     sent: list[Any] = []
 

@@ -408,13 +408,13 @@ class SlowTools:
     """Server-side tools for the driver (the ServerTools protocol): one slow lookup and one broken tool."""
 
     def __init__(self, delay_s: float) -> None:
+        from kame.session.function_tools import FunctionTool
         from kame.session.responses.rounds import ServerTool
-        from kame.session.responses.settings import FunctionSpec
 
         self.delay_s = delay_s
         self.tools = [
-            ServerTool("lookup", "kb", "lookup", FunctionSpec("lookup", "Look it up.", {"type": "object"})),
-            ServerTool("broken", "kb", "broken", FunctionSpec("broken", None, {"type": "object"})),
+            ServerTool("lookup", "kb", "lookup", FunctionTool("lookup", "Look it up.", {"type": "object"})),
+            ServerTool("broken", "kb", "broken", FunctionTool("broken", None, {"type": "object"})),
         ]
 
     async def offered(self, settings: Any) -> list[Any]:

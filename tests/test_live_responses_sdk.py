@@ -26,15 +26,12 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from kame.backend.config import BackendConfig
 from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
-from kame.oracle.config import OracleConfig
-from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
-from kame.server.wires.live.protocol import LiveProtocol
-from kame.server.wires.live.responses_mode import ResponsesPort
-from kame.session.delegated_answers import answers_with
+from kame.session.answers import OracleAnswer
 from kame.session.responses.backend import registry_catalog, registry_source
-from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
+from kame.session.responses.source import SourceHooks
+from tests.support.live_session import HookedOffer, LiveSession
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 from tests.support.moshi_client import free_port
 
@@ -71,15 +68,12 @@ def app_for(registry: BackendRegistry, encode: Callable[[str], list[int]], answe
         def send(event: LiveEvent) -> None:
             queue.put_nowait(encoder_box[0].encode(event))
 
-        wire = LiveProtocol(
-            LiveServerInfo(session_id="sdk00001", asr="whisper", responses=registry_catalog(registry)),
-            answers=answers_with(encode, OracleConfig()),
-            responses=ResponsesPort(
-                use=lambda use: ResponsesAnswerSource.start(
-                    use, SourceHooks(source=registry_source(registry), oracle_reset=answers.append)
-                ),
-                send=send,
-            ),
+        catalog = registry_catalog(registry)
+        hooks = SourceHooks(source=registry_source(registry), oracle_reset=answers.append)
+        wire = LiveSession(
+            LiveServerInfo(session_id="sdk00001", asr="whisper", responses=catalog), encode,
+            offer=HookedOffer(catalog=catalog, source=hooks.source, hooks=lambda: hooks),
+            on_events=lambda events: [send(e) for e in events],
         )
         encoder_box.append(LiveEncoder(wire.ids))
 

@@ -11,12 +11,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from kame.oracle.config import OracleConfig
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import DelegationCreated
-from kame.server.wires.live.protocol import LiveProtocol
-from kame.session.delegated_answers import answers_with
 from tests.support.live_responses import SERVER_EVENT, WEATHER, Client  # noqa: F401
+from tests.support.live_session import LiveSession
 from tests.support.llm_server import LlmServer, Reply, ToolCallScript
 
 
@@ -137,7 +135,7 @@ def test_responses_commands_and_appends(llm_server: LlmServer, encode: Callable[
 
 
 def test_client_delegation_still_refuses_responses_commands(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveProtocol(LiveServerInfo(session_id="abcd1234"), answers=answers_with(encode, OracleConfig()))
+    wire = LiveSession(LiveServerInfo(session_id="abcd1234"), encode)
     wire.message(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}), 1.0)
     for etype in ("response.create", "response.item.create"):
         body: dict[str, Any] = {"type": etype, "event_id": "e"}

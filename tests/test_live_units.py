@@ -50,12 +50,11 @@ from kame.server.wires.live.events import (
     SessionUpdated,
     UsageUpdated,
 )
-from kame.server.wires.live.protocol import LiveProtocol
 from kame.server.wires.live.transcript import AssistantTranscript, UserTranscript
 from kame.server.wires.live.usage import UsageClock, close_reason
 from kame.session.commands import CommandRefused
-from kame.session.delegated_answers import answers_with
 from kame.session.delegation_rules import DelegationBook, DelegationPolicy
+from tests.support.live_session import LiveSession
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -87,8 +86,8 @@ def encode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[int
 
 
 def started_wire(encode: Callable[[str], list[int]], session: dict[str, Any] | None = None,
-                 info: LiveServerInfo = INFO, now: float = 1000.0) -> LiveProtocol:
-    wire = LiveProtocol(info, answers=answers_with(encode, OracleConfig()))
+                 info: LiveServerInfo = INFO, now: float = 1000.0) -> LiveSession:
+    wire = LiveSession(info, encode)
     out = wire.message(json.dumps({"type": "session.start", "session": session or {"model": "gpt-live-1"}}), now)
     assert out.started and not out.errors, out.events
     return wire
@@ -482,7 +481,7 @@ def test_appends_for_old_delegations(encode: Callable[[str], list[int]]) -> None
 
 
 def test_nothing_before_session_start(encode: Callable[[str], list[int]]) -> None:
-    wire = LiveProtocol(INFO, answers=answers_with(encode, OracleConfig()))
+    wire = LiveSession(INFO, encode)
     out = wire.message(json.dumps({"type": "session.input_audio.append", "audio": "AAA=", "event_id": "a1"}), 0.0)
     assert out.errors[0].code == "session_not_started" and out.events[0].client_event_id == "a1"
     bad = wire.message(json.dumps({"type": "session.start", "session": {"model": "m", "triggers": [{}]}}), 0.0)

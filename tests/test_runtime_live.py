@@ -19,7 +19,7 @@ from kame.server.telemetry.protocol_metrics import ProtocolMetrics
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.wire import LiveWire
 from kame.session.answers import AnswerWritten
-from kame.session.commands import SpeakAnswer
+from kame.session.commands import AppendAnswer
 from kame.session.settings import SessionSettings
 from tests.support.runtime_fakes import FakeHost, FakeWebSocket
 
@@ -74,7 +74,8 @@ def test_a_commentary_goes_to_the_session_at_once_ahead_of_queued_audio() -> Non
     types = [json.loads(m)["type"] for m in ws.sent]
     assert [t for t in types if t != "info"][:3] == ["session.started", "session.commentary.appended", "kame.oracle.reset"]
     (command,) = host.pipeline.commands
-    assert isinstance(command, SpeakAnswer) and list(command.ids) == word_ids("Paris, of course.")
+    assert isinstance(command, AppendAnswer) and command.content == "Paris, of course."
+    assert host.pipeline.written == [word_ids("Paris, of course.")]  # the session's answer source spoke it
     assert fed_then < frames_sent // 2  # most of the audio was still queued: the answer did not wait for it
     text = metrics.render().decode()
     assert "kame_oracle_resets_total 1.0" in text and "kame_oracle_tokens_total 6.0" in text

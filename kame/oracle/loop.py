@@ -69,7 +69,7 @@ Emit = Callable[[PipelineEvent], None]
 
 class OracleSink(Protocol):
     """Where oracle tokens go: the session's oracle stream, whose one writer into the engine slot is the session's
-    pipeline (non-blocking calls)."""
+    :class:`~kame.session.answer_source.OracleWriter` (non-blocking calls)."""
 
     def oracle_reset(self, first_ids: list[int]) -> None: ...
 

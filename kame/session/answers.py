@@ -1,13 +1,11 @@
 """Answers and the oracle stream they are written to. No I/O.
 
-Every answer source of a session writes the slot's oracle stream through
-one writer, the session's :class:`~kame.session.pipeline.Pipeline` (the
-:class:`~kame.oracle.loop.OracleSink` of them all): the own LLM's :class:`~kame.oracle.loop.OracleLoop`
-(its sink), a Live client's commentary (the
-:class:`~kame.session.commands.SpeakAnswer` command) and the Responses
-delegation's rounds (:class:`~kame.session.responses.source.ResponsesAnswerSource`,
-started by the pipeline). What the last two write is reported to the
-session's owner as :class:`AnswerWritten` (the own LLM's writes are the
+Every answer source of a session (:mod:`kame.session.answer_source`) writes
+the slot's oracle stream through one writer, the pipeline's
+:class:`~kame.session.answer_source.OracleWriter`: the own LLM's
+:class:`~kame.oracle.loop.OracleLoop` (its sink), a Live client's commentary
+and the Responses delegation's rounds. What the last two write is reported to
+the session's owner as :class:`AnswerWritten` (the own LLM's writes are the
 pipeline events ``oracle.reset`` / ``oracle.text``).
 
 A Live client's commentary, a Responses round's text and a speculative

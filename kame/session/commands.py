@@ -13,7 +13,7 @@ can refer to it without knowing how the transcript stores it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Role = Literal["user", "assistant", "system"]
 
@@ -122,6 +122,41 @@ class SpeakAnswer:
     received_t: float
 
 
+@dataclass(frozen=True)
+class AppendAnswer:
+    """A client's append in client delegation (Live ``session.{instructions,thinking,commentary}.append``): a
+    commentary for an open (or general) delegation becomes a new oracle sequence, applied at once; every
+    append is kept as context. ``at_ms``: now on the session timeline (the wire's); ``received_t`` (monotonic):
+    when the client's message arrived (the answer's time to the FIFO is measured from it)."""
+
+    kind: Literal["instructions", "thinking", "commentary"]
+    content: str
+    delegation_id: str | None
+    at_ms: int
+    received_t: float
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DeliverItem:
+    """A client's function output or message for the Responses delegation (Live ``response.item.create``)."""
+
+    item: dict[str, Any]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """The client asks for a response in Responses delegation (Live ``response.create``): a delegation of its own
+    on the conversation so far, or the response waiting for its function outputs goes on."""
+
+    event_id: str | None = None
+
+
+#: What only a delegated session's answer source takes (:mod:`kame.session.answer_source`).
+DelegationCommand = AppendAnswer | DeliverItem | Delegate
+
 ConversationCommand = (
     AddContext | ForgetContext | ForgetSpeech | RequestAnswer | CancelAnswer | CommitTurn | ClearTurn | SpeakAnswer
+    | AppendAnswer | DeliverItem | Delegate
 )

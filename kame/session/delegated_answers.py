@@ -9,13 +9,11 @@ or the client's own request), keeps the book of open delegations
 (:class:`~kame.session.delegation_rules.DelegationBook`: is a late answer still
 spoken?), turns a spoken commentary into an oracle answer
 (:func:`~kame.session.answers.commentary_answer`) and keeps what was appended
-as context. :class:`DelegatedAnswers` holds all of that for one session, so
-that a wire (the Live protocol) only decodes the client's events into these
-calls and encodes the typed results (:class:`Delegated`,
-:class:`AppendResult`) as its own events. The session builds it, with its
-own tokenizer and oracle settings (on a server, the pipeline's
-:meth:`~kame.session.pipeline.Pipeline.delegated_answers`); a wire asks for
-it (:data:`OpenAnswers`) and builds none.
+as context. :class:`DelegatedAnswers` holds all of that for one session;
+:class:`ClientDelegation` and :class:`ResponsesDelegation` are the session's
+two :class:`~kame.session.answer_source.AnswerSource` built on it (the
+pipeline picks one from ``SessionSettings.delegation``): a wire only decodes
+the client's events into session commands and encodes the events they emit.
 
 Nothing here waits or reads a clock: ``now`` and the session timeline
 (``offset_ms``) are passed in, so every rule is tested without a server.
@@ -23,16 +21,30 @@ Nothing here waits or reads a clock: ``now`` and the session timeline
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kame.oracle.config import OracleConfig
+from kame.session.answer_source import AnswerSource, SourceIO
 from kame.session.answers import Encode, OracleAnswer, commentary_answer
-from kame.session.commands import CommandRefused
-from kame.session.delegation_rules import Delegate, DelegationBook, DelegationMode, DelegationPolicy
-from kame.session.responses.source import ResponsesAnswerSource
+from kame.session.commands import AppendAnswer, CommandRefused, ConversationCommand, Delegate, DeliverItem
+from kame.session.delegation_rules import Delegate as Decision
+from kame.session.delegation_rules import DelegationBook, DelegationMode, DelegationPolicy
+from kame.session.events import (
+    AnswerSpoken,
+    ContextAppended,
+    DelegationOpened,
+    PipelineEvent,
+)
+from kame.session.responses.settings import ResponsesDelegationSettings
+from kame.session.responses.source import ResponsesAnswerSource, UseResponses
+from kame.session.settings import Delegation, SessionSettings
+
+if TYPE_CHECKING:
+    from kame.session.responses.backend import ResponsesOffer
 
 #: What a client appends: a spoken answer (``commentary``) or silent context.
 AppendKind = Literal["instructions", "thinking", "commentary"]
@@ -40,6 +52,8 @@ AppendKind = Literal["instructions", "thinking", "commentary"]
 MAX_CONTEXT_CHARS = 64_000
 #: One oracle step on the session timeline (ms).
 FRAME_MS = 80
+#: Utterances whose stable words are followed at once (the oldest is forgotten beyond).
+MAX_OPEN_UTTERANCES = 8
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,7 @@ class DelegatedAnswers:
             self.responses.tick(now)
         return opened
 
-    def _open(self, decision: Delegate | None, offset_ms: int) -> Delegated | None:
+    def _open(self, decision: Decision | None, offset_ms: int) -> Delegated | None:
         if decision is None or not self.started:
             return None
         d = self.book.add(self.new_id(), decision.utterance, offset_ms, decision.words)
@@ -190,17 +204,119 @@ class DelegatedAnswers:
             self._context_chars -= len(self.context.popleft().text)
 
 
-#: How a wire asks the session for its delegated answers: ``(mode, backchannel_words, new_id)``, the wire's
-#: defaults and its id scheme; the session adds its tokenizer and oracle settings.
-OpenAnswers = Callable[[DelegationMode, int, Callable[[], str]], DelegatedAnswers]
+class ClientDelegation(AnswerSource):
+    """Client delegation as the session's answer source: the client answers with its appends (Live
+    ``session.commentary.append``); the session opens delegations on the user's transcript and speaks the
+    commentaries that still stand."""
+
+    kind = "client"
+
+    def __init__(self, delegation: Delegation, io: SourceIO, *, encode: Encode, oracle_config: OracleConfig) -> None:
+        self.delegation = delegation
+        self.io = io
+        ids = itertools.count(1)
+        self.answers = DelegatedAnswers(delegation.mode, delegation.backchannel_words, encode=encode,
+                                        oracle_config=oracle_config,
+                                        new_id=lambda: f"dlg_{delegation.id_prefix}{next(ids):06x}")
+        self.answers.started = True
+        for kind, text in delegation.context:
+            self.answers.keep(ContextItem("instructions" if kind == "instructions" else "thinking", text, None, 0))
+        self._stable: dict[int, int] = {}  #: stable words seen of each open utterance (a delegation needs more)
+
+    @property
+    def context(self) -> Sequence[ContextItem]:
+        return self.answers.context
+
+    def _utterance(self, utterance: int) -> int:
+        if utterance not in self._stable:
+            while len(self._stable) >= MAX_OPEN_UTTERANCES:  # a recogniser that never finalises
+                del self._stable[min(self._stable)]
+            self._stable[utterance] = 0
+        return self._stable[utterance]
+
+    def speech_started(self, utterance: int, now: float) -> None:
+        self._utterance(utterance)
+        self.answers.speech_started(utterance)
+
+    def partial(self, utterance: int, text: str, stable: str, now: float) -> None:
+        words = len(stable.split())
+        if words <= self._utterance(utterance):
+            return  # no new stable word: nothing new to decide on
+        self._stable[utterance] = words
+        self._opened(self.answers.stable(now, utterance, stable, 0))
+
+    def final(self, utterance: int, text: str, key: str, now: float) -> None:
+        self._stable.pop(utterance, None)
+        self._opened(self.answers.final(now, utterance, text, 0))
+
+    def tick(self, now: float) -> None:
+        self._opened(self.answers.poll(now, 0))
+
+    def _opened(self, opened: Delegated | None, client_event_id: str | None = None) -> None:
+        if opened is not None:
+            self.io.emit(DelegationOpened(delegation_id=opened.delegation_id, response_id=opened.response_id,
+                                          client_event_id=client_event_id))
+
+    def apply(self, command: ConversationCommand) -> list[PipelineEvent]:
+        if not isinstance(command, AppendAnswer):
+            return super().apply(command)
+        result = self.answers.append(command.kind, command.content, command.delegation_id, command.at_ms)
+        events: list[PipelineEvent] = [ContextAppended(
+            kind=command.kind, delegation_id=command.delegation_id, at_ms=result.at_ms, end_ms=result.end_ms,
+            unspoken=result.unspoken, client_event_id=command.event_id)]
+        answer = result.answer
+        if answer is not None:
+            self.io.writer.reset(answer.ids, command.received_t)
+            events.append(AnswerSpoken(delegation_id=answer.delegation_id, text=answer.text, tokens=answer.steps))
+        return events
+
+    def configure(self, settings: SessionSettings) -> None:
+        if settings.delegation is not None:
+            self.delegation = settings.delegation
+            self.answers.configure(settings.delegation.mode, settings.delegation.backchannel_words)
 
 
-def answers_with(encode: Encode, oracle_config: OracleConfig) -> OpenAnswers:
-    """The session's side of :data:`OpenAnswers` with this tokenizer and these oracle settings (the pipeline's
-    :meth:`~kame.session.pipeline.Pipeline.delegated_answers`; a protocol driven without a pipeline, in a test,
-    plays the session with it)."""
+class ResponsesDelegation(ClientDelegation):
+    """Responses delegation as the session's answer source: a Responses conversation on the server's back-ends
+    (``offer``) with the client's functions answers (:class:`~kame.session.responses.source.ResponsesAnswerSource`);
+    the client's appends are context, its function outputs and ``response.create`` go to the conversation."""
 
-    def open_answers(mode: DelegationMode, backchannel_words: int, new_id: Callable[[], str]) -> DelegatedAnswers:
-        return DelegatedAnswers(mode, backchannel_words, encode=encode, oracle_config=oracle_config, new_id=new_id)
+    kind = "responses"
 
-    return open_answers
+    def __init__(self, delegation: Delegation, io: SourceIO, *, encode: Encode, oracle_config: OracleConfig,
+                 offer: ResponsesOffer) -> None:
+        super().__init__(delegation, io, encode=encode, oracle_config=oracle_config)
+        use = UseResponses(self._settings, io.emit, self.answers.judge, encode, oracle_config, delegation.history)
+        self.responses = offer.answer_source(use, oracle_reset=lambda answer: io.writer.reset(answer.ids),
+                                             oracle_push=io.writer.push, spawn=io.spawn)
+        self.answers.responses = self.responses
+
+    def _settings(self) -> ResponsesDelegationSettings:
+        assert self.delegation.responses is not None
+        return self.delegation.responses
+
+    def apply(self, command: ConversationCommand) -> list[PipelineEvent]:
+        if isinstance(command, DeliverItem):
+            self.answers.item_create(command.item)
+            return []
+        if isinstance(command, Delegate):
+            opened = self.answers.requested(0)
+            if opened is None:
+                return []
+            return [DelegationOpened(delegation_id=opened.delegation_id, response_id=opened.response_id,
+                                     client_event_id=command.event_id)]
+        return super().apply(command)
+
+    async def aclose(self) -> None:
+        await self.responses.aclose()
+
+
+def delegation_source(delegation: Delegation, io: SourceIO, *, encode: Encode, oracle_config: OracleConfig,
+                      offer: ResponsesOffer | None) -> ClientDelegation:
+    """The answer source of a delegated session: Responses delegation on ``offer`` (``ValueError`` where the server
+    offers none), else client delegation."""
+    if delegation.responses is None:
+        return ClientDelegation(delegation, io, encode=encode, oracle_config=oracle_config)
+    if offer is None:
+        raise ValueError("Responses delegation is not offered by this server")
+    return ResponsesDelegation(delegation, io, encode=encode, oracle_config=oracle_config, offer=offer)

@@ -6,10 +6,10 @@ audio goes without blocking to the recogniser and the engine thread (:class:`~ka
 the only thread touching the model), LLM requests run in their own tasks, and all that happens comes
 out of :meth:`events`, in order, as :mod:`kame.session.events` dataclasses.
 
-It is the one writer of the slot's oracle stream, whoever answers (:mod:`kame.session.answers`): its
-own LLM loop (:class:`~kame.oracle.loop.OracleLoop`), a client's
-:class:`~kame.session.commands.SpeakAnswer`, or the Responses source started by
-:meth:`Pipeline.use_responses`. Nothing above the session writes the oracle.
+It alone decides who answers: one :class:`~kame.session.answer_source.AnswerSource` chosen by the
+session's settings (its own LLM, client delegation or Responses delegation) hears the user and takes the
+session's commands, and writes only through the pipeline's one metered
+:class:`~kame.session.answer_source.OracleWriter`. Nothing above the session writes the oracle.
 """
 
 from __future__ import annotations
@@ -33,25 +33,21 @@ from kame.audio.media import SAMPLE_RATE
 from kame.backend.client_functions import ClientCall, UnknownCallId
 from kame.frontend.engine import SlotOutput
 from kame.frontend.engine_thread import COMMAND_TIMEOUT_S, AsyncSlot, EngineFull, PromptRequest
-from kame.oracle.choice import OracleChoice
 from kame.oracle.loop import OracleLoop
 from kame.oracle.session_tools import SessionToolState, ToolCatalog
-from kame.oracle.transcript import Turn
+from kame.session.answer_source import AnswerSource, OracleWriter, SourceIO
 from kame.session.answers import AnswerWritten
 from kame.session.commands import (
-    AddContext,
     CancelAnswer,
     ClearTurn,
     CommitTurn,
     ConversationCommand,
-    ForgetContext,
-    ForgetSpeech,
     RequestAnswer,
     SpeakAnswer,
     commit_key,
     utterance_key,
 )
-from kame.session.delegated_answers import DelegatedAnswers
+from kame.session.delegated_answers import delegation_source
 from kame.session.events import (
     AnswerCancelled,
     AsrFailed,
@@ -66,6 +62,7 @@ from kame.session.events import (
     UserPartial,
     UserTurnCommitted,
 )
+from kame.session.llm_answers import LlmAnswers
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB, TextVocab
 
@@ -74,10 +71,7 @@ if TYPE_CHECKING:
     from kame.backend.registry import BackendRegistry
     from kame.frontend.engine_thread import EngineThread
     from kame.oracle.config import OracleConfig
-    from kame.session.answers import OracleAnswer
-    from kame.session.delegation_rules import DelegationMode
     from kame.session.responses.backend import ResponsesOffer
-    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +166,11 @@ class Pipeline:
         max_queued_frames: int = MAX_QUEUED_FRAMES,
         tools: ToolCatalog | None = None,
         echo_guard: EchoGuardConfig | None = None,
+        responses: ResponsesOffer | None = None,
     ) -> None:
         self.engine = engine
+        #: Responses delegation on the server's back-ends (None: not offered).
+        self.responses_offer = responses
         self.tool_catalog = tools
         #: The session's function tools (client functions, MCP servers); None without back-end or catalog.
         self.tools: SessionToolState | None = None
@@ -190,7 +187,10 @@ class Pipeline:
         self.max_queued_frames = max_queued_frames
         self.slot: AsyncSlot | None = None
         self.asr: AsrStream | None = None
-        self.oracle: OracleLoop | None = None
+        #: Who answers (chosen by the settings: :meth:`_open_source`); the base class answers nothing.
+        self.source: AnswerSource = AnswerSource()
+        #: The one writer of the slot's oracle stream, whoever answers.
+        self.writer = OracleWriter(lambda: self.slot, self._written)
         #: Frames dropped because the consumer of :meth:`events` lagged.
         self.dropped_frames = 0
         #: Whether leaving the ``async with`` block flushes the ASR (the last words); False when draining.
@@ -208,7 +208,8 @@ class Pipeline:
         #: Input frames that arrived while the slot stepped its system prompts (not heard, no reply frame).
         self.prompt_frames = 0
         self._turn = _ClientTurn()
-        #: Told what the answer sources other than the own LLM write to the oracle stream (the server counts it).
+        #: Told what the answer sources other than the own LLM write to the oracle stream (the server counts it;
+        #: the own LLM's writes are counted from its events).
         self.on_answer_written: Callable[[AnswerWritten], None] | None = None
         self._source_tasks: set[asyncio.Task[Any]] = set()
         #: The server's echo guard settings (``asr.echo_guard``); a session turns it on or off (``echo_guard``).
@@ -251,7 +252,7 @@ class Pipeline:
     def _open_parts(self) -> None:
         """ASR stream and oracle loop for the attached slot, with the current settings applied."""
         assert self.slot is not None
-        self._open_oracle()
+        self._open_source(self.settings)
         if self.settings.sampling() != (None, None):
             self.slot.set_sampling(*self.settings.sampling())
         if self.recognizer is not None:
@@ -259,27 +260,39 @@ class Pipeline:
             self.asr.bind_engine(self.slot)
             self._asr_task = asyncio.get_running_loop().create_task(self._asr_events(self.asr), name="kame-asr-events")
 
-    def _open_oracle(self) -> None:
-        """The oracle loop (and the session's tools) when the session asks an LLM (``settings.llm``)."""
+    @property
+    def oracle(self) -> OracleLoop | None:
+        """The own LLM's loop, when the session's LLM answers."""
+        return self.source.loop if isinstance(self.source, LlmAnswers) else None
+
+    def _open_source(self, settings: SessionSettings) -> None:
+        """Who answers, chosen by ``settings``: a delegation (``settings.delegation``: the client, or a Responses
+        conversation), else the session's LLM (``settings.llm``, with the session's tools), else nobody."""
         assert self.slot is not None
-        if self.registry is not None and self.settings.llm:
+        delegation = settings.delegation
+        io = SourceIO(self.writer, self._put, self._spawn_source_task)
+        if delegation is not None:
+            self.source = delegation_source(delegation, io, encode=self.encode, oracle_config=self.oracle_config,
+                                            offer=self.responses_offer)
+        elif self.registry is not None and settings.llm:
             if self.tool_catalog is not None:
                 self.tools = SessionToolState(
                     self.tool_catalog, emit=self._client_call, new_call_id=self._new_call_id,
-                    include_arguments=self.settings.record,
+                    include_arguments=settings.record,
                 )
-                self._apply_tools(self.settings)
-            self.oracle = OracleLoop(
+                self._apply_tools(settings)
+            loop = OracleLoop(
                 config=self.oracle_config,
                 registry=self.registry,
-                sink=self,
+                sink=self.writer,
                 encode=self.encode,
                 piece_of=self.piece_of,
                 emit=self._put,
                 tools=self.tools.tools if self.tools is not None else None,
             )
-            self.oracle.apply(OracleChoice.resolve(self.settings, self.oracle_config))
-            self.oracle.auto_requests = self.settings.backend_on_transcripts
+            self.source = LlmAnswers(loop, self.oracle_config, settings)
+        else:
+            self.source = AnswerSource()
 
     async def _close_parts(self, flush_asr: bool) -> None:
         asr, self.asr = self.asr, None
@@ -294,12 +307,11 @@ class Pipeline:
                 await asyncio.wait_for(task, 2.0)
             except (asyncio.TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
                 task.cancel()
-        oracle, self.oracle = self.oracle, None
-        if oracle is not None:
-            try:
-                await oracle.aclose()
-            except Exception:  # noqa: BLE001
-                log.exception("closing the oracle loop failed")
+        source, self.source = self.source, AnswerSource()
+        try:
+            await source.aclose()
+        except Exception:  # noqa: BLE001
+            log.exception("closing the answer source failed")
         tools, self.tools = self.tools, None
         if tools is not None:
             try:
@@ -376,19 +388,16 @@ class Pipeline:
     def update(self, settings: SessionSettings) -> None:
         """New session settings: applied as a whole, or not at all (``KeyError`` for an unknown back-end)."""
         old = self.settings
-        if settings.llm != old.llm:  # the front-end alone (no back-end), or the LLM again
-            self._switch_llm(settings)
-            old = replace(old, llm=settings.llm)
+        if self._switches_source(old, settings):  # the front-end alone (no back-end), the LLM again, a delegation
+            self._switch_source(settings)
+            old = replace(old, llm=settings.llm, delegation=settings.delegation)
         if self.tools is not None and settings.tools_part() != old.tools_part():
             self._apply_tools(settings)  # first: it may refuse (an MCP server name not configured)
         if self.tools is not None:
             self.tools.tools.include_arguments = settings.record  # arguments in events only when recorded
-        if self.oracle is not None and settings.oracle_part() != old.oracle_part():
-            self.oracle.apply(OracleChoice.resolve(settings, self.oracle_config))
         if self.slot is not None and settings.sampling() != old.sampling():
             self.slot.set_sampling(*settings.sampling())
-        if self.oracle is not None:
-            self.oracle.auto_requests = settings.backend_on_transcripts
+        self.source.configure(settings)
         if settings.client_turns != old.client_turns:
             self._switch_turns(settings.client_turns)
         self.echo.enabled = self._echo_enabled(settings)
@@ -420,23 +429,23 @@ class Pipeline:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def _switch_llm(self, settings: SessionSettings) -> None:
-        """``llm`` changed: stop the oracle loop (its request is cancelled in the background; the slot's
-        FIFO keeps only what was already queued), or start one with the new settings."""
-        if not settings.llm:
-            oracle, self.oracle = self.oracle, None
-            self.tools = None
-            if oracle is not None:
-                task = asyncio.get_running_loop().create_task(oracle.aclose(), name="kame-oracle-close")
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
-            return
-        if self.slot is not None and self.oracle is None and not self._closed:
-            current, self.settings = self.settings, settings
-            try:
-                self._open_oracle()
-            finally:
-                self.settings = current
+    @staticmethod
+    def _switches_source(old: SessionSettings, new: SessionSettings) -> bool:
+        """Whether new settings choose another answer source (a delegation's own settings only configure it)."""
+        return new.llm != old.llm or (new.delegation is None) != (old.delegation is None) or (
+            new.delegation is not None and old.delegation is not None
+            and (new.delegation.responses is None) != (old.delegation.responses is None))
+
+    def _switch_source(self, settings: SessionSettings) -> None:
+        """Another answer source: the old one stops in the background (its request is cancelled; the slot's FIFO
+        keeps only what was already queued) and the new one starts with the new settings."""
+        old, self.source = self.source, AnswerSource()
+        self.tools = None
+        task = asyncio.get_running_loop().create_task(old.aclose(), name="kame-source-close")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        if self.slot is not None and not self._closed:
+            self._open_source(settings)
 
     def _switch_turns(self, client: bool) -> None:
         """Mid-session change of who ends turns. To the server's turns: what was said since the last commit
@@ -450,11 +459,9 @@ class Pipeline:
                 turn.cuts.append(0)  # 0: no commit, the words join the history
             else:
                 text = turn.text(turn.partial)
-                if text and self.oracle is not None:
-                    self.oracle.on_user_final(text, commit_key(turn.commits + 1))
+                if text:
+                    self.source.turn_end(text, commit_key(turn.commits + 1))
                 turn.forget_words()
-        elif self.oracle is not None:
-            self.oracle.transcript.user_final("")
 
     def _apply_tools(self, settings: SessionSettings) -> None:
         assert self.tools is not None and self.registry is not None
@@ -475,42 +482,30 @@ class Pipeline:
             raise UnknownCallId(call_id)
         self.tools.deliver(call_id, output)
 
-    def apply(self, command: ConversationCommand) -> None:
+    def apply(self, command: ConversationCommand) -> list[PipelineEvent]:
         """A change to the conversation or to who answers (:mod:`kame.session.commands`). Never blocks.
 
+        Returns the events the command gives at once (a delegated append's outcome: the runtime hands them to
+        the wire before anything the pipeline reports later); raises
+        :class:`~kame.session.commands.CommandRefused` for a command the session's answer source refuses.
         Without a back-end there is no context to change and nobody to ask: only a cancel does something
         (its :class:`~kame.session.events.AnswerCancelled` is reported all the same, so the wire can end its
         response).
         """
-        oracle = self.oracle
         if isinstance(command, SpeakAnswer):
-            self._speak(command.ids, command.received_t)
+            self.writer.reset(command.ids, command.received_t)
         elif isinstance(command, CancelAnswer):
-            if oracle is not None:
-                oracle.cancel(command.reason)
+            self.source.apply(command)
             self._put(AnswerCancelled(reason=command.reason))
         elif isinstance(command, CommitTurn):
             self._commit()
         elif isinstance(command, ClearTurn):
             self._clear()
-        elif oracle is None:
-            return
-        elif isinstance(command, AddContext):
-            oracle.transcript.add_item(command.item.key, command.item.role, command.item.text)
-        elif isinstance(command, ForgetContext):
-            oracle.transcript.forget(command.key)
-        elif isinstance(command, ForgetSpeech):
-            oracle.transcript.forget_steps(command.start_step, command.end_step)
-        elif isinstance(command, RequestAnswer):
-            if command.continue_tools:
-                return  # the tool loop waiting on the client's outputs goes on by itself
-            if self._turn.cuts:  # a commit's words are still being transcribed: ask once they are in
-                self._turn.deferred = command
-                return
-            context = None
-            if command.context is not None:
-                context = [Turn(i.role, i.text, i.key) for i in command.context if i.text.strip()]
-            oracle.respond(command.instructions, context)
+        elif isinstance(command, RequestAnswer) and not command.continue_tools and self._turn.cuts:
+            self._turn.deferred = command  # a commit's words are still being transcribed: ask once they are in
+        else:
+            return self.source.apply(command)
+        return []
 
     # ------------------------------------------------------------------ client turns (turn_detection: null)
     def _commit(self) -> None:
@@ -554,8 +549,7 @@ class Pipeline:
             text = turn.text()
             turn.finals = []
         self._put(UserTurnCommitted(turn=commit, text=text))
-        if self.oracle is not None:
-            self.oracle.on_user_final(text, commit_key(commit))  # joins the history; asks nothing (no auto requests)
+        self.source.turn_end(text, commit_key(commit))
         deferred, turn.deferred = turn.deferred, None
         if deferred is not None:
             self.apply(deferred)
@@ -569,8 +563,7 @@ class Pipeline:
             self.asr.cut()
             if self.settings.client_turns:
                 turn.cuts.append(None)
-        if self.oracle is not None:
-            self.oracle.drop_pending("the client cleared the user's turn")
+        self.source.turn_cleared()
 
     def _client_asr(self, ev: AsrEvent) -> None:
         """An ASR event with client turns: it feeds the turn in progress; only a commit ends it."""
@@ -598,65 +591,15 @@ class Pipeline:
                 elif commit == 0:  # back to the server's turns: the words join the history, no commit
                     text = turn.text(turn.partial)
                     turn.forget_words()
-                    if text and self.oracle is not None:
-                        self.oracle.on_user_final(text, commit_key(turn.commits + 1))
+                    if text:
+                        self.source.turn_end(text, commit_key(turn.commits + 1))
                 else:
                     self._complete(commit)
 
-    # ------------------------------------------------------------------ the oracle stream (every answer source's)
-    def oracle_reset(self, first_ids: list[int]) -> None:
-        """A new oracle sequence (:class:`~kame.oracle.loop.OracleSink`: the own LLM's answers)."""
-        if self.slot is not None and first_ids:
-            self.slot.oracle_reset(list(first_ids))
-
-    def oracle_push(self, ids: list[int]) -> None:
-        """Extend the sequence the last reset started (an answer that streams)."""
-        if self.slot is not None and ids:
-            self.slot.oracle_push(list(ids))
-
-    def oracle_clear(self) -> None:
-        if self.slot is not None:
-            self.slot.oracle_clear()
-
-    def _speak(self, ids: Sequence[int], received_t: float) -> None:
-        """A new sequence written outside the LLM loop (a client's answer, a Responses round), at once (the FIFO
-        has its own lock: not behind the step in progress); reported with the time it took since ``received_t``."""
-        if self.slot is None or not ids:
-            return
-        written: list[float] = []
-        self.slot.oracle_reset(list(ids), written.append)
-        self._written(AnswerWritten(len(ids) + 1, True, max(0.0, written[0] - received_t) if written else None))
-
-    def _extend(self, ids: Sequence[int]) -> None:
-        """More of the sequence :meth:`_speak` started (a Responses round that streams)."""
-        if self.slot is None or not ids:
-            return
-        self.slot.oracle_push(list(ids))
-        self._written(AnswerWritten(len(ids), False))
-
+    # ------------------------------------------------------------------ the answer source's tasks and meter
     def _written(self, written: AnswerWritten) -> None:
         if self.on_answer_written is not None:
             self.on_answer_written(written)
-
-    # ------------------------------------------------------------------ delegated answers (a Live wire's)
-    def delegated_answers(self, mode: DelegationMode, backchannel_words: int,
-                          new_id: Callable[[], str]) -> DelegatedAnswers:
-        """Who answers this session when its answers are written outside its own LLM (a wire's
-        :data:`~kame.session.delegated_answers.OpenAnswers`): the session's book of delegations, with its own
-        tokenizer and oracle settings. The spoken answers it makes come back as :class:`SpeakAnswer`."""
-        return DelegatedAnswers(mode, backchannel_words, encode=self.encode, oracle_config=self.oracle_config,
-                                new_id=new_id)
-
-    # ------------------------------------------------------------------ the Responses delegation
-    def use_responses(self, offer: ResponsesOffer, use: UseResponses) -> ResponsesAnswerSource:
-        """Answer in Responses delegation on ``offer``'s back-ends (a wire's :class:`UseResponses`): the source
-        writes this pipeline's oracle stream and runs in tasks that end with it (a failure is logged, never
-        ends the session)."""
-
-        def reset(answer: OracleAnswer) -> None:
-            self._speak(answer.ids, time.monotonic())
-
-        return offer.answer_source(use, oracle_reset=reset, oracle_push=self._extend, spawn=self._spawn_source_task)
 
     def _spawn_source_task(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         if self._closed:  # too late: nothing would cancel it
@@ -672,7 +615,7 @@ class Pipeline:
                 log.exception("answer source task failed")
                 return None
 
-        task = asyncio.get_running_loop().create_task(guarded(), name="kame-answer-responses")
+        task = asyncio.get_running_loop().create_task(guarded(), name=f"kame-answer-{self.source.kind}")
         self._source_tasks.add(task)
         task.add_done_callback(self._source_tasks.discard)
         return task
@@ -717,8 +660,7 @@ class Pipeline:
             return
         if self.first_reply_s is None:
             self.first_reply_s = time.monotonic() - self._started_t
-        if self.oracle is not None:
-            self.oracle.on_assistant_token(item.text_id, item.step)
+        self.source.step(item.text_id, item.step)
         text_id = item.text_id
         piece = None
         if text_id is not None and self.vocab.is_text(text_id) and self.piece_of is not None:
@@ -726,9 +668,10 @@ class Pipeline:
         self.echo.assistant_step(piece, item.step)  # what the assistant said, for the echo guard
         if self._frames_queued >= self.max_queued_frames:  # a consumer that does not read loses frames
             self.dropped_frames += 1
-            return
-        self._frames_queued += 1
-        self._put(AssistantFrame(step=item.step, pcm=item.pcm, text_id=text_id, piece=piece, oracle_id=item.oracle_id))
+        else:
+            self._frames_queued += 1
+            self._put(AssistantFrame(step=item.step, pcm=item.pcm, text_id=text_id, piece=piece, oracle_id=item.oracle_id))
+        self.source.tick(time.monotonic())
 
     async def _asr_events(self, asr: AsrStream) -> None:
         async for ev in asr.events():
@@ -768,15 +711,17 @@ class Pipeline:
         if ev.type is EventType.PARTIAL:
             fed_at = self._clock.wall_at(audio_s)
             latency = None if fed_at is None else max(0.0, time.time() - fed_at)
-            self._put(UserPartial(utterance=utt, audio_s=audio_s, text=ev.text, stable=ev.stable, latency_s=latency))
-            if self.oracle is not None:
-                self.oracle.on_user_partial(ev.text)
+            partial = UserPartial(utterance=utt, audio_s=audio_s, text=ev.text, stable=ev.stable, latency_s=latency)
+            self._put(partial)
+            self.source.partial(utt, ev.text, ev.stable, partial.t)
         elif ev.type is EventType.FINAL:
-            self._put(UserFinal(utterance=utt, audio_s=audio_s, text=ev.text))
-            if self.oracle is not None:
-                self.oracle.on_user_final(ev.text, utterance_key(utt))
+            final = UserFinal(utterance=utt, audio_s=audio_s, text=ev.text)
+            self._put(final)
+            self.source.final(utt, ev.text, utterance_key(utt), final.t)
         elif ev.type is EventType.SPEECH_STARTED:
-            self._put(SpeechStarted(utterance=utt, audio_s=audio_s))
+            started = SpeechStarted(utterance=utt, audio_s=audio_s)
+            self._put(started)
+            self.source.speech_started(utt, started.t)
             if self.settings.interrupt_response:  # the user's speech stops the answer in progress
                 self.apply(CancelAnswer("turn_detected"))
         elif ev.type is EventType.SPEECH_STOPPED:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kame.frontend.models import FrontendModels
     from kame.oracle.config import OracleConfig
     from kame.oracle.session_tools import ToolCatalog
+    from kame.session.responses.backend import ResponsesOffer
 
 
 @dataclass
@@ -45,6 +46,8 @@ class SessionRoot:
     tools: ToolCatalog | None = None
     #: The echo guard's settings (``asr.echo_guard``; None: the defaults).
     echo_guard: EchoGuardConfig | None = None
+    #: Responses delegation as the server offers it (its back-ends, MCP tools and limits; None: not offered).
+    responses: ResponsesOffer | None = None
 
     @classmethod
     def for_models(
@@ -58,6 +61,7 @@ class SessionRoot:
         command_timeout_s: float = COMMAND_TIMEOUT_S,
         tools: ToolCatalog | None = None,
         echo_guard: EchoGuardConfig | None = None,
+        responses: ResponsesOffer | None = None,
     ) -> SessionRoot:
         """The root for loaded front-end models (their tokenizer and vocabulary): what the server and
         ``kame run`` both build, so that the two compose sessions the same way."""
@@ -74,6 +78,7 @@ class SessionRoot:
             command_timeout_s=command_timeout_s,
             tools=tools,
             echo_guard=echo_guard,
+            responses=responses,
         )
 
     def pipeline(self, settings: SessionSettings | None = None, *, max_queued_frames: int = MAX_QUEUED_FRAMES) -> Pipeline:
@@ -91,4 +96,5 @@ class SessionRoot:
             max_queued_frames=max_queued_frames,
             tools=self.tools,
             echo_guard=self.echo_guard,
+            responses=self.responses,
         )

@@ -17,12 +17,31 @@ from typing import Any, get_args
 from kame.backend.tools import ToolSpec
 from kame.oracle.choice import OracleChoice
 from kame.oracle.switch import BargeInPolicy, Policy
+from kame.session.delegation_rules import DelegationMode
+from kame.session.responses.settings import ResponsesDelegationSettings
 
 #: Names of the answer-switch policies and of the barge-in policies, in the order they are documented.
 ORACLE_POLICIES: tuple[str, ...] = get_args(Policy)
 BARGE_IN_POLICIES: tuple[str, ...] = get_args(BargeInPolicy)
 
-__all__ = ["BARGE_IN_POLICIES", "ORACLE_POLICIES", "OracleChoice", "SessionSettings"]
+__all__ = ["BARGE_IN_POLICIES", "ORACLE_POLICIES", "Delegation", "OracleChoice", "SessionSettings"]
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """Who answers a session whose answers are written outside kame's own LLM request
+    (:mod:`kame.session.answer_source`): the client (``responses`` None: its commentary appends) or a
+    Responses conversation on kame's back-ends with the client's functions (``responses``)."""
+
+    mode: DelegationMode
+    backchannel_words: int
+    responses: ResponsesDelegationSettings | None = None
+    #: What the client started with, kept as context: ``(kind, text)``, kind ``instructions`` or ``thinking``.
+    context: tuple[tuple[str, str], ...] = ()
+    #: The conversation the client started with, ``(role, text)`` (Responses delegation).
+    history: tuple[tuple[str, str], ...] = ()
+    #: Delegation ids are ``dlg_`` + this + a counter (the wire's session prefix: ids look like its others).
+    id_prefix: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,9 @@ class SessionSettings:
     #: no turn (None: the server's ``asr.echo_guard.enabled``). For clients that send audio without echo
     #: cancellation (raw PCM or G.711 on speakers, telephone gateways).
     echo_guard: bool | None = None
+    #: Delegated answers (:class:`Delegation`, ``/v1/live/sessions``): they choose the session's answer source;
+    #: None: the session's own LLM when ``llm``, else nobody.
+    delegation: Delegation | None = None
 
     @property
     def client_turns(self) -> bool:
@@ -91,4 +113,8 @@ class SessionSettings:
         if out.get("instructions"):
             out["instructions"] = out["instructions"][:200]
         out["functions"] = [f.name for f in self.functions]
+        delegation = out.pop("delegation")
+        if delegation is not None:  # a delegated session's (absent otherwise: recordings keep their shape)
+            out["delegation"] = {"mode": delegation["mode"], "backchannel_words": delegation["backchannel_words"],
+                                 "responses": delegation["responses"] is not None}
         return out

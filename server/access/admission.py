@@ -26,11 +26,11 @@ from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.access.ephemeral import is_ephemeral
 from kame.server.access.params import ParamError, ParseWireParams, QueryParams, WireParams, parse_session_params
 from kame.server.runtime.end import DRAIN_REASON, close_reason
+from kame.server.state import AppState
 from kame.server.telemetry.logs import SessionLogger, session_logger
 
 if TYPE_CHECKING:
     from kame.server.access.ephemeral import EphemeralGrant
-    from kame.server.app.factory import AppState
     from kame.session.settings import SessionSettings
 
 #: The upgrade answer's header naming the session (a resume handle starts with the same id).

@@ -14,56 +14,35 @@ and refuses new websockets with 1001 meanwhile.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
 from kame.server.access.ephemeral import EphemeralKeys, signing_secret
 from kame.server.app.gc_schedule import GarbageCollector
+from kame.server.app.http import router as http_router
+from kame.server.app.static import install as install_static
+from kame.server.app.websockets import WIRES
+from kame.server.config import AppConfig
 from kame.server.host import ModelHost
 from kame.server.runtime.manager import SessionManager
+from kame.server.runtime.route import add_wire
+from kame.server.state import AppState, BackendHealthCache
 from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.telemetry.protocol_metrics import ProtocolMetrics
+from kame.server.telephony.routes import router as sip_router
+from kame.server.telephony.stack import start_sip
+from kame.server.webrtc.live import router as live_webrtc_router
+from kame.server.webrtc.signaling import router as webrtc_router
+from kame.server.wires.twilio.routes import install as install_twilio
+from kame.versions import runtime_versions
 
 if TYPE_CHECKING:
-    import torch
+    import torch  # a type only: torch loads with the models, in the host's thread
 
-    from kame.server.app.http import BackendHealthCache
-    from kame.server.config import AppConfig
-
-
-@dataclass
-class AppState:
-    """Everything one server instance owns (lives on ``app.state.kame``)."""
-
-    cfg: AppConfig
-    metrics: ServerMetrics
-    host: ModelHost
-    sessions: SessionManager
-    versions: dict[str, str]
-    health_cache: BackendHealthCache
-    protocols: ProtocolMetrics
-    started: float = field(default_factory=time.monotonic)
-    #: ``ek_`` keys minted by ``/v1/realtime/client_secrets``.
-    ephemeral_keys: EphemeralKeys = field(default_factory=EphemeralKeys)
-    #: Live WebRTC calls (``/v1/realtime/calls``), by call id; created with the first call.
-    calls: Any = None
-
-    async def backend_health(self) -> dict[str, Any]:
-        return await self.health_cache.get(self)
-
-    def begin_draining(self) -> bool:
-        """Stop admitting (from the signal handler); False when already draining."""
-        return self.sessions.begin_draining(self.cfg.server.drain_grace_s)
-
-    async def drain(self, cut: asyncio.Event | None = None) -> None:
-        """Tell the live sessions, give them ``server.drain_grace_s`` (or until ``cut``), close the rest."""
-        s = self.cfg.server
-        await self.sessions.drain_sessions(s.drain_grace_s, s.drain_timeout_s, cut)
+__all__ = ["AppState", "create_app"]
 
 
 def _secret_of(cfg: AppConfig) -> bytes:
@@ -82,13 +61,6 @@ def create_app(
     on_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
     """A server for ``cfg`` on ``device`` (see :func:`kame.server.host.choose_device`)."""
-    from kame.server.app.http import BackendHealthCache
-    from kame.server.app.http import router as http_router
-    from kame.server.app.static import install as install_static
-    from kame.server.app.websockets import WIRES
-    from kame.server.runtime.route import add_wire
-    from kame.versions import runtime_versions
-
     metrics = ServerMetrics()
     host = ModelHost(cfg, device, metrics, environ=environ, on_failure=on_failure)
     state = AppState(
@@ -113,8 +85,6 @@ def create_app(
         host.open_backends()
         host.start_loading()
         gc_task = asyncio.create_task(collector.run()) if collector.interval_s > 0 else None
-        from kame.server.telephony.stack import start_sip
-
         sip = start_sip(state)  # phones over SIP (docs/sip.md), when sip.port is set
         try:
             yield
@@ -132,15 +102,9 @@ def create_app(
     app.include_router(http_router)
     for route in WIRES:  # /api/chat (Moshi), /v1/realtime (OpenAI Realtime): docs/protocol.md
         add_wire(app, route)
-    from kame.server.telephony.routes import router as sip_router
-    from kame.server.webrtc.live import router as live_webrtc_router
-    from kame.server.webrtc.signaling import router as webrtc_router
-
     app.include_router(sip_router)  # accept/reject/refer/hangup of SIP calls, before the WebRTC routes' 404s
     app.include_router(webrtc_router)  # /v1/realtime/calls, /v1/realtime/client_secrets (WebRTC)
     app.include_router(live_webrtc_router)  # POST /v1/live/sessions, its hangup and /attach (Live over WebRTC)
-    from kame.server.wires.twilio.routes import install as install_twilio
-
     install_twilio(app)  # POST /twilio/voice and the /twilio/media websocket (Twilio Media Streams): docs/telephony.md
     install_static(app, cfg.server.client_dir)  # the browser page (or a client build) at /, docs/browser.md
     return app

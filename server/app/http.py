@@ -11,24 +11,20 @@ while warmed up and not draining, full or not (see :mod:`kame.server.app.readine
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from kame.server.access.auth import http_token, token_ok
 from kame.server.app.readiness import flag, readiness
+from kame.server.state import AppState
 from kame.server.telemetry.metrics import CONTENT_TYPE
-
-if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
 
 router = APIRouter()
 
-BACKEND_CHECK_TTL_S = 10.0
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 
 
@@ -137,21 +133,3 @@ async def metrics(request: Request) -> Response:
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-class BackendHealthCache:
-    """Reachability checks at most every ``ttl_s`` (a check can take seconds)."""
-
-    def __init__(self, ttl_s: float = BACKEND_CHECK_TTL_S) -> None:
-        self.ttl_s = ttl_s
-        self._at = -1e9
-        self._value: dict[str, Any] = {}
-        self._lock = asyncio.Lock()
-
-    async def get(self, state: AppState) -> dict[str, Any]:
-        registry = state.host.backends
-        if registry is None:
-            return {}
-        async with self._lock:
-            if time.monotonic() - self._at > self.ttl_s:
-                self._value = await registry.check_all()
-                self._at = time.monotonic()
-            return self._value

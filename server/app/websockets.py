@@ -6,7 +6,7 @@ describe it here, list it in :data:`WIRES`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from fastapi import WebSocket
 
@@ -14,15 +14,15 @@ from kame.server.access.admission import Admitted
 from kame.server.offers import live_info, live_wire_args, realtime_info
 from kame.server.runtime.route import WireRoute
 from kame.server.runtime.wire import Wire
+from kame.server.state import AppState
+from kame.server.webrtc.sideband import serve_sideband
 from kame.server.wires.live import wire as live
 from kame.server.wires.moshi import wire as moshi
 from kame.server.wires.moshi.params import ChatParams
+from kame.server.wires.moshi.server_info import session_server_info
 from kame.server.wires.realtime import wire as realtime
 from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
-
-if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
 
 
 def _recording(state: AppState) -> bool:
@@ -30,9 +30,6 @@ def _recording(state: AppState) -> bool:
 
 
 def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
-    from dataclasses import replace
-
-    from kame.server.wires.moshi.server_info import session_server_info
 
     params = admitted.wire_params if isinstance(admitted.wire_params, ChatParams) else ChatParams()
     settings = params.apply(replace(admitted.params.settings, record=_recording(state)))
@@ -56,7 +53,6 @@ def open_chat(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire,
 
 
 def open_realtime(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
-    from dataclasses import replace
 
     host = state.host
     model = (ws.query_params.get("model") or "kame")[:64]
@@ -76,7 +72,6 @@ async def realtime_sideband(ws: WebSocket) -> bool:
     """``/v1/realtime?call_id=``: a trusted server joins a WebRTC call (False: not a sideband request)."""
     if "call_id" not in ws.query_params:
         return False
-    from kame.server.webrtc.sideband import serve_sideband
 
     await serve_sideband(ws)
     return True

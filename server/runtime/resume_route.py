@@ -39,8 +39,8 @@ from kame.server.telemetry.logs import session_logger
 if TYPE_CHECKING:
     from kame.server.access.admission import Admitted
     from kame.server.access.ephemeral import EphemeralGrant
-    from kame.server.app.factory import AppState
     from kame.server.runtime.route import WireRoute
+    from kame.server.state import AppState
 
 
 async def serve_resume(ws: WebSocket, state: AppState, route: WireRoute, handle: str) -> None:

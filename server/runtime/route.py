@@ -17,12 +17,13 @@ from fastapi import FastAPI, WebSocket
 
 from kame.server.access.admission import Admitted, admit
 from kame.server.access.params import ParseWireParams
+from kame.server.runtime.recording import SessionRecorder
 from kame.server.runtime.session import SessionRuntime
 from kame.server.runtime.wire import Outgoing, Wire
+from kame.server.state import AppState
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
     from kame.server.runtime.recording import SessionRecorder
     from kame.server.runtime.resume import ResumeHook
     from kame.server.runtime.transport import Transport
@@ -106,7 +107,6 @@ async def run_session(state: AppState, transport: WebSocket | Transport, wire: W
     def new_recorder(current: SessionSettings) -> SessionRecorder | None:
         if cfg.record_dir is None:
             return None
-        from kame.server.runtime.recording import SessionRecorder
 
         return SessionRecorder(cfg.record_dir, session_id, host.sample_rate, {"protocol": wire.protocol, **current.for_log()})
 

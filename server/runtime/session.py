@@ -54,10 +54,18 @@ from kame.server.runtime.wire import (
     ResetIn,
     SettingsIn,
     Wire,
-    WireIO,
 )
 from kame.session.answers import AnswerWritten
-from kame.session.commands import ClearTurn, CommitTurn, ConversationCommand, SpeakAnswer
+from kame.session.commands import (
+    AppendAnswer,
+    ClearTurn,
+    CommandRefused,
+    CommitTurn,
+    ConversationCommand,
+    Delegate,
+    DeliverItem,
+    SpeakAnswer,
+)
 from kame.session.events import AsrFailed, AssistantFrame, BackendDown, EngineDown, LlmError, PipelineEvent
 
 if TYPE_CHECKING:
@@ -74,6 +82,10 @@ if TYPE_CHECKING:
 
 #: Client faults logged at info level before the rest go to debug.
 LOGGED_FAULTS = 5
+#: Session commands applied as soon as they arrive (a client's answer, a delegation's request): never behind audio
+#: the pacer still holds, nor behind a commit waiting for it (an answer goes in the oracle FIFO, not behind the
+#: step in progress).
+AT_ONCE = (SpeakAnswer, AppendAnswer, DeliverItem, Delegate)
 
 NewPipeline = Callable[["SessionSettings"], "Pipeline"]
 NewRecorder = Callable[["SessionSettings"], "SessionRecorder | None"]
@@ -232,10 +244,6 @@ class SessionRuntime:
                 now = time.monotonic()
                 self.started = self.last_audio = self.send_q.last_send = now
                 self._pacer = InputPacer(frame_s=FRAME_S, burst_s=self.cfg.input_burst_s, buffer_s=self.input_buffer_s, now=now)
-                bind = getattr(self.wire, "bind", None)
-                if callable(bind):
-                    bind(WireIO(send=self._queue, use_responses=pipeline.use_responses,
-                                delegated_answers=pipeline.delegated_answers))
                 for name, work in (
                     ("receive", self._receive),
                     ("feed", self._feed_loop),
@@ -405,19 +413,30 @@ class SessionRuntime:
         answer first of all) at once."""
         if self.pipeline is None:
             return
-        if isinstance(command, SpeakAnswer):
-            self._speak(command)
+        if isinstance(command, AT_ONCE):
+            self._to_session(command)
             return
         if self._after_audio or (isinstance(command, (CommitTurn, ClearTurn)) and self._pacer.queued):
             self._after_audio.append((self.frames_in + self._pacer.queued, command))
             return
-        self.pipeline.apply(command)
+        self._to_session(command)
 
-    def _speak(self, command: SpeakAnswer) -> None:
-        """A client's answer goes to the session at once: never behind audio the pacer still holds, nor behind a
-        commit waiting for it (the pipeline puts it in the oracle FIFO, not behind the step in progress)."""
-        if self.pipeline is not None:
-            self.pipeline.apply(command)
+    def _to_session(self, command: ConversationCommand) -> None:
+        """The session's command: the events it gives at once go to the wire now (before what the pipeline reports
+        later); a refusal is the wire's protocol error."""
+        if self.pipeline is None:
+            return
+        try:
+            events = self.pipeline.apply(command)
+        except CommandRefused as refused:
+            fault = self.wire.command_refused(refused, command)
+            if fault is None:
+                self.log.info("session command refused (%s): %s", refused.code, refused.message)
+            else:
+                self._fault(fault)
+            return
+        for event in events or ():
+            self._event(event)
 
     def _answer_written(self, written: AnswerWritten) -> None:
         """What a client's answer or a Responses round wrote to the oracle stream, counted (the own LLM's
@@ -480,7 +499,7 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.user_audio(frame)
         while self._after_audio and self._after_audio[0][0] <= self.frames_in:
-            self.pipeline.apply(self._after_audio.pop(0)[1])
+            self._to_session(self._after_audio.pop(0)[1])
 
     async def _feed_loop(self) -> None:
         while True:

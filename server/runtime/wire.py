@@ -10,23 +10,19 @@ implementing :class:`Wire` plus a :class:`~kame.server.runtime.route.WireRoute`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kame.server.runtime.end import SessionEnd
-from kame.session.commands import ConversationCommand
+from kame.session.commands import CommandRefused, ConversationCommand
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
     from starlette.types import Message
-
-    from kame.session.delegated_answers import OpenAnswers
-    from kame.session.responses.backend import ResponsesOffer
-    from kame.session.responses.source import ResponsesAnswerSource, UseResponses
 
 
 #: A transport's mark on a client message that came over a channel the client's page holds (a WebRTC
@@ -127,8 +123,9 @@ Command = AudioIn | SettingsIn | ResetIn | FunctionOutputIn | Reply | Fault | En
 """What a wire hands the runtime. A change to the conversation or to who answers is the session's own command
 (:mod:`kame.session.commands`), passed to the pipeline as the wire decoded it, not wrapped: a client message is
 typed twice at most (the wire's decoded event, then this command). A client's answer (Live
-``session.commentary.append``, :class:`~kame.session.commands.SpeakAnswer`) is applied at once; a commit or a
-clear of the user's turn after the audio sent before it."""
+``session.commentary.append``, :class:`~kame.session.commands.AppendAnswer`) is applied at once; a commit or a
+clear of the user's turn after the audio sent before it. The events a command gives at once go back through
+:meth:`Wire.event`; a command the session refuses, through :meth:`Wire.command_refused`."""
 
 
 class Wire:
@@ -186,6 +183,11 @@ class Wire:
         """No call waits for that output (unknown, answered, or timed out)."""
         return []
 
+    def command_refused(self, refused: CommandRefused, command: ConversationCommand) -> Fault | None:
+        """The session refused a command this wire decoded (e.g. an append for a delegation id it never opened),
+        as this protocol's error; None: only logged."""
+        return None
+
     def client_error(self, code: str, message: str, event_id: str | None) -> Fault | None:
         """A refusal the runtime makes itself (audio sent too far ahead of real time), as this protocol's
         error: a :class:`Fault` whose reply is the protocol's ``error`` event; None where the protocol has
@@ -211,26 +213,3 @@ class Wire:
     def closing(self, end: SessionEnd) -> list[Outgoing]:
         """Last messages before the close frame (not sent when the client is gone)."""
         return []
-
-
-@dataclass(frozen=True)
-class WireIO:
-    """What the runtime lends a wire whose answers are the session's, or whose answer source works between
-    client messages.
-
-    A wire that needs it (the Live wire: the session's delegated answers; in
-    Responses delegation, back-end rounds that stream while no client message
-    arrives) has a ``bind(io)`` method; the runtime calls it once the session
-    is served, before the first client message. Everything here only builds
-    or queues: the audio loop never waits on it.
-    """
-
-    #: Queue messages for the client, in order with everything else the runtime queues.
-    send: Callable[[Sequence[Outgoing]], None]
-    #: The wire's command: this session answers in Responses delegation on an offer's back-ends. The session
-    #: (:meth:`kame.session.pipeline.Pipeline.use_responses`) starts the answer source on its own oracle stream
-    #: and tasks, and returns it.
-    use_responses: Callable[[ResponsesOffer, UseResponses], ResponsesAnswerSource]
-    #: The session's delegated answers (who answers, when kame delegates), built by the session
-    #: (:meth:`kame.session.pipeline.Pipeline.delegated_answers`): a wire builds no answer source.
-    delegated_answers: OpenAnswers

@@ -24,7 +24,7 @@ from kame.server.telephony import decisions
 from kame.server.telephony.stack import AcceptError, Pending, sip_of
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
+    from kame.server.state import AppState
 
 router = APIRouter()
 

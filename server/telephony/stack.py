@@ -28,9 +28,9 @@ from kame.server.telephony.metrics import SipMetrics
 from kame.server.telephony.transport import SipTransport
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
     from kame.server.runtime.session import SessionRuntime
     from kame.server.runtime.wire import Wire
+    from kame.server.state import AppState
     from kame.server.webrtc.signaling import Call
     from kame.session.settings import SessionSettings
 

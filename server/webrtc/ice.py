@@ -24,6 +24,7 @@ from kame.server.config import ServerConfig
 
 def set_consent_timeout(seconds: float) -> None:
     """Connected peers lose consent ``seconds`` after their last answered check (checks every sixth of it)."""
+    # deferred: aioice loads with the first WebRTC call (a server without calls never imports it)
     import aioice.ice
 
     aioice.ice.CONSENT_INTERVAL = seconds / aioice.ice.CONSENT_FAILURES  # type: ignore[assignment]  # an int there, a float is fine (asyncio.sleep)
@@ -32,6 +33,7 @@ def set_consent_timeout(seconds: float) -> None:
 def rtc_configuration(cfg: ServerConfig) -> Any:
     """aiortc's ``RTCConfiguration`` for ``cfg``'s ICE servers and transport policy (and the consent timeout
     set, see the module docstring)."""
+    # deferred: aiortc loads with the first WebRTC call (a server without calls never imports it)
     from aiortc import RTCConfiguration, RTCIceServer
     from aiortc.rtcconfiguration import RTCIceTransportPolicy
 

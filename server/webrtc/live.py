@@ -32,6 +32,7 @@ from kame.server.access.auth import token_ok
 from kame.server.access.ephemeral import is_ephemeral
 from kame.server.offers import live_info, live_wire_args
 from kame.server.webrtc.sdp import OfferError
+from kame.server.webrtc.sideband import attach_sideband
 from kame.server.webrtc.signaling import (
     CallRefused,
     answer_call,
@@ -43,6 +44,12 @@ from kame.server.webrtc.signaling import (
     preflight,
     refuse_call,
 )
+from kame.server.wires.live.channel import parse_permissions
+from kame.server.wires.live.config import parse_start
+from kame.server.wires.live.events import LiveError
+from kame.server.wires.live.rtp import LiveRtpWire
+from kame.server.wires.live.wire import KameLiveSettings, live_settings, refusal
+from kame.session.settings import SessionSettings
 
 router = APIRouter()
 
@@ -87,13 +94,6 @@ def _read_body(raw: bytes) -> tuple[dict[str, Any], str]:
 
 @router.post(SESSIONS_PATH)
 async def create_session(request: Request) -> Response:
-    from kame.server.wires.live.channel import parse_permissions
-    from kame.server.wires.live.config import parse_start
-    from kame.server.wires.live.events import LiveError
-    from kame.server.wires.live.rtp import LiveRtpWire
-    from kame.server.wires.live.wire import KameLiveSettings, live_settings
-    from kame.session.settings import SessionSettings
-
     start = call_request(request)
     if isinstance(start, JSONResponse):
         return start
@@ -142,7 +142,4 @@ async def sip_only(request: Request, session_id: str, action: str) -> JSONRespon
 
 @router.websocket(SESSIONS_PATH + "/{session_id}/attach")
 async def attach(ws: WebSocket, session_id: str) -> None:
-    from kame.server.webrtc.sideband import attach_sideband
-    from kame.server.wires.live.wire import refusal
-
     await attach_sideband(ws, session_id, "live", refusal)

@@ -43,6 +43,7 @@ def libopus() -> ctypes.CDLL | None:
     """The loaded library with its signatures declared, or None (logged once)."""
     candidates: list[str] = []
     try:
+        # deferred: PyAV loads with the first WebRTC call (a server without calls never imports it)
         import av
 
         libs = os.path.join(os.path.dirname(os.path.dirname(av.__file__)), "av.libs")

@@ -21,16 +21,17 @@ from starlette import status
 from kame.server.access.admission import refuse
 from kame.server.access.auth import origin_ok, token_ok, websocket_credentials
 from kame.server.access.ephemeral import is_ephemeral
+from kame.server.state import AppState
+from kame.server.webrtc.signaling import calls_of
+from kame.server.wires.realtime.wire import refusal
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
     from kame.server.runtime.wire import Outgoing
     from kame.server.webrtc.signaling import CallKind
 
 
 async def serve_sideband(ws: WebSocket) -> None:
     """``/v1/realtime?call_id=``."""
-    from kame.server.wires.realtime.wire import refusal
 
     await attach_sideband(ws, ws.query_params.get("call_id") or "", "realtime", refusal)
 
@@ -38,7 +39,6 @@ async def serve_sideband(ws: WebSocket) -> None:
 async def attach_sideband(ws: WebSocket, call_id: str, kind: CallKind, refusal: Callable[[str], Outgoing]) -> None:
     """Join ``ws`` to the live call ``call_id`` of this ``kind`` until either ends (``refusal`` words a
     refusal as the wire's ``error`` event, sent before the 1008 close)."""
-    from kame.server.webrtc.signaling import calls_of
 
     state: AppState = ws.app.state.kame
     cfg = state.cfg.server

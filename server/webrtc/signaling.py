@@ -35,16 +35,22 @@ from fastapi.responses import JSONResponse, Response
 from kame.server.access.auth import bearer_token, origin_ok, token_ok
 from kame.server.access.ephemeral import EphemeralGrant, EphemeralKeyError, is_ephemeral, ttl_seconds
 from kame.server.offers import realtime_info
+from kame.server.runtime.route import run_session
+from kame.server.state import AppState
 from kame.server.telemetry.logs import session_logger
+from kame.server.webrtc.ice import rtc_configuration, with_public_address
+from kame.server.webrtc.metrics import WebRtcMetrics
 from kame.server.webrtc.sdp import OfferError, check_offer
+from kame.server.webrtc.transport import WebRtcTransport, install_decoders, use_mono_opus, use_pass_through_jitter
+from kame.server.wires.realtime.events import ClientError
+from kame.server.wires.realtime.rtp import RealtimeRtpWire
+from kame.server.wires.realtime.settings import parse_session_update, session_object
+from kame.session.settings import SessionSettings
+from kame.vocab import MOSHI_VOCAB
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
     from kame.server.runtime.session import SessionRuntime
     from kame.server.runtime.wire import Wire
-    from kame.server.webrtc.metrics import WebRtcMetrics
-    from kame.server.webrtc.transport import WebRtcTransport
-    from kame.session.settings import SessionSettings
 
 log = logging.getLogger("kame.server.webrtc")
 router = APIRouter()
@@ -80,8 +86,6 @@ class Calls:
 
 def calls_of(state: AppState) -> Calls:
     if state.calls is None:
-        from kame.server.webrtc.metrics import WebRtcMetrics
-
         state.calls = Calls(WebRtcMetrics(state.metrics.registry))
     calls: Calls = state.calls
     return calls
@@ -173,7 +177,6 @@ async def create_client_secret(request: Request) -> Response:
     settings, info, problem = _session_settings(state, session, None, uuid.uuid4().hex[:12])
     if problem is not None:
         return error_response(400, problem, "invalid_value", cors)
-    from kame.server.wires.realtime.settings import session_object
 
     try:
         key, grant = state.ephemeral_keys.mint(settings, session if isinstance(session, dict) else {}, ttl)
@@ -185,9 +188,6 @@ async def create_client_secret(request: Request) -> Response:
 
 def _session_settings(state: AppState, session: Any, grant: EphemeralGrant | None, session_id: str) -> tuple[Any, Any, str | None]:
     """(settings, info, None), or (None, None, the one-sentence reason) for a ``session`` config."""
-    from kame.server.wires.realtime.events import ClientError
-    from kame.server.wires.realtime.settings import parse_session_update
-    from kame.session.settings import SessionSettings
 
     model = "kame"
     if isinstance(session, dict) and isinstance(session.get("model"), str):
@@ -276,8 +276,6 @@ async def create_call(request: Request) -> Response:
         transport, answer = await answer_call(start, sdp, f"rtc_{session_id}")
     except CallRefused as refused:
         return refused.response
-    from kame.server.wires.realtime.rtp import RealtimeRtpWire
-    from kame.vocab import MOSHI_VOCAB
 
     host = state.host
     vocab = host.models.vocab if host.models is not None else MOSHI_VOCAB
@@ -363,10 +361,8 @@ def admission_refusal(state: AppState, cors: dict[str, str]) -> JSONResponse | N
 async def answer_offer(state: AppState, sdp: str, call_id: str) -> tuple[WebRtcTransport, str]:
     """A peer connection answering ``sdp``, its transport named ``call_id`` (:class:`OfferError` when aiortc
     cannot answer)."""
+    # deferred: aiortc loads with the first WebRTC call (a server without calls never imports it)
     from aiortc import RTCPeerConnection, RTCSessionDescription
-
-    from kame.server.webrtc.ice import rtc_configuration, with_public_address
-    from kame.server.webrtc.transport import WebRtcTransport, install_decoders, use_mono_opus, use_pass_through_jitter
 
     install_decoders()
     cfg = state.cfg.server
@@ -416,8 +412,6 @@ def launch_call(state: AppState, transport: WebRtcTransport, wire: Wire, setting
 
 
 async def _run_call(state: AppState, call: Call, wire: Wire, settings: SessionSettings, session_id: str) -> None:
-    from kame.server.runtime.route import run_session
-
     slog = session_logger(session_id)
     slog.info("session accepted", extra={"peer": "webrtc", "protocol": wire.protocol, "call": call.id})
 

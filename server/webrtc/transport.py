@@ -73,6 +73,7 @@ class PassThroughJitter:
         if self.sink is not None and packet.payload_type == self.payload_type:
             self.sink(packet.timestamp, packet._data)
             return False, None
+        # deferred: aiortc loads with the first WebRTC call (a server without calls never imports it)
         from aiortc.jitterbuffer import JitterFrame
 
         return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
@@ -98,6 +99,7 @@ class MonoOpusEncoder:
     """
 
     def __init__(self, bitrate: int = 32000, rate: int = SAMPLE_RATE, frame: int = RTP_FRAME) -> None:
+        # deferred: PyAV loads with the first WebRTC call (a server without calls never imports it)
         from av import CodecContext
 
         self.codec = CodecContext.create("libopus", "w")
@@ -178,6 +180,7 @@ class DecoderTo24k:
     thread (the event loop only places the samples)."""
 
     def __init__(self, inner: Any) -> None:
+        # deferred: PyAV loads with the first WebRTC call (a server without calls never imports it)
         import av
 
         self.inner = inner
@@ -210,6 +213,7 @@ def install_decoders() -> None:
     global _decoders_installed
     if _decoders_installed:
         return
+    # deferred: aiortc loads with the first WebRTC call (a server without calls never imports it)
     from aiortc import rtcrtpreceiver
 
     original = rtcrtpreceiver.get_decoder
@@ -223,6 +227,7 @@ def install_decoders() -> None:
 
 
 def _output_track_class() -> type:
+    # deferred: aiortc loads with the first WebRTC call (a server without calls never imports it)
     from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
     class OutputTrack(MediaStreamTrack):
@@ -240,6 +245,7 @@ def _output_track_class() -> type:
             self.late_restarts = 0
 
         async def recv(self) -> Any:
+            # deferred: PyAV loads with the first WebRTC call (a server without calls never imports it)
             import av
 
             if self.readyState != "live":
@@ -502,6 +508,7 @@ class WebRtcTransport:
 
     async def _input_loop(self) -> None:
         """Decoded RTP frames (24 kHz mono, from aiortc's decoder thread) -> placed on the sender's timeline."""
+        # deferred: aiortc loads with the first WebRTC call (a server without calls never imports it)
         from aiortc.mediastreams import MediaStreamError
 
         await self._track_ready.wait()
@@ -569,6 +576,7 @@ class WebRtcTransport:
 
 def _to_24k(frame: Any) -> np.ndarray:
     """A frame aiortc decoded itself (the decoders were not installed): 24 kHz mono float32."""
+    # deferred: PyAV loads with the first WebRTC call (a server without calls never imports it)
     import av
 
     resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)

@@ -17,14 +17,12 @@ from kame.backend.registry import BackendRegistry
 from kame.backend.resolve import ResolvedBackends
 from kame.oracle.config import OracleConfig
 from kame.server.wires.ids import Ids
-from kame.server.wires.live.commentary import OracleAnswer
 from kame.server.wires.live.config import LiveServerInfo
 from kame.server.wires.live.events import LiveEncoder, LiveEvent
-from kame.server.wires.live.protocol import LiveProtocol
-from kame.server.wires.live.responses_mode import ResponsesPort
-from kame.session.delegated_answers import answers_with
+from kame.session.answers import OracleAnswer
 from kame.session.responses.backend import registry_catalog, registry_source
-from kame.session.responses.source import ResponsesAnswerSource, SourceHooks
+from kame.session.responses.source import SourceHooks
+from tests.support.live_session import HookedOffer, LiveSession
 from tests.support.llm_server import LlmServer
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
@@ -48,13 +46,11 @@ class Client:
         self.sent: list[dict[str, Any]] = []
         self.answers: list[OracleAnswer] = []
         self.hooks = SourceHooks(source=registry_source(self.registry), oracle_reset=self.answers.append, **hooks)
-        info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=registry_catalog(self.registry))
-        self.wire = LiveProtocol(
-            info,
-            answers=answers_with(encode, OracleConfig()),
-            # What the runtime does with the wire's UseResponses, on these hooks (a test may replace them).
-            responses=ResponsesPort(use=lambda use: ResponsesAnswerSource.start(use, self.hooks), send=self.send),
-        )
+        catalog = registry_catalog(self.registry)
+        info = LiveServerInfo(session_id="abcd1234", asr="whisper", responses=catalog)
+        # The session's Responses delegation on these hooks (a test may replace them before session.start).
+        offer = HookedOffer(catalog=catalog, source=self.hooks.source, hooks=lambda: self.hooks)
+        self.wire = LiveSession(info, encode, oracle_config=OracleConfig(), offer=offer, on_events=self.sends)
 
     def send(self, event: LiveEvent) -> None:
         data = self.encoder.to_json(event)

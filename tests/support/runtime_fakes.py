@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from kame.oracle.config import OracleConfig
+from kame.session.answer_source import AnswerSource, OracleWriter, SourceIO
 from kame.session.commands import ConversationCommand
-from kame.session.delegated_answers import DelegatedAnswers, answers_with
-from kame.session.delegation_rules import DelegationMode
+from kame.session.delegated_answers import delegation_source
 from kame.session.events import AssistantFrame, PipelineEvent
 from kame.session.settings import SessionSettings
 
@@ -68,6 +68,10 @@ class FakePipeline:
         self.on_exit: list[PipelineEvent] = []  # what the pipeline reports while it closes (the ASR's last final)
         self.commands: list[ConversationCommand] = []  # what the runtime applied (kame.session.commands)
         self.first_reply_s: float | None = None  # a PersonaPlex slot's prompts: none here
+        #: The session's answer source, as the real pipeline picks it (a delegation's; nobody otherwise), on a
+        #: recorded oracle stream (what it writes is not reported: a test reports what it likes).
+        self.source: AnswerSource = AnswerSource()
+        self.written: list[list[int]] = []
 
     async def __aenter__(self) -> FakePipeline:
         self.entered = True
@@ -92,17 +96,17 @@ class FakePipeline:
 
     def update(self, settings: SessionSettings) -> None:
         self.settings.append(settings)
+        if settings.delegation is not None and self.source.kind == "none":
+            io = SourceIO(OracleWriter(lambda: self), self.put, lambda work: asyncio.get_running_loop().create_task(work))
+            self.source = delegation_source(settings.delegation, io, encode=self.encode, oracle_config=OracleConfig(),
+                                            offer=None)
 
-    def apply(self, command: ConversationCommand) -> None:
+    def apply(self, command: ConversationCommand) -> list[PipelineEvent]:
         self.commands.append(command)
+        return self.source.apply(command) if self.source.kind != "none" else []
 
-    def use_responses(self, offer: Any, use: Any) -> Any:
-        raise RuntimeError("the fake pipeline has no Responses delegation")
-
-    def delegated_answers(self, mode: DelegationMode, backchannel_words: int,
-                          new_id: Callable[[], str]) -> DelegatedAnswers:
-        """The session's delegated answers, as the real pipeline builds them (its tokenizer, default oracle)."""
-        return answers_with(self.encode, OracleConfig())(mode, backchannel_words, new_id)
+    def oracle_reset(self, first_ids: list[int], done: Callable[[float], None] | None = None) -> None:
+        self.written.append(list(first_ids))
 
     async def next_event(self) -> PipelineEvent:
         return await self.events.get()

@@ -26,6 +26,7 @@ from kame.backend.speculation import ToolCallEvent
 from kame.backend.tools import ToolCall, ToolSpec, TurnReport
 from kame.redaction import client_safe
 from kame.session.answers import OracleAnswer
+from kame.session.function_tools import FunctionTool
 from kame.session.responses.rounds import (
     DEFAULT_FUNCTION_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -36,7 +37,7 @@ from kame.session.responses.rounds import (
     ServerTool,
     ServerTools,
 )
-from kame.session.responses.settings import BackendCatalog, FunctionSpec, ResponsesDelegationSettings
+from kame.session.responses.settings import BackendCatalog, ResponsesDelegationSettings
 from kame.session.responses.source import ResponsesAnswerSource, SourceHooks, UseResponses
 from kame.session.responses.stream import Usage
 
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
-def tool_spec(function: FunctionSpec) -> ToolSpec:
+def tool_spec(function: FunctionTool) -> ToolSpec:
     """A client function as the tool loop's spec (read-only never: it runs on the client, once)."""
     return ToolSpec(
         function.name,
@@ -185,7 +186,7 @@ class McpServerTools:
                 continue
             spec = tool.spec
             self._tools[spec.name] = tool
-            function = FunctionSpec(spec.name, spec.description or None, dict(spec.parameters))
+            function = FunctionTool(spec.name, spec.description or None, dict(spec.parameters))
             out.append(ServerTool(spec.name, tool.server, tool.tool, function))
         return out
 

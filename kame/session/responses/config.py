@@ -14,16 +14,14 @@ A config or update is validated as a whole before anything changes: one
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from kame.session.function_tools import FunctionTool, ToolErrors, function_tool, tool_list, unique
 from kame.session.responses.settings import (
     BackendCatalog,
     BackendTarget,
     DelegationConfigError,
-    FunctionSpec,
     McpServerRef,
     ResponsesDelegationSettings,
     ToolChoiceSpec,
@@ -32,11 +30,12 @@ from kame.session.responses.settings import (
 #: Where the Live API's ``session.start`` / ``session.update`` keep this object (the default ``param``).
 PARAM = "session.delegation.responses"
 MAX_INSTRUCTIONS_CHARS = 64_000
-MAX_TOOLS = 128
-MAX_DESCRIPTION_CHARS = 4_000
-MAX_SCHEMA_CHARS = 32_000
 MAX_MODEL_CHARS = 200
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+#: The Live API's names for the faults of a client's tools (:mod:`kame.session.function_tools` checks them).
+ERRORS = ToolErrors(lambda code, message, param: DelegationConfigError(code, message, param=param),
+                    wrong_type="invalid_type", too_long="string_above_max_length",
+                    too_many="array_above_max_length", missing="invalid_value")
 
 #: Every field of ``ResponsesDelegationConfig`` (openai SDK 3.57).
 KNOWN_FIELDS = (
@@ -241,14 +240,11 @@ def _max_tokens(value: object, param: str) -> int | None:
 
 def _tools(
     value: object, catalog: BackendCatalog, param: str
-) -> tuple[tuple[FunctionSpec, ...], tuple[McpServerRef, ...]]:
-    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise DelegationConfigError("invalid_type", f"{param} must be an array", param=param)
-    if len(value) > MAX_TOOLS:
-        raise DelegationConfigError("array_above_max_length", f"{param}: at most {MAX_TOOLS} tools", param=param)
+) -> tuple[tuple[FunctionTool, ...], tuple[McpServerRef, ...]]:
+    value = tool_list(value, param, ERRORS)
     refused: list[str] = []
     first_refused: str | None = None
-    functions: list[FunctionSpec] = []
+    functions: list[FunctionTool] = []
     mcp: list[McpServerRef] = []
     for i, tool in enumerate(value):
         where = f"{param}[{i}]"
@@ -280,12 +276,7 @@ def _tools(
             f'"server_label": NAME}} (configured: {configured})',
             param=first_refused,
         )
-    names = [f.name for f in functions]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise DelegationConfigError(
-            "invalid_value", f"{param}: duplicate function name(s) {', '.join(dupes)}", param=param
-        )
+    unique(functions, param, ERRORS)
     labels = [m.server_label for m in mcp]
     dupe_labels = sorted({n for n in labels if labels.count(n) > 1})
     if dupe_labels:
@@ -306,52 +297,9 @@ def _known_fields(tool: Mapping[str, Any], known: Any, where: str, kind: str) ->
         )
 
 
-def _function(tool: Mapping[str, Any], where: str) -> FunctionSpec:
+def _function(tool: Mapping[str, Any], where: str) -> FunctionTool:
     _known_fields(tool, _FUNCTION_KEYS, where, "a function tool")
-    name = tool.get("name")
-    if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
-        raise DelegationConfigError(
-            "invalid_value",
-            f"{where}.name must be 1-64 letters, digits, '_' or '-'",
-            param=f"{where}.name",
-        )
-    description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise DelegationConfigError(
-            "invalid_type", f"{where}.description must be a string", param=f"{where}.description"
-        )
-    if description is not None and len(description) > MAX_DESCRIPTION_CHARS:
-        raise DelegationConfigError(
-            "string_above_max_length",
-            f"{where}.description: at most {MAX_DESCRIPTION_CHARS} characters",
-            param=f"{where}.description",
-        )
-    parameters = tool.get("parameters")
-    if parameters is not None:
-        if not isinstance(parameters, Mapping):
-            raise DelegationConfigError(
-                "invalid_type", f"{where}.parameters must be a JSON Schema object", param=f"{where}.parameters"
-            )
-        if parameters.get("type", "object") != "object":
-            raise DelegationConfigError(
-                "invalid_value", f"{where}.parameters: the schema's type must be 'object'", param=f"{where}.parameters"
-            )
-        try:
-            size = len(json.dumps(parameters))
-        except (TypeError, ValueError):
-            raise DelegationConfigError(
-                "invalid_value", f"{where}.parameters is not valid JSON", param=f"{where}.parameters"
-            ) from None
-        if size > MAX_SCHEMA_CHARS:
-            raise DelegationConfigError(
-                "string_above_max_length",
-                f"{where}.parameters: at most {MAX_SCHEMA_CHARS} characters of JSON",
-                param=f"{where}.parameters",
-            )
-    strict = tool.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise DelegationConfigError("invalid_type", f"{where}.strict must be a boolean", param=f"{where}.strict")
-    return FunctionSpec(name, description, dict(parameters) if parameters is not None else None, strict)
+    return function_tool(tool, where, ERRORS)
 
 
 def _mcp_ref(tool: Mapping[str, Any], catalog: BackendCatalog, where: str) -> McpServerRef:
@@ -410,7 +358,7 @@ def _mcp_ref(tool: Mapping[str, Any], catalog: BackendCatalog, where: str) -> Mc
     return McpServerRef(label, names)
 
 
-def _tool_keys(functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], catalog: BackendCatalog) -> set[str]:
+def _tool_keys(functions: Sequence[FunctionTool], mcp: Sequence[McpServerRef], catalog: BackendCatalog) -> set[str]:
     keys = {f"function:{f.name}" for f in functions}
     for ref in mcp:
         names = (
@@ -421,7 +369,7 @@ def _tool_keys(functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], c
 
 
 def _any_offered(
-    choice: ToolChoiceSpec, functions: Sequence[FunctionSpec], mcp: Sequence[McpServerRef], catalog: BackendCatalog
+    choice: ToolChoiceSpec, functions: Sequence[FunctionTool], mcp: Sequence[McpServerRef], catalog: BackendCatalog
 ) -> bool:
     return any(choice.offers(k) for k in _tool_keys(functions, mcp, catalog))
 
@@ -455,7 +403,7 @@ def _choice_key(entry: object, keys: set[str], where: str) -> str:
 
 def _tool_choice(
     value: object,
-    functions: Sequence[FunctionSpec],
+    functions: Sequence[FunctionTool],
     mcp: Sequence[McpServerRef],
     catalog: BackendCatalog,
     param: str,
@@ -486,7 +434,7 @@ def _tool_choice(
 
 def _recheck_choice(
     choice: ToolChoiceSpec,
-    functions: Sequence[FunctionSpec],
+    functions: Sequence[FunctionTool],
     mcp: Sequence[McpServerRef],
     catalog: BackendCatalog,
     param: str,

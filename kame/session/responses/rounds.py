@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 from kame.backend.speculation import ToolCallEvent
 from kame.backend.tool_loop import CallFinished, LoopDone, RoundPlan, TextDelta, run_rounds
 from kame.backend.tools import ToolCall, ToolCallAssembler, ToolOutcome
+from kame.session.function_tools import MAX_OUTPUT_CHARS, FunctionTool, ToolErrors, function_output
 from kame.session.responses.conversation import (
     BackendTurn,
     CallOutput,
@@ -32,7 +33,7 @@ from kame.session.responses.conversation import (
     ConversationLog,
     build_backend_messages,
 )
-from kame.session.responses.settings import FunctionSpec, ResponsesDelegationSettings, ResponsesError
+from kame.session.responses.settings import ResponsesDelegationSettings, ResponsesError
 from kame.session.responses.stream import (
     Event,
     IncompleteReason,
@@ -48,7 +49,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_FUNCTION_TIMEOUT_S = 30.0
 DEFAULT_MAX_ROUNDS = 4
-DEFAULT_MAX_OUTPUT_CHARS = 16_000
+DEFAULT_MAX_OUTPUT_CHARS = MAX_OUTPUT_CHARS  #: the one limit of every wire (kame.session.function_tools)
+#: The Live API's names for a function output's faults.
+OUTPUT_ERRORS = ToolErrors(lambda code, message, param: ResponsesError(code, message, param=param))
 
 
 def loop_task(work: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
@@ -67,7 +70,7 @@ class ServerTool:
     name: str  #: the function name the back-end sees
     server_label: str
     tool: str  #: the tool's name on its server
-    function: FunctionSpec
+    function: FunctionTool
 
     @property
     def key(self) -> str:
@@ -100,7 +103,7 @@ class RoundRequest:
     """One back-end request of a delegation."""
 
     messages: list[dict[str, Any]]
-    functions: tuple[FunctionSpec, ...]  #: offered (empty on the last round: the back-end must answer)
+    functions: tuple[FunctionTool, ...]  #: offered (empty on the last round: the back-end must answer)
     tool_choice: str | None  #: ``auto`` / ``none`` / ``required`` or one function's name
     max_tokens: int | None
     backend: str
@@ -295,13 +298,7 @@ class ResponsesDelegator:
         call_id = item.get("call_id")
         if not isinstance(call_id, str) or not call_id:
             raise ResponsesError("missing_required_parameter", "item.call_id is required", param="item.call_id")
-        output = _output_text(item.get("output"))
-        if len(output) > self.max_output_chars:
-            raise ResponsesError(
-                "output_too_large",
-                f"item.output: {len(output)} characters; at most {self.max_output_chars}",
-                param="item.output",
-            )
+        output = function_output(_output_text(item.get("output")), self.max_output_chars, OUTPUT_ERRORS)
         if call_id in self._issued and not self.conversation.has_call(call_id):
             # The client answered before the round ended (kame was still running MCP calls): kept for it.
             if call_id in self._early:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kame.session.commands import CommandRefused
+from kame.session.function_tools import FunctionTool
 
 
 class ResponsesError(CommandRefused):
@@ -48,39 +49,6 @@ class BackendTarget:
 
     backend: str
     model: str | None
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    """One client function: the client runs it, kame's back-end may call it."""
-
-    name: str
-    description: str | None = None
-    parameters: Mapping[str, Any] | None = None
-    strict: bool | None = None
-
-    def chat_tool(self) -> dict[str, Any]:
-        """The chat-completions ``tools`` entry."""
-        function: dict[str, Any] = {"name": self.name}
-        if self.description is not None:
-            function["description"] = self.description
-        function["parameters"] = (
-            dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
-        )
-        if self.strict is not None:
-            function["strict"] = self.strict
-        return {"type": "function", "function": function}
-
-    def as_config(self) -> dict[str, Any]:
-        """The Live ``FunctionTool`` shape (for ``session.started`` / ``.updated``)."""
-        out: dict[str, Any] = {"type": "function", "name": self.name}
-        if self.description is not None:
-            out["description"] = self.description
-        if self.parameters is not None:
-            out["parameters"] = dict(self.parameters)
-        if self.strict is not None:
-            out["strict"] = self.strict
-        return out
 
 
 @dataclass(frozen=True)
@@ -159,7 +127,7 @@ class ResponsesDelegationSettings:
     model: str
     target: BackendTarget
     instructions: str | None = None
-    functions: tuple[FunctionSpec, ...] = ()
+    functions: tuple[FunctionTool, ...] = ()
     mcp_servers: tuple[McpServerRef, ...] = ()
     tool_choice: ToolChoiceSpec = ToolChoiceSpec()
     max_output_tokens: int | None = None
@@ -167,10 +135,10 @@ class ResponsesDelegationSettings:
     #: Fields accepted and not used (for an ``info``), with the client's values.
     ignored: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    def function(self, name: str) -> FunctionSpec | None:
+    def function(self, name: str) -> FunctionTool | None:
         return next((f for f in self.functions if f.name == name), None)
 
-    def offered_functions(self) -> list[FunctionSpec]:
+    def offered_functions(self) -> list[FunctionTool]:
         """Client functions the back-end is offered (``tool_choice`` applied)."""
         return [f for f in self.functions if self.tool_choice.offers(f"function:{f.name}")]
 

@@ -5,11 +5,11 @@ requests (:mod:`.speculation`) to the session: final transcripts, instructions a
 into the back-end conversation; function outputs and ``response.create`` go to the driver; each
 round's text becomes a new oracle sequence, judged like a late commentary (docs/oracle.md).
 
-``emit`` must keep one order with the events the wire's calls return (the runtime queues those before
-it next awaits), so ``session.delegation.created`` precedes its stream. Its tasks and oracle stream
-are the session's (``SourceHooks``). A wire never creates it: it sends :class:`UseResponses` and the
-session starts it (:meth:`kame.session.pipeline.Pipeline.use_responses`, through
-:meth:`.backend.ResponsesOffer.answer_source`).
+``emit`` goes to the session's event queue, after the delegation's own ``delegation.opened`` (a
+delegation's rounds run in tasks). Its tasks and oracle stream are the session's (``SourceHooks``).
+The session's answer source for Responses delegation
+(:class:`kame.session.delegated_answers.ResponsesDelegation`) starts it through
+:meth:`.backend.ResponsesOffer.answer_source`; no wire does.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from kame.oracle.config import OracleConfig
 from kame.oracle.debounce import Debouncer
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 from kame.session.answers import Encode, OracleAnswer, commentary_answer
+from kame.session.events import ResponsesStreamed, SourceNotice, SourceProgress
 from kame.session.responses.conversation import ClientMessage, ConversationLog, Note, UserSpeech
 from kame.session.responses.rounds import (
     DEFAULT_FUNCTION_TIMEOUT_S,
@@ -44,31 +45,8 @@ from kame.session.responses.stream import Event, new_id
 _SPEAKERS: dict[str, Literal["user", "assistant"]] = {"user": "user", "assistant": "assistant"}
 
 
-@dataclass(frozen=True)
-class ResponseEvent:
-    """One nested Responses streaming event of delegation ``delegation_id`` (Live: ``response.event``)."""
-
-    event: Event
-    delegation_id: str | None
-
-
-@dataclass(frozen=True)
-class Notice:
-    """Something the client should know that changes nothing (Live: ``info``)."""
-
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Progress:
-    """kame's own progress (``kame.backend.*``, ``kame.oracle.reset``, ``kame.responses.answer``): name, fields."""
-
-    name: str
-    fields: dict[str, Any]
-
-
-SourceEvent = ResponseEvent | Notice | Progress
+#: What the source reports (pipeline events: the session's queue, encoded by the wire).
+SourceEvent = ResponsesStreamed | SourceNotice | SourceProgress
 #: A delegation id -> (speak, standing): may an answer for it still be spoken, and why.
 Judge = Callable[[str], tuple[bool, str]]
 
@@ -98,14 +76,9 @@ class SourceHooks:
 
 @dataclass(frozen=True)
 class UseResponses:
-    """A wire's command: this session answers in Responses delegation, with these settings.
-
-    The session creates the answer source (the pipeline's, through
-    ``WireIO.use_responses``: it adds the server's back-ends and its own
-    oracle stream and tasks as :class:`SourceHooks`); the wire gives what only it
-    knows: the settings as the client changes them, where the source's
-    events go (``emit``: the wire encodes them), how its delegations stand
-    (``judge``), and the conversation the client started with.
+    """What the session's Responses delegation starts the source with: the settings as the client changes them,
+    where the source's events go (``emit``), how its delegations stand (``judge``), and the conversation the
+    client started with; the server's back-ends and the session's oracle and tasks come as :class:`SourceHooks`.
     """
 
     settings: Callable[[], ResponsesDelegationSettings]
@@ -121,7 +94,7 @@ class ResponsesAnswerSource:
 
     @classmethod
     def start(cls, use: UseResponses, hooks: SourceHooks) -> ResponsesAnswerSource:
-        """The source a wire's :class:`UseResponses` asks for, on the session's ``hooks``."""
+        """The source :class:`UseResponses` describes, on the session's ``hooks``."""
         return cls(use.settings, hooks, use.emit, judge=use.judge, encode=use.encode,
                    oracle_config=use.oracle_config, history=use.history)
 
@@ -177,7 +150,7 @@ class ResponsesAnswerSource:
                 source=hooks.source,
                 conversation=self.conversation,
                 answer=self._speculative_answer,
-                notify=lambda name, fields: emit(Progress(name, fields)),
+                notify=lambda name, fields: emit(SourceProgress(event=name, data=fields)),
                 debouncer=Debouncer.from_config(oracle_config),
                 prompt=prompt,
                 spawn=hooks.spawn,
@@ -232,9 +205,9 @@ class ResponsesAnswerSource:
             return
         self.hooks.oracle_reset(answer)
         self.emit(
-            Progress(
-                "kame.oracle.reset",
-                {"delegation_id": None, "source": "speculation", "text": answer.text, "tokens": answer.steps},
+            SourceProgress(
+                event="kame.oracle.reset",
+                data={"delegation_id": None, "source": "speculation", "text": answer.text, "tokens": answer.steps},
             )
         )
 
@@ -242,9 +215,9 @@ class ResponsesAnswerSource:
 
     def _send(self, event: Event) -> None:
         if event.get("type") == "response.event":
-            self.emit(ResponseEvent(event["event"], event.get("delegation_id")))
+            self.emit(ResponsesStreamed(event=event["event"], delegation_id=event.get("delegation_id")))
         elif event.get("type") == "info":
-            self.emit(Notice(str(event.get("code")), str(event.get("message"))))
+            self.emit(SourceNotice(code=str(event.get("code")), message=str(event.get("message"))))
         else:  # pragma: no cover - the driver sends nothing else
             raise ValueError(f"unexpected event {event.get('type')!r}")
 
@@ -266,10 +239,10 @@ class ResponsesAnswerSource:
                 ids = feed.tokenizer.feed(out.text)
         if not feed.speak:
             self.emit(
-                Notice(
-                    "delegation_superseded",
-                    f"the answer of delegation {out.delegation_id} is kept in the back-end's conversation but "
-                    "not spoken: the user has spoken since (more than a backchannel)",
+                SourceNotice(
+                    code="delegation_superseded",
+                    message=f"the answer of delegation {out.delegation_id} is kept in the back-end's conversation "
+                    "but not spoken: the user has spoken since (more than a backchannel)",
                 )
             )
             return
@@ -278,9 +251,9 @@ class ResponsesAnswerSource:
             return  # nothing speakable (symbols, markup)
         self._deliver(feed, ids)
         self.emit(
-            Progress(
-                "kame.responses.answer",
-                {
+            SourceProgress(
+                event="kame.responses.answer",
+                data={
                     "delegation_id": out.delegation_id,
                     "round": out.round,
                     "after_tools": out.after_tools,

@@ -10,15 +10,12 @@ and ``openai/types/live/*.py``. Modules:
 - :mod:`.config`: ``session.start`` / ``session.update`` -> the resolved
   configuration (accepted, ignored with an ``info``, refused with an ``error``);
 - :mod:`.transcript`: append-only transcript deltas on the session timeline;
-- when kame delegates (one per user turn, or speculative) and what an append
-  for a delegation does is the client-delegation answer source,
-  :mod:`kame.session.delegation_rules`;
-- :mod:`.commentary`: commentary text -> oracle token ids, as oracle answers are cut;
+- who answers (client or Responses delegation: when kame delegates, what an
+  append does, the back-end's rounds) is the session's answer source,
+  :mod:`kame.session.delegated_answers`; this wire decodes the client's asks
+  into session commands and encodes the events the source reports;
+- :mod:`.commentary`: the contract's limit on one append;
 - :mod:`.usage`: usage reports and close reasons;
 - :mod:`.protocol`: one session's Live protocol state over all of the above;
-- :mod:`.wire`: the Live API's :class:`~kame.server.runtime.wire.Wire` over that state;
-- :mod:`.responses_mode`: Responses delegation joined to the wire; the answer
-  source itself (the back-end's conversation, the rounds with the client's
-  function calls, the nested Responses events, the back-end binding) is
-  :mod:`kame.session.responses`.
+- :mod:`.wire`: the Live API's :class:`~kame.server.runtime.wire.Wire` over that state.
 """

@@ -1,17 +1,14 @@
 """A commentary's limits on the Live wire. No I/O.
 
 In client delegation the application's ``session.commentary.append`` is the
-oracle's only source: each one becomes a new oracle answer
-(:func:`kame.session.answers.commentary_answer`, named here for the wire);
-this module holds the contract's limit on one append.
+oracle's only source: the session's answer source makes each one a new oracle
+answer (:func:`kame.session.answers.commentary_answer`); this module holds the
+contract's limit on one append, checked before the session sees it.
 """
 
 from __future__ import annotations
 
 from kame.server.wires.live.events import LiveError
-from kame.session.answers import Encode as Encode
-from kame.session.answers import OracleAnswer as OracleAnswer
-from kame.session.answers import commentary_answer as commentary_answer
 
 #: The contract's limit on one append's content.
 MAX_APPEND_TOKENS = 500

@@ -2,18 +2,19 @@
 
 :class:`LiveWire` is the Live API's :class:`~kame.server.runtime.wire.Wire`: it hands client messages
 and pipeline events to :class:`~kame.server.wires.live.protocol.LiveProtocol` and turns what that
-returns into the runtime's commands (``AudioIn``, ``SettingsIn``, the session's ``SpeakAnswer``,
-``EndIn``) and messages; refused commands become a ``Fault`` with an ``error`` (persistent offenders
-and floods are closed as on ``/v1/realtime``). The event mapping: docs/protocol.md.
+returns into the runtime's commands (``AudioIn``, ``SettingsIn``, the session's ``AppendAnswer``,
+``DeliverItem``, ``Delegate``, ``EndIn``) and messages; refused commands become a ``Fault`` with an
+``error`` (persistent offenders and floods are closed as on ``/v1/realtime``). The event mapping:
+docs/protocol.md.
 
-The pipeline here asks no LLM (``SessionSettings.llm`` is False): the client's appends, or the
-Responses answer source that the session starts when asked through :meth:`LiveWire.bind`'s
-``WireIO``, are the oracle's only source. The wire builds no answer source and starts nothing itself.
+The pipeline here asks no LLM (``SessionSettings.llm`` is False): its settings' ``delegation`` makes the
+session's answer source client or Responses delegation (:mod:`kame.session.answer_source`), and the
+wire encodes the events that source reports. The wire builds no answer source and starts nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,29 +33,28 @@ from kame.server.runtime.wire import (
     Reply,
     SettingsIn,
     Wire,
-    WireIO,
 )
 from kame.server.wires.ids import Ids
 from kame.server.wires.live import decode
 from kame.server.wires.live.config import KameLiveSettings, LiveServerInfo
+from kame.server.wires.live.decode import AppendContext, ItemCreate, ResponseCreate
 from kame.server.wires.live.events import (
+    Appended,
     ErrorEvent,
+    Info,
     KameEvent,
     LiveEncoder,
     LiveError,
     LiveEvent,
     OutputAudioDelta,
+    ResponseEventOut,
     SessionStarted,
     SessionUpdated,
 )
 from kame.server.wires.live.protocol import LiveProtocol
-from kame.server.wires.live.responses_mode import ResponsesPort
 from kame.session import events as pe
-from kame.session.commands import SpeakAnswer
-from kame.session.delegated_answers import DelegatedAnswers
-from kame.session.delegation_rules import DelegationMode
-from kame.session.responses.backend import ResponsesOffer
-from kame.session.responses.source import ResponsesAnswerSource, UseResponses
+from kame.session.commands import AppendAnswer, CommandRefused, ConversationCommand, Delegate, DeliverItem
+from kame.session.responses.backend import BackendCatalog
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
@@ -80,44 +80,16 @@ class LiveWire(Wire):
     max_client_errors = MAX_CLIENT_ERRORS
 
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, frame_size: int = FRAME_SIZE,
-                 responses: ResponsesOffer | None = None) -> None:
-        """``responses``: offer Responses delegation on the server's back-ends (the session side creates its
-        answer source when a client asks for it, through :meth:`bind`'s ``WireIO.use_responses``). The session's
-        delegated answers come through :meth:`bind`'s ``WireIO.delegated_answers`` at ``session.start``."""
+                 responses: BackendCatalog | None = None) -> None:
+        """``responses``: offer Responses delegation on these back-ends (the session's pipeline runs it)."""
         self.settings = settings
-        self._io: WireIO | None = None
-        self._offer = responses
-        port: ResponsesPort | None = None
         if responses is not None:
-            info = replace(info, responses=responses.catalog)
-            port = ResponsesPort(use=self._use_responses, send=self._send_later)
-        self.live = LiveProtocol(info, answers=self._delegated_answers, ids=Ids(info.session_id[:8]),
-                                 frame_size=frame_size, responses=port)
+            info = replace(info, responses=responses)
+        self.live = LiveProtocol(info, ids=Ids(info.session_id[:8]), frame_size=frame_size)
         self.encoder = LiveEncoder(self.live.ids)
         self._now = 0.0
         self._held: list[LiveEvent] = []  # session.started/updated (+ infos) until the pipeline took the settings
         self._close_event_id: str | None = None
-
-    # ------------------------------------------------------------------ the session's answers
-    def bind(self, io: WireIO) -> None:
-        """The runtime's side: its send queue, the session's delegated answers and its way to start the Responses
-        answer source."""
-        self._io = io
-
-    def _delegated_answers(self, mode: DelegationMode, backchannel_words: int,
-                           new_id: Callable[[], str]) -> DelegatedAnswers:
-        if self._io is None:  # a session starts in a served session only
-            raise RuntimeError("the session's answers need the session runtime (LiveWire.bind)")
-        return self._io.delegated_answers(mode, backchannel_words, new_id)
-
-    def _use_responses(self, use: UseResponses) -> ResponsesAnswerSource:
-        if self._io is None or self._offer is None:  # Responses delegation runs in a served session only
-            raise RuntimeError("Responses delegation needs the session runtime (LiveWire.bind)")
-        return self._io.use_responses(self._offer, use)
-
-    def _send_later(self, event: LiveEvent) -> None:
-        if self._io is not None:
-            self._io.send(self._out([event]))
 
     def _out(self, events: Sequence[LiveEvent], index: int | None = None) -> list[Outgoing]:
         return [Outgoing(self.encoder.encode(e), audio_index=index if isinstance(e, OutputAudioDelta) else None)
@@ -137,7 +109,7 @@ class LiveWire(Wire):
         if out.settings is not None:  # started or updated: answered once the pipeline took the settings
             self._held += events
             events = []
-            settings = live_settings(self.settings, out.settings)
+            settings = replace(live_settings(self.settings, out.settings), delegation=self.live.delegation())
             config = self.live.config
             if out.started and config is not None:  # voice and persona: chosen at session.start only
                 persona = config.instructions if self.live.info.personas else settings.instructions
@@ -149,15 +121,17 @@ class LiveWire(Wire):
             commands.append(self._client_error(refused))
         if out.audio:
             commands.append(AudioIn(out.frames))
-        for answer in out.answers:
-            commands.append(SpeakAnswer(answer.ids, now))
-            fed = KameEvent("kame.oracle.reset", {"delegation_id": answer.delegation_id, "text": answer.text,
-                                                  "tokens": answer.steps})
-            commands.append(Reply(self._out([fed])))
+        for ask in out.asks:
+            commands.append(session_command(self.live, ask, now))
         if out.close is not None:
             self._close_event_id = out.close.event_id
             commands.append(EndIn(SessionEnd("close_requested", status.WS_1000_NORMAL_CLOSURE, "session closed by the client")))
         return commands
+
+    def command_refused(self, refused: CommandRefused, command: ConversationCommand) -> Fault:
+        event_id = getattr(command, "event_id", None)
+        return self._client_error(LiveError(refused.code, refused.message, param=refused.param,
+                                            client_event_id=event_id))
 
     def _client_error(self, exc: LiveError) -> Fault:
         return Fault(kind="live", message=exc.message, code=exc.code, reply=self._out([exc.event()]))
@@ -198,22 +172,7 @@ class LiveWire(Wire):
         return self._out(self._map(event))
 
     def _map(self, event: pe.PipelineEvent) -> list[LiveEvent]:
-        if isinstance(event, pe.SpeechStarted):
-            return self.live.speech_started(event.utterance, event.audio_s)
-        if isinstance(event, pe.UserPartial):
-            return self.live.partial(event.utterance, event.audio_s, event.stable, event.t, text=event.text,
-                                     latency_s=event.latency_s)
-        if isinstance(event, pe.UserFinal):
-            return self.live.final(event.utterance, event.audio_s, event.text, event.t)
-        if isinstance(event, pe.AsrFailed):
-            return [KameEvent("kame.asr.error", {"message": client_safe(event.message or "speech recognition failed")})]
-        if isinstance(event, pe.OracleCleared):
-            return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
-        if isinstance(event, pe.EchoJudged):
-            return [KameEvent("kame.echo_guard.verdict", {
-                "echo": event.echo, "text": event.text, "words": event.words, "matched": event.matched,
-                "extra": event.extra, "delay_s": event.delay_s, "audio_s": round(event.audio_s, 3)})]
-        return []
+        return live_events(self.live, event)
 
     def expiring(self, seconds_left: float) -> list[Outgoing]:
         if not self.live.started:
@@ -234,6 +193,65 @@ class LiveWire(Wire):
             return []
         message = end.error or end.reason or end.label
         return self._out(self.live.ending(end.label, message, self._now, self._close_event_id))
+
+
+def live_events(live: LiveProtocol, event: pe.PipelineEvent) -> list[LiveEvent]:
+    """The Live events of a pipeline event (the user's transcript, the answer source's delegations, kame's extras)."""
+    if isinstance(event, pe.SpeechStarted):
+        return live.speech_started(event.utterance, event.audio_s)
+    if isinstance(event, pe.UserPartial):
+        return live.partial(event.utterance, event.audio_s, event.stable, event.t, text=event.text,
+                            latency_s=event.latency_s)
+    if isinstance(event, pe.UserFinal):
+        return live.final(event.utterance, event.audio_s, event.text, event.t)
+    if isinstance(event, pe.DelegationOpened):
+        return [live.delegation_created(event.delegation_id, event.response_id, event.client_event_id)]
+    if isinstance(event, pe.ContextAppended):
+        return appended(event)
+    if isinstance(event, pe.AnswerSpoken):
+        return [KameEvent("kame.oracle.reset", {"delegation_id": event.delegation_id, "text": event.text,
+                                                "tokens": event.tokens})]
+    if isinstance(event, pe.ResponsesStreamed):
+        return [ResponseEventOut(event.event, event.delegation_id)]
+    if isinstance(event, pe.SourceNotice):
+        return [Info(event.code, event.message)]
+    if isinstance(event, pe.SourceProgress):
+        return [KameEvent(event.event, event.data)]
+    if isinstance(event, pe.AsrFailed):
+        return [KameEvent("kame.asr.error", {"message": client_safe(event.message or "speech recognition failed")})]
+    if isinstance(event, pe.OracleCleared):
+        return [KameEvent("kame.oracle.cleared", {"reason": event.reason})]
+    if isinstance(event, pe.EchoJudged):
+        return [KameEvent("kame.echo_guard.verdict", {
+            "echo": event.echo, "text": event.text, "words": event.words, "matched": event.matched,
+            "extra": event.extra, "delay_s": event.delay_s, "audio_s": round(event.audio_s, 3)})]
+    return []
+
+
+def session_command(live: LiveProtocol, ask: AppendContext | ItemCreate | ResponseCreate,
+                    now: float) -> ConversationCommand:
+    """What the client asked of the session's answer source, as the session's command (an append is placed now on
+    the session timeline)."""
+    if isinstance(ask, AppendContext):
+        return AppendAnswer(ask.kind, ask.content, ask.delegation_id, live.timeline_ms, now, ask.event_id)
+    if isinstance(ask, ItemCreate):
+        return DeliverItem(ask.item, ask.event_id)
+    return Delegate(ask.event_id)
+
+
+def appended(event: pe.ContextAppended) -> list[LiveEvent]:
+    """``session.*.appended`` of a client's append, and why a commentary was not spoken."""
+    out: list[LiveEvent] = [Appended(event.kind, event.at_ms, event.end_ms, event.client_event_id)]  # type: ignore[arg-type]
+    if event.unspoken == "superseded":
+        out.append(Info(
+            "delegation_superseded",
+            f"commentary for delegation {str(event.delegation_id)[:48]} is kept as context but not spoken: "
+            "the user has spoken since (more than a backchannel) and a newer delegation is open",
+            client_event_id=event.client_event_id))
+    elif event.unspoken == "nothing_to_speak":
+        out.append(Info("nothing_to_speak", "the commentary has no speakable words; kept as context",
+                        client_event_id=event.client_event_id))
+    return out
 
 
 def refusal(error: str) -> Outgoing:

@@ -25,30 +25,35 @@ turns them into ``error`` events.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kame.backend.tools import ToolDefinitionError, ToolSpec
+from kame.backend.tools import ToolSpec
+from kame.session.commands import CommandRefused
+from kame.session.function_tools import (
+    MAX_OUTPUT_CHARS,
+    FunctionTool,
+    ToolErrors,
+    function_output,
+    function_tool,
+    tool_list,
+)
 
 Event = dict[str, Any]
 
-MAX_TOOLS = 128
-MAX_DESCRIPTION_CHARS = 4096
-MAX_SCHEMA_CHARS = 32768
-#: Default cap on one function_call_output (characters); larger outputs are refused.
-MAX_OUTPUT_CHARS = 32768
+__all__ = ["MAX_OUTPUT_CHARS", "FunctionProtocolError", "parse_tools", "parse_tool_choice", "decode_function_output"]
 
 
-class FunctionProtocolError(Exception):
+class FunctionProtocolError(CommandRefused):
     """A client's tools, tool_choice or function output that cannot be accepted."""
 
     def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
+        super().__init__(code, message, param=param)
+
+
+#: ``/v1/realtime``'s names for the faults of a client's tools (:mod:`kame.session.function_tools` checks them).
+ERRORS = ToolErrors(FunctionProtocolError, schema_on_tool=True)
 
 
 # --------------------------------------------------------------------------- session.update
@@ -58,13 +63,8 @@ def parse_tools(value: Any, param: str = "session.tools") -> list[ToolSpec]:
     """``session.tools`` -> function tools (``[]`` or null: none)."""
     if value is None:
         return []
-    if not isinstance(value, list):
-        raise FunctionProtocolError("invalid_value", f"{param} must be a list of tools", param)
-    if len(value) > MAX_TOOLS:
-        raise FunctionProtocolError("invalid_value", f"{param}: at most {MAX_TOOLS} tools", param)
-    specs: list[ToolSpec] = []
-    seen: set[str] = set()
-    for i, tool in enumerate(value):
+    tools: list[FunctionTool] = []
+    for i, tool in enumerate(tool_list(value, param, ERRORS)):
         where = f"{param}[{i}]"
         if not isinstance(tool, Mapping):
             raise FunctionProtocolError("invalid_value", f"{where} must be an object", where)
@@ -80,33 +80,11 @@ def parse_tools(value: Any, param: str = "session.tools") -> list[ToolSpec]:
             raise FunctionProtocolError(
                 "unsupported_tool_type", f"{where}.type: only \"function\" tools are supported", f"{where}.type"
             )
-        name = tool.get("name")
-        if not isinstance(name, str):
-            raise FunctionProtocolError("missing_required_parameter", f"{where}.name must be a string", f"{where}.name")
-        description = tool.get("description") or ""
-        if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
-            raise FunctionProtocolError(
-                "invalid_value", f"{where}.description: a string of at most {MAX_DESCRIPTION_CHARS} characters",
-                f"{where}.description",
-            )
-        parameters = tool.get("parameters")
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}}
-        if not isinstance(parameters, Mapping) or len(json.dumps(parameters)) > MAX_SCHEMA_CHARS:
-            raise FunctionProtocolError(
-                "invalid_value", f"{where}.parameters: a JSON Schema object (at most {MAX_SCHEMA_CHARS} characters)",
-                f"{where}.parameters",
-            )
-        read_only = _read_only(tool.get("kame"), f"{where}.kame")
-        try:
-            spec = ToolSpec(name, description, dict(parameters), read_only=read_only)
-        except ToolDefinitionError as exc:
-            raise FunctionProtocolError("invalid_value", f"{where}: {exc}", where) from None
-        if name in seen:
-            raise FunctionProtocolError("invalid_value", f"{where}.name: {name!r} is defined twice", f"{where}.name")
-        seen.add(name)
-        specs.append(spec)
-    return specs
+        found = function_tool(tool, where, ERRORS, read_only=_read_only(tool.get("kame"), f"{where}.kame"))
+        if any(t.name == found.name for t in tools):
+            raise FunctionProtocolError("invalid_value", f"{where}.name: {found.name!r} is defined twice", f"{where}.name")
+        tools.append(found)
+    return [t.spec() for t in tools]
 
 
 def _read_only(ext: Any, param: str) -> bool:
@@ -263,10 +241,7 @@ def decode_function_output(obj: Mapping[str, Any], max_output_chars: int = MAX_O
     output = item.get("output")
     if not isinstance(output, str):
         raise FunctionProtocolError("invalid_value", "item.output must be a string", "item.output")
-    if len(output) > max_output_chars:
-        raise FunctionProtocolError(
-            "output_too_large", f"item.output: at most {max_output_chars} characters (got {len(output)})", "item.output"
-        )
+    function_output(output, max_output_chars, ERRORS)
     item_id = item.get("id") if isinstance(item.get("id"), str) else None
     previous = obj.get("previous_item_id") if isinstance(obj.get("previous_item_id"), str) else None
     return FunctionOutput(call_id[:128], output, item_id and item_id[:128], previous, event_id and event_id[:128])

@@ -37,7 +37,7 @@ from kame.session.settings import SessionSettings
 from kame.vocab import MOSHI_VOCAB
 
 if TYPE_CHECKING:
-    from kame.server.app.factory import AppState
+    from kame.server.state import AppState
     from kame.server.telemetry.logs import SessionLogger
 
 VOICE_PATH = "/twilio/voice"
