@@ -92,7 +92,9 @@ REALTIME = WireRoute(
 
 def open_live(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
     settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
-    return live.LiveWire(live_info(state, admitted.session_id), settings, **live_wire_args(state)), settings
+    kame_events = realtime.kame_events_query(ws.query_params.get("kame_events"))  # the resume messages' opt-in
+    return live.LiveWire(live_info(state, admitted.session_id), settings, kame_events=kame_events,
+                         **live_wire_args(state)), settings
 
 
 LIVE = WireRoute(

@@ -81,6 +81,8 @@ UNKNOWN = Refusal("resume_unknown", 1008, "the resume handle is unknown or has e
 EXPIRED = Refusal("resume_expired", 1008, "the resume handle has expired: the session ended after its resume window "
                   "passed; start a new session")
 UNAUTHORIZED = Refusal("resume_unauthorized", 1008, "the resume handle was not issued to these credentials")
+WRONG_ENDPOINT = Refusal("resume_endpoint", 1008, "the resume handle belongs to a session on another endpoint: "
+                         "reconnect to the endpoint that opened it")
 DRAINING = Refusal("draining", 1001, "server shutting down: reconnect with the same handle through the load balancer")
 FULL = Refusal("full", 1013, "server full, retry later")
 
@@ -181,6 +183,13 @@ class ResumeHook:
         self._tasks: set[asyncio.Task[None]] = set()
         self._writing = asyncio.Lock()  # one write at a time: a refresh never lands after the final entry
 
+    @property
+    def store(self) -> SessionStore | None:
+        """Where this session goes on a drain: the registry's store, unless its wire cannot be rebuilt on
+        another replica (``movable = False``: the Live API, whose session config and Responses conversation
+        the store does not hold); such a session resumes on its own replica only and drains as today."""
+        return self.registry.store if getattr(self.wire, "movable", True) else None
+
     def state(self) -> HeldState:
         return HeldState(self.binding, self.away_since, self.registry.grace_s, self.ended)
 
@@ -205,7 +214,7 @@ class ResumeHook:
         """The client's connection dropped: hold the session (True), or let it end as today (False)."""
         if self.ended or self.handle is None or self.registry.grace_s <= 0:
             return False
-        moving = self.registry.draining() and self.registry.store is not None
+        moving = self.registry.draining() and self.store is not None
         if self.registry.draining() and not moving:  # nowhere to resume: today's end
             return False
         if runtime.client_close_code in CLEAN_CLOSES and not moving:  # the client said goodbye: the session ends
@@ -214,7 +223,7 @@ class ResumeHook:
         self.away_since = self.registry.clock()
         self.released.set()
         runtime.log.info("connection lost: session held for %.0f s for a resume", self.registry.grace_s)
-        if self.registry.draining() and self.registry.store is not None:
+        if self.registry.draining() and self.store is not None:
             self._spawn(self._hand_over(runtime))
         else:
             loop = asyncio.get_running_loop()
@@ -224,7 +233,7 @@ class ResumeHook:
     def draining(self, runtime: SessionRuntime, seconds_left: float) -> list[Outgoing] | None:
         """The drain's notice with the handle, the conversation written to the store meanwhile; None without
         a store (the session cannot move: the wire's usual notice, today's drain)."""
-        if self.registry.store is None or self.handle is None:
+        if self.store is None or self.handle is None:
             return None
         if self.away_since is not None:
             self._spawn(self._hand_over(runtime))
@@ -277,7 +286,7 @@ class ResumeHook:
         task.add_done_callback(self._tasks.discard)
 
     async def _write(self, runtime: SessionRuntime, *, final: bool) -> bool:
-        store = self.registry.store
+        store = self.store
         if store is None or self.handle is None:
             return False
         async with self._writing:

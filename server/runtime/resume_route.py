@@ -24,6 +24,7 @@ from kame.server.runtime.resume import (
     MAX_HANDLE_CHARS,
     UNAUTHORIZED,
     UNKNOWN,
+    WRONG_ENDPOINT,
     Refusal,
     ResumeHook,
     ResumeRegistry,
@@ -84,6 +85,9 @@ async def serve_resume(ws: WebSocket, state: AppState, route: WireRoute, handle:
         return
     if hook is not None:
         assert hook.runtime is not None
+        if hook.runtime.protocol != route.protocol:  # a handle of another endpoint's session: not this wire's
+            await refuse(WRONG_ENDPOINT)
+            return
         await hook.resume(WebSocketTransport(ws), hook.runtime.wire.opening(hook.runtime.settings))
         return
     if registry.store is None:

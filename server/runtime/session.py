@@ -522,6 +522,8 @@ class SessionRuntime:
                     self._fault(follow)
                 elif isinstance(follow, Reply):
                     self._queue(list(follow.messages))
+            if self.resume is not None:  # a Live session starts even with its settings refused: resumable
+                self.resume.offer(self)
             return
         old, new = self.settings, command.settings
         self.settings = new

@@ -80,9 +80,11 @@ class LiveWire(Wire):
     max_client_errors = MAX_CLIENT_ERRORS
 
     def __init__(self, info: LiveServerInfo, settings: SessionSettings, *, frame_size: int = FRAME_SIZE,
-                 responses: BackendCatalog | None = None) -> None:
-        """``responses``: offer Responses delegation on these back-ends (the session's pipeline runs it)."""
+                 responses: BackendCatalog | None = None, kame_events: bool = False) -> None:
+        """``responses``: offer Responses delegation on these back-ends (the session's pipeline runs it);
+        ``kame_events``: the client opted into kame's resume messages (``?kame_events=1``)."""
         self.settings = settings
+        self.kame_events = kame_events
         if responses is not None:
             info = replace(info, responses=responses)
         self.live = LiveProtocol(info, ids=Ids(info.session_id[:8]), frame_size=frame_size)
@@ -97,6 +99,8 @@ class LiveWire(Wire):
 
     # ------------------------------------------------------------------ client -> server
     def opening(self, settings: SessionSettings) -> list[Outgoing]:
+        if self.live.started:  # a resumed connection: the session as it stands (no second session.start)
+            return self._out([SessionStarted(self.live.session())])
         return []  # the client speaks first: session.start
 
     def decode(self, message: Message, now: float) -> list[Command]:
@@ -185,6 +189,26 @@ class LiveWire(Wire):
             return []
         return self._out([KameEvent("kame.session.ending", {"reason": "draining",
                                                             "seconds_left": round(seconds_left, 1)})])
+
+    # -- resume (server/runtime/resume.py): only to a client that opted in, once its session started
+    #: Not handed to another replica on a drain: the store holds neither the Live config nor the Responses
+    #: conversation, so a Live session resumes on its own replica only (a drain ends it as before).
+    movable = False
+
+    @property
+    def resume_offered(self) -> bool:
+        return self.kame_events and self.live.started
+
+    def resumable(self, handle: str, expires_in_s: float) -> list[Outgoing]:
+        return self._out([KameEvent("kame.session.resumable", {"handle": handle,
+                                                               "expires_in_s": round(expires_in_s, 1)})])
+
+    def resumed(self, info: dict[str, object]) -> list[Outgoing]:
+        return self._out([KameEvent("kame.session.resumed", {**info, "session_id": f"live_{self.info.session_id}"})])
+
+    def ending_with_handle(self, reason: str, seconds_left: float, handle: str) -> list[Outgoing]:
+        return self._out([KameEvent("kame.session.ending", {"reason": reason, "seconds_left": round(seconds_left, 1),
+                                                            "handle": handle})])
 
     def closing(self, end: SessionEnd) -> list[Outgoing]:
         if not self.live.started:  # never started: only an error, if there is one
