@@ -204,7 +204,7 @@ class LiveWire(Wire):
                                                                "expires_in_s": round(expires_in_s, 1)})])
 
     def resumed(self, info: dict[str, object]) -> list[Outgoing]:
-        return self._out([KameEvent("kame.session.resumed", {**info, "session_id": f"live_{self.info.session_id}"})])
+        return self._out([KameEvent("kame.session.resumed", {**info, "session_id": f"live_{self.live.info.session_id}"})])
 
     def ending_with_handle(self, reason: str, seconds_left: float, handle: str) -> list[Outgoing]:
         return self._out([KameEvent("kame.session.ending", {"reason": reason, "seconds_left": round(seconds_left, 1),
