@@ -143,3 +143,43 @@ def test_clients_pick_the_latest_handle_and_resume_only_what_a_resume_mends() ->
     assert resume_reason(1001, "s.b") is not None  # a drain ended it: resume elsewhere
     assert resume_reason(1008, "s.b") is None and resume_reason(1000, "s.b") is None
     assert "draining" in (resume_reason(1000, "s.b", moving=True) or "")
+
+
+def test_the_live_wire_offers_handles_only_to_an_opted_in_started_session() -> None:
+    """``?kame_events=1`` on ``/v1/live/sessions``: the handle after ``session.started`` only; a resumed
+    connection gets the session as it stands; a standard Live client is never offered one; a Live session
+    does not move to another replica (its wire says so, and the hook sees no store for it)."""
+    import json
+
+    from kame.server.runtime.resume import ResumeWire
+    from kame.server.runtime.wire import SettingsIn
+    from kame.server.wires.live.config import LiveServerInfo
+    from kame.server.wires.live.wire import LiveWire
+    from kame.server.wires.realtime.wire import kame_events_query
+    from kame.session.settings import SessionSettings
+
+    info = LiveServerInfo(session_id="feedbeef0002", asr="none", admitted_at=1_800_000_000.0)
+    start = {"type": "websocket.receive", "text": json.dumps({"type": "session.start", "session": {"model": "m"}})}
+    assert kame_events_query("1") and kame_events_query("true") and not kame_events_query(None)
+    assert not kame_events_query("0")
+    for opted in (True, False):
+        wire = LiveWire(info, SessionSettings(), kame_events=opted)
+        assert isinstance(wire, ResumeWire) and wire.movable is False
+        assert not wire.resume_offered and wire.opening(wire.settings) == []  # the client speaks first
+        command = next(c for c in wire.decode(start, 0.0) if isinstance(c, SettingsIn))
+        wire.settings_applied(command.settings, command)
+        assert wire.resume_offered is opted
+    wire = LiveWire(info, SessionSettings(), kame_events=True)
+    command = next(c for c in wire.decode(start, 0.0) if isinstance(c, SettingsIn))
+    wire.settings_applied(command.settings, command)
+    [again] = [json.loads(o.data) for o in wire.opening(wire.settings)]
+    assert again["type"] == "session.started" and again["session"]["id"] == "live_feedbeef0002"
+    [offer] = [json.loads(o.data) for o in wire.resumable("h.x", 30.0)]
+    assert offer["type"] == "kame.session.resumable" and offer["handle"] == "h.x" and offer["expires_in_s"] == 30.0
+    [back] = [json.loads(o.data) for o in wire.resumed({"voice": "continued", "lost": []})]
+    assert back["type"] == "kame.session.resumed" and back["session_id"] == "live_feedbeef0002"
+    [ending] = [json.loads(o.data) for o in wire.ending_with_handle("draining", 5.0, "h.y")]
+    assert ending == {**ending, "type": "kame.session.ending", "reason": "draining", "handle": "h.y"}
+    registry = ResumeRegistry(30.0, store=_MemoryStore())  # type: ignore[arg-type]
+    assert ResumeHook(registry, "b", wire).store is None
+    assert ResumeHook(registry, "b", _Wire()).store is registry.store  # type: ignore[arg-type]
