@@ -147,8 +147,8 @@ def test_clients_pick_the_latest_handle_and_resume_only_what_a_resume_mends() ->
 
 def test_the_live_wire_offers_handles_only_to_an_opted_in_started_session() -> None:
     """``?kame_events=1`` on ``/v1/live/sessions``: the handle after ``session.started`` only; a resumed
-    connection gets the session as it stands; a standard Live client is never offered one; a Live session
-    does not move to another replica (its wire says so, and the hook sees no store for it)."""
+    connection gets the session as it stands; a standard Live client is never offered one; another replica
+    rebuilds the session from its accepted config messages, unless they outgrew what is kept."""
     import json
 
     from kame.server.runtime.resume import ResumeWire
@@ -164,7 +164,7 @@ def test_the_live_wire_offers_handles_only_to_an_opted_in_started_session() -> N
     assert not kame_events_query("0")
     for opted in (True, False):
         wire = LiveWire(info, SessionSettings(), kame_events=opted)
-        assert isinstance(wire, ResumeWire) and wire.movable is False
+        assert isinstance(wire, ResumeWire)
         assert not wire.resume_offered and wire.opening(wire.settings) == []  # the client speaks first
         command = next(c for c in wire.decode(start, 0.0) if isinstance(c, SettingsIn))
         wire.settings_applied(command.settings, command)
@@ -180,6 +180,43 @@ def test_the_live_wire_offers_handles_only_to_an_opted_in_started_session() -> N
     assert back["type"] == "kame.session.resumed" and back["session_id"] == "live_feedbeef0002"
     [ending] = [json.loads(o.data) for o in wire.ending_with_handle("draining", 5.0, "h.y")]
     assert ending == {**ending, "type": "kame.session.ending", "reason": "draining", "handle": "h.y"}
+    bad = {"type": "websocket.receive", "text": json.dumps({"type": "session.update", "session": {"model": "x"}})}
+    wire.decode(bad, 1.0)  # refused (immutable): not part of what another replica replays
+    other = LiveWire(info, SessionSettings(), kame_events=True)
+    restored = other.restore(json.loads(json.dumps(wire.resume_state())), SessionSettings(), 5.0)
+    assert other.config_messages == wire.config_messages and len(other.config_messages) == 1
+    assert restored.delegation == command.settings.delegation and other.resume_offered
+    [rebuilt] = [json.loads(o.data) for o in other.opening(restored)]
+    assert rebuilt["type"] == "session.started" and rebuilt["session"]["id"] == again["session"]["id"]
     registry = ResumeRegistry(30.0, store=_MemoryStore())  # type: ignore[arg-type]
-    assert ResumeHook(registry, "b", wire).store is None
-    assert ResumeHook(registry, "b", _Wire()).store is registry.store  # type: ignore[arg-type]
+    assert wire.movable and ResumeHook(registry, "b", wire).store is registry.store
+    wire.config_messages += ["{}"] * 40
+    assert not wire.movable and ResumeHook(registry, "b", wire).store is None
+
+
+def test_a_responses_conversation_goes_to_text_and_back() -> None:
+    """What another replica rebuilds a Live session's Responses conversation from (function calls dropped)."""
+    from kame.session.responses.conversation import (
+        BackendTurn,
+        CallOutput,
+        CallRecord,
+        ClientMessage,
+        ConversationLog,
+        Note,
+        UserSpeech,
+        log_turns,
+        restore_log,
+    )
+
+    log = ConversationLog()
+    for entry in (Note("developer", "be brief"), UserSpeech("my name is Ada"),
+                  BackendTurn("", (CallRecord("c1", "f", "{}"),)), CallOutput("c1", "42"),
+                  BackendTurn("Hello Ada"), ClientMessage("user", "and yours?"), Note("thinking", "she is polite")):
+        log.add(entry)
+    turns = log_turns(log)
+    assert turns == [["note:developer", "be brief"], ["user", "my name is Ada"], ["assistant", "Hello Ada"],
+                     ["user", "and yours?"], ["note:thinking", "she is polite"]]
+    other = ConversationLog()
+    other.add(ClientMessage("user", "the initial input, already in the turns"))
+    assert restore_log(other, turns + [["tool", "ignored"]]) == 5
+    assert log_turns(other) == turns

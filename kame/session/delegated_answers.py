@@ -45,6 +45,7 @@ from kame.session.settings import Delegation, SessionSettings
 
 if TYPE_CHECKING:
     from kame.session.responses.backend import ResponsesOffer
+    from kame.session.responses.conversation import ConversationLog
 
 #: What a client appends: a spoken answer (``commentary``) or silent context.
 AppendKind = Literal["instructions", "thinking", "commentary"]
@@ -290,6 +291,11 @@ class ResponsesDelegation(ClientDelegation):
         self.responses = offer.answer_source(use, oracle_reset=lambda answer: io.writer.reset(answer.ids),
                                              oracle_push=io.writer.push, spawn=io.spawn)
         self.answers.responses = self.responses
+
+    @property
+    def conversation(self) -> ConversationLog:
+        """The back-end's conversation (what a session resumed on another replica carries over)."""
+        return self.responses.conversation
 
     def _settings(self) -> ResponsesDelegationSettings:
         assert self.delegation.responses is not None

@@ -17,7 +17,7 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import WebSocket
 from starlette import status
@@ -53,6 +53,8 @@ class Admitted:
     wire_params: WireParams | None = None
     #: A resumed session's settings (server/runtime/resume_route.py): the wire starts with them.
     restored: SessionSettings | None = None
+    #: A resumed session's wire state (the store entry's ``wire``): the wire rebuilds itself from it.
+    restored_wire: dict[str, Any] | None = None
 
 
 async def refuse(ws: WebSocket, state: AppState, label: str, code: int, reason: str, *,

@@ -6,6 +6,7 @@ describe it here, list it in :data:`WIRES`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from fastapi import WebSocket
@@ -93,8 +94,11 @@ REALTIME = WireRoute(
 def open_live(state: AppState, admitted: Admitted, ws: WebSocket) -> tuple[Wire, SessionSettings]:
     settings = live.live_settings(admitted.params.settings, live.KameLiveSettings())
     kame_events = realtime.kame_events_query(ws.query_params.get("kame_events"))  # the resume messages' opt-in
-    return live.LiveWire(live_info(state, admitted.session_id), settings, kame_events=kame_events,
-                         **live_wire_args(state)), settings
+    wire = live.LiveWire(live_info(state, admitted.session_id), settings, kame_events=kame_events,
+                         **live_wire_args(state))
+    if admitted.restored is not None:  # resumed from another replica: its config replayed, its settings
+        settings = wire.restore(admitted.restored_wire or {}, admitted.restored, time.monotonic())
+    return wire, settings
 
 
 LIVE = WireRoute(

@@ -19,7 +19,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kame.server.runtime.store import SessionStore, Snapshot
@@ -186,8 +186,8 @@ class ResumeHook:
     @property
     def store(self) -> SessionStore | None:
         """Where this session goes on a drain: the registry's store, unless its wire cannot be rebuilt on
-        another replica (``movable = False``: the Live API, whose session config and Responses conversation
-        the store does not hold); such a session resumes on its own replica only and drains as today."""
+        another replica (``movable`` False: a Live session whose config history outgrew what it keeps); such
+        a session resumes on its own replica only and drains as today."""
         return self.registry.store if getattr(self.wire, "movable", True) else None
 
     def state(self) -> HeldState:
@@ -323,12 +323,20 @@ class ResumeHook:
 def snapshot_of(runtime: SessionRuntime, binding: str, *, final: bool) -> Snapshot:
     from kame.server.access.ephemeral import settings_to_json
 
-    return Snapshot(session_id=runtime.id, protocol=runtime.protocol, binding=binding,
-                    settings=settings_to_json(runtime.settings), turns=conversation_turns(runtime), final=final)
+    wire_state = getattr(runtime.wire, "resume_state", None)
+    # the delegation is rebuilt by the wire from its own state (it holds the server's back-end catalog)
+    settings = settings_to_json(replace(runtime.settings, delegation=None))
+    return Snapshot(session_id=runtime.id, protocol=runtime.protocol, binding=binding, settings=settings,
+                    turns=conversation_turns(runtime), final=final, wire=wire_state() if wire_state else {})
 
 
 def conversation_turns(runtime: SessionRuntime) -> list[list[str]]:
-    """The back-end's conversation (the oracle's transcript), as text."""
+    """The back-end's conversation as text: the oracle's transcript, or a Responses delegation's log."""
+    from kame.session.responses.conversation import ConversationLog, log_turns
+
+    log = getattr(getattr(runtime.pipeline, "source", None), "conversation", None)
+    if isinstance(log, ConversationLog):
+        return log_turns(log)
     oracle = getattr(runtime.pipeline, "oracle", None)
     if oracle is None:
         return []
@@ -337,6 +345,11 @@ def conversation_turns(runtime: SessionRuntime) -> list[list[str]]:
 
 def restore_turns(runtime: SessionRuntime, turns: Sequence[Sequence[str]]) -> int:
     """Another replica's conversation into this session's back-end history; how many turns."""
+    from kame.session.responses.conversation import ConversationLog, restore_log
+
+    log = getattr(getattr(runtime.pipeline, "source", None), "conversation", None)
+    if isinstance(log, ConversationLog):
+        return restore_log(log, turns)
     oracle = getattr(runtime.pipeline, "oracle", None)
     if oracle is None:
         return 0

@@ -117,7 +117,7 @@ async def _restore(ws: WebSocket, state: AppState, route: WireRoute, snapshot: S
     settings = settings_from_json(snapshot.settings)
     admitted: Admitted = Admitted(session_id=snapshot.session_id, log=log,
                                   peer=f"{ws.client.host}:{ws.client.port}" if ws.client else "?",
-                                  params=QueryParams(settings=settings), grant=grant, restored=settings,
+                                  params=QueryParams(settings=settings), grant=grant, restored=settings, restored_wire=snapshot.wire,
                                   wire_params=route.params(ws.query_params) if route.params is not None else None)
     wire, settings = route.open(state, admitted, ws)
     if not isinstance(wire, ResumeWire):

@@ -32,6 +32,8 @@ class Snapshot:
     turns: list[list[str]] = field(default_factory=list)
     final: bool = False
     written_at: float = field(default_factory=time.time)
+    #: What the wire needs to rebuild its protocol state (the Live API: its accepted config messages).
+    wire: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -43,6 +45,7 @@ class Snapshot:
             session_id=str(data["session_id"]), protocol=str(data["protocol"]), binding=str(data["binding"]),
             settings=dict(data["settings"]), turns=[[str(r), str(t)] for r, t in data.get("turns", [])],
             final=bool(data.get("final", False)), written_at=float(data.get("written_at", 0.0)),
+            wire=dict(data.get("wire") or {}),
         )
 
 

@@ -6,7 +6,9 @@ A Realtime client (kame events on) talks on replica A; its connection drops and 
 through HAProxy (the stick table on the session id: the voice continues). Then A gets SIGTERM: the client
 is told (``kame.session.ending``, ``draining``, with its handle), reconnects through HAProxy and finishes
 the conversation on B, whose back-end sees the turns said on A. A standard client's session on A meanwhile
-drains as today: no kame event, closed with 1001 once ``server.drain_grace_s`` has passed.
+drains as today: no kame event, closed with 1001 once ``server.drain_grace_s`` has passed. A Live API
+client (``?kame_events=1``, Responses delegation) on A is told too, and resumes on B, whose back-end sees
+the Responses conversation said on A.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ asr:
   kind: none
 frontend:
   checkpoint: "tiny:0"
-  batch_size: 2
+  batch_size: 3
 backends:
   llm:
     base_url: "{llm}"
@@ -85,7 +87,7 @@ def fleet(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                  "KAME_FRONTEND__CPU_THREADS": "1"}))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda p: p.start(timeout=240.0), replicas))
-    lb = HAProxy(run, [Backend(f"kame{i + 1}", r.port, 2) for i, r in enumerate(replicas)])
+    lb = HAProxy(run, [Backend(f"kame{i + 1}", r.port, 3) for i, r in enumerate(replicas)])
     try:
         lb.start()
         for i in range(2):
@@ -98,6 +100,18 @@ def fleet(kame_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for llm in llms:
             llm.stop()
         redis.stop()
+
+
+LIVE_START = {"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {"model": "llm"}}}
+
+
+async def wait_completed(conn: RealtimeConn, timeout: float = 20.0) -> None:
+    """A Live Responses round completed (its nested ``response.completed``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not any(e["type"] == "response.event" and e["event"]["type"] == "response.completed" for e in conn.events):
+        assert loop.time() < deadline, [e["type"] for e in conn.events]
+        await asyncio.sleep(0.05)
 
 
 async def asked_with(llm: LlmServer, words: str, timeout: float = 20.0) -> RecordedRequest:
@@ -145,8 +159,23 @@ def test_sigterm_hands_a_resumable_call_to_another_replica_and_drains_a_standard
         await standard.wait_for("session.created")
         standard_feed = asyncio.create_task(standard.stream_silence(60))
 
+        # a Live API client on A (opted in), one Responses-delegation turn
+        live_url = f"ws://127.0.0.1:{fleet.replicas[a].port}/v1/live/sessions?kame_events=1"
+        live = await RealtimeConn.open(live_url, TOKEN)
+        await live.send({"type": "session.start", "session": LIVE_START})
+        live_started = await live.wait_for("session.started")
+        live_handle = (await live.wait_for("kame.session.resumable"))["handle"]
+        await live.send({"type": "response.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "My favourite colour is teal."}]}})
+        await live.send({"type": "response.create"})
+        await asked_with(fleet.llms[a], "favourite colour is teal")
+        await wait_completed(live)
+
         sigterm_at = time.monotonic()
         fleet.replicas[a].proc.send_signal(signal.SIGTERM)
+        live_ending = await live.wait_for("kame.session.ending", timeout=10)
+        assert live_ending["reason"] == "draining" and live_ending["handle"] == live_handle
+        await live.close()
         ending = await call.wait_for("kame.session.ending", timeout=10)
         assert ending["reason"] == "draining" and ending["handle"] == handle and ending["seconds_left"] > 0
         await call.close()
@@ -165,6 +194,24 @@ def test_sigterm_hands_a_resumable_call_to_another_replica_and_drains_a_standard
         assert not [r for r in fleet.llms[a].chat_requests() if "What is my name" in (r.last_user_message or "")]
         feeding.cancel()
         await moved.close()
+
+        # the Live session too: on B, same id, its Responses conversation whole, the voice fresh
+        lb_live = f"ws://127.0.0.1:{fleet.lb.port}/v1/live/sessions?kame_events=1&resume={live_handle}"
+        live = await resume(lb_live, TOKEN, timeout=20, first="session.started")
+        again = await live.wait_for("session.started")
+        assert again["session"]["id"] == live_started["session"]["id"]
+        assert again["session"]["delegation"]["type"] == "responses"
+        live_resumed = await live.wait_for("kame.session.resumed")
+        assert live_resumed["voice"] == "fresh" and live_resumed["turns_restored"] >= 2, live_resumed
+        fleet.llms[b].set_default(Reply(text="You like teal.", first_token_delay_s=0.05))
+        await live.send({"type": "response.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Which colour do I like?"}]}})
+        await live.send({"type": "response.create"})
+        asked = await asked_with(fleet.llms[b], "Which colour do I like?")
+        assert "favourite colour is teal" in history_text(asked.body)  # B's back-end has A's Live turn
+        assert "Hello Ada" in history_text(asked.body)  # and the back-end's own answer there
+        assert not [e for e in live.events if e["type"] == "error"], live.events
+        await live.close()
 
         code, reason = await standard.wait_closed(timeout=DRAIN_GRACE_S + 15)
         assert code == 1001 and "shutting down" in reason

@@ -1,5 +1,5 @@
-"""A raw Realtime client for the resume tests (tests/calls/test_resume_*.py): OpenAI's events over the
-``websockets`` library, so that a test can cut the TCP connection under it (``abort``) the way a phone on a
+"""A raw Realtime (or Live API) client for the resume tests (tests/calls/test_resume_*.py): OpenAI's events
+over the ``websockets`` library, so that a test can cut the TCP connection under it (``abort``) the way a phone on a
 train loses it, then reconnect with the handle."""
 
 from __future__ import annotations
@@ -107,9 +107,10 @@ def history_text(body: Any) -> str:
     return "\n".join(str(m.get("content")) for m in (body.get("messages") or []) if isinstance(m, dict))
 
 
-async def resume(url: str, token: str | None, timeout: float = 20.0) -> RealtimeConn:
-    """Reconnect with a handle (``url`` holds ``resume=``) until a replica takes the session: one that is
-    draining or full answers 1001 or 1013 and the client tries again, as kame's clients do."""
+async def resume(url: str, token: str | None, timeout: float = 20.0, first: str = "session.created") -> RealtimeConn:
+    """Reconnect with a handle (``url`` holds ``resume=``) until a replica takes the session (its ``first``
+    event: ``session.started`` on the Live API): one that is draining or full answers 1001 or 1013 and the
+    client tries again, as kame's clients do."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     refusals: list[tuple[int | None, str]] = []
@@ -124,7 +125,7 @@ async def resume(url: str, token: str | None, timeout: float = 20.0) -> Realtime
             continue
         while conn.closed is None and not conn.events:
             await asyncio.sleep(0.02)
-        if conn.events and conn.events[0].get("type") == "session.created":
+        if conn.events and conn.events[0].get("type") == first:
             return conn
         closed = await conn.wait_closed()
         refusals.append(closed)

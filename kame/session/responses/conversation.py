@@ -134,6 +134,33 @@ class ConversationLog:
         return any(isinstance(e, CallOutput) and e.call_id == call_id for e in self.entries)
 
 
+def log_turns(log: ConversationLog) -> list[list[str]]:
+    """The log as ``[role, text]`` pairs another replica can rebuild it from (a session resumed there: its
+    function calls and outputs are left out; notes come as ``note:<kind>``)."""
+    out: list[list[str]] = []
+    for entry in log.entries:
+        if isinstance(entry, UserSpeech):
+            out.append(["user", entry.text])
+        elif isinstance(entry, ClientMessage):
+            out.append([entry.role, entry.text])
+        elif isinstance(entry, Note):
+            out.append([f"note:{entry.kind}", entry.text])
+        elif isinstance(entry, BackendTurn) and entry.text.strip():
+            out.append(["assistant", entry.text])
+    return out
+
+
+def restore_log(log: ConversationLog, turns: Sequence[Sequence[str]]) -> int:
+    """Replace the log's entries with ``turns`` (:func:`log_turns`' output); how many were taken."""
+    log.entries.clear()
+    for role, text in turns:
+        if role in ("user", "assistant", "developer", "system"):
+            log.add(ClientMessage(role, text))  # type: ignore[arg-type]
+        elif role in ("note:instructions", "note:thinking", "note:developer"):
+            log.add(Note(role.removeprefix("note:"), text))  # type: ignore[arg-type]
+    return len(log.entries)
+
+
 def build_system_message(
     *,
     instructions: str | None,

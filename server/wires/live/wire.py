@@ -64,6 +64,10 @@ decode.warm_up()  # the SDK validators are built when the server starts, not dur
 
 PROTOCOL = "live"
 PATH = "/v1/live/sessions"
+#: The accepted ``session.start``/``session.update`` messages kept to rebuild a session on another replica
+#: (beyond these, or this many characters, the session resumes on its own replica only).
+MAX_CONFIG_MESSAGES = 32
+MAX_CONFIG_CHARS = 256_000
 
 
 def live_settings(base: SessionSettings, kame: KameLiveSettings) -> SessionSettings:
@@ -85,6 +89,8 @@ class LiveWire(Wire):
         ``kame_events``: the client opted into kame's resume messages (``?kame_events=1``)."""
         self.settings = settings
         self.kame_events = kame_events
+        #: The accepted config messages, in order (what :meth:`restore` replays on another replica).
+        self.config_messages: list[str] = []
         if responses is not None:
             info = replace(info, responses=responses)
         self.live = LiveProtocol(info, ids=Ids(info.session_id[:8]), frame_size=frame_size)
@@ -110,6 +116,9 @@ class LiveWire(Wire):
         out = self.live.message(payload, now)
         commands: list[Command] = []
         events = [e for e in out.events if not isinstance(e, ErrorEvent)]
+        if not out.errors and any(isinstance(e, (SessionStarted, SessionUpdated)) for e in events):
+            raw = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+            self.config_messages.append(raw or "")
         if out.settings is not None:  # started or updated: answered once the pipeline took the settings
             self._held += events
             events = []
@@ -191,9 +200,25 @@ class LiveWire(Wire):
                                                             "seconds_left": round(seconds_left, 1)})])
 
     # -- resume (server/runtime/resume.py): only to a client that opted in, once its session started
-    #: Not handed to another replica on a drain: the store holds neither the Live config nor the Responses
-    #: conversation, so a Live session resumes on its own replica only (a drain ends it as before).
-    movable = False
+    @property
+    def movable(self) -> bool:
+        """Whether another replica can rebuild this session from :meth:`resume_state` (its config history fits)."""
+        return (len(self.config_messages) <= MAX_CONFIG_MESSAGES
+                and sum(map(len, self.config_messages)) <= MAX_CONFIG_CHARS)
+
+    def resume_state(self) -> dict[str, object]:
+        return {"config_messages": list(self.config_messages)}
+
+    def restore(self, state: dict[str, object], settings: SessionSettings, now: float) -> SessionSettings:
+        """Rebuild a session handed over by another replica: its config messages replayed (their answers are
+        not sent: the resumed connection gets ``session.started`` as it stands); its settings, with the
+        delegation the replayed config gives."""
+        messages = state.get("config_messages")
+        for raw in messages if isinstance(messages, list) else []:
+            self.live.message(str(raw), now)
+            self.config_messages.append(str(raw))
+        self.settings = replace(settings, delegation=self.live.delegation())
+        return self.settings
 
     @property
     def resume_offered(self) -> bool:
