@@ -1,6 +1,6 @@
 """Resumable sessions: handles, what a handle is bound to, the grace window, the drain's hand-over.
 
-A session whose client opted in (Realtime: kame's events) gets an unguessable handle. When its
+A session whose client opted in (Realtime, Live API: kame's events) gets an unguessable handle. When its
 connection drops (no close frame, or not 1000/1001), the session is *held* for
 ``server.resume_grace_s``: pipeline, slot and LLM request stay, but nothing feeds the slot, so the
 engine's batch skips it (the voice resumes where it stopped); ``?resume=HANDLE`` with the same
