@@ -148,6 +148,8 @@ def run_session(server: ServerProcess, question: str, tools: list[dict[str, Any]
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=OPENAI_TOKEN)
         async with client.realtime.connect(model="kame", extra_query={"kame_events": "1"}) as conn:
             await asyncio.wait_for(conn.recv(), 15)  # session.created
+            # kame's events asked for: the resume handle comes next (docs/protocol.md, "Resuming a session")
+            assert (await asyncio.wait_for(conn.recv(), 5)).type == "kame.session.resumable"
             await conn.session.update(session={"type": "realtime", "tools": tools, "tool_choice": "auto", **(extra or {})})
             updated = await asyncio.wait_for(conn.recv(), 5)
             s = Session(conn, answers)
@@ -219,7 +221,8 @@ def test_function_errors(server: ServerProcess) -> None:
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=OPENAI_TOKEN)
         got: list[Any] = []
         async with client.realtime.connect(model="kame", extra_query={"kame_events": "1"}) as conn:
-            await asyncio.wait_for(conn.recv(), 15)
+            await asyncio.wait_for(conn.recv(), 15)  # session.created
+            assert (await asyncio.wait_for(conn.recv(), 5)).type == "kame.session.resumable"
             await conn.conversation.item.create(
                 item={"type": "function_call_output", "call_id": "call_nope", "output": "x"})
             got.append(await asyncio.wait_for(conn.recv(), 5))
