@@ -11,7 +11,7 @@
   existed only while the *user* was the last to finish a word; once the
   assistant finishes a word after the user's last one, training never starts
   a new sequence (the ``freeze_when_speaking`` policy reads this).
-* History is bounded (turns and characters); the oldest turns are dropped.
+* History is bounded (characters: a memory bound; turns if set); the oldest turns are dropped.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class Transcript:
     def __init__(
         self,
         *,
-        max_turns: int | None = 40,
-        max_chars: int | None = 8000,
+        max_turns: int | None = None,
+        max_chars: int | None = 400_000,
         piece_of: Callable[[int], str] | None = None,
         vocab: TextVocab = MOSHI_VOCAB,
         word_end_idle_steps: int | None = 3,

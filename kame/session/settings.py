@@ -17,6 +17,7 @@ from typing import Any, get_args
 from kame.backend.tools import ToolSpec
 from kame.oracle.choice import OracleChoice
 from kame.oracle.switch import BargeInPolicy, Policy
+from kame.oracle.window import AUTO, Truncation
 
 #: Names of the answer-switch policies and of the barge-in policies, in the order they are documented.
 ORACLE_POLICIES: tuple[str, ...] = get_args(Policy)
@@ -63,6 +64,8 @@ class SessionSettings:
     #: no turn (None: the server's ``asr.echo_guard.enabled``). For clients that send audio without echo
     #: cancellation (raw PCM or G.711 on speakers, telephone gateways).
     echo_guard: bool | None = None
+    #: How the conversation sent to the LLM is cut to the back-end's window (``/v1/realtime`` ``truncation``).
+    truncation: Truncation = AUTO
 
     @property
     def client_turns(self) -> bool:
@@ -79,7 +82,7 @@ class SessionSettings:
 
     def oracle_part(self) -> tuple[Any, ...]:
         """What the oracle loop reads (a change of it is applied to the loop)."""
-        return self.backend, self.oracle_policy, self.barge_in, self.instructions, self.oracle_delay_s
+        return self.backend, self.oracle_policy, self.barge_in, self.instructions, self.oracle_delay_s, self.truncation
 
     def tools_part(self) -> tuple[Any, ...]:
         """What the session's tools read (a change of it is applied to them)."""

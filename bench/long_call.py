@@ -1,0 +1,162 @@
+"""Long calls stay flat: the server's memory and tick time over a call of 15 to 60 minutes.
+
+``realtime`` (default): starts ``kame serve --config cpu-demo`` (Whisper tiny.en, the scripted
+back-end, ``server.max_duration_s: 0``) and holds one ``/v1/realtime`` session at real time for
+``--minutes``, streaming espeak sentences with pauses (so turns end, the LLM answers and the
+conversation grows). Every ``--every`` s it samples the server's RSS (/proc) and the engine tick
+(``kame_step_seconds``: the mean over the last window). ``fast``: the loop of ``kame run --fast``
+(:func:`kame.frontend.runner.run_offline`) on a ``--minutes`` input, in this process: RSS and the
+mean step time per minute of audio. Both print figures at minutes 1, 2, 5, 15, 30, 60 and check the
+end against minute 2: RSS within 25 MB, tick within 10 %.
+
+    .venv/bin/python bench/long_call.py --minutes 15            # ~16 min wall
+    .venv/bin/python bench/long_call.py fast --minutes 60        # ~15-30 min wall on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the tests' support package: tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from server_load import http_base, http_get, speech_audio  # noqa: E402
+
+MARKS_MIN = (1, 2, 5, 15, 30, 60)
+RSS_SLACK_MB = 25.0
+TICK_SLACK = 0.10
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def step_totals(body: str) -> tuple[float, float]:
+    """(sum, count) of the ``kame_step_seconds`` histogram in a /metrics scrape."""
+    vals = {"_sum": 0.0, "_count": 0.0}
+    for line in body.splitlines():
+        for suffix in vals:
+            if line.startswith(f"kame_step_seconds{suffix} "):
+                vals[suffix] = float(line.split()[-1])
+    return vals["_sum"], vals["_count"]
+
+
+def report(samples: list[tuple[float, float, float]], minutes: float) -> bool:
+    """``samples``: (t s, RSS MB, mean tick s over the window ending at t). Prints the marks; True if flat."""
+    def at(minute: float) -> tuple[float, float, float]:
+        return min(samples, key=lambda s: abs(s[0] - 60 * minute))
+
+    print("minute   RSS_MB   tick_ms")
+    for m in [m for m in MARKS_MIN if m <= minutes + 1e-9] + ([minutes] if minutes not in MARKS_MIN else []):
+        t, rss, tick = at(m)
+        print(f"{m:6g}  {rss:7.1f}  {1000 * tick:8.2f}   (sample at {t:.0f} s)")
+    ref, end = at(2), samples[-1]
+    drss, dtick = end[1] - ref[1], (end[2] - ref[2]) / ref[2] if ref[2] > 0 else float("nan")
+    ok = drss <= RSS_SLACK_MB and dtick <= TICK_SLACK
+    print(f"# end vs minute 2: RSS {drss:+.1f} MB (target <= {RSS_SLACK_MB:g}), tick {100 * dtick:+.1f} % "
+          f"(target <= {100 * TICK_SLACK:g} %): {'MET' if ok else 'MISSED'}")
+    print("# samples (s: MB/ms): " + " ".join(f"{t:.0f}:{r:.1f}/{1000 * k:.1f}" for t, r, k in samples))
+    return ok
+
+
+async def realtime_call(args: argparse.Namespace) -> int:
+    from kame.client.realtime_client import RealtimeClient
+    from tests.support.moshi_client import ServerProcess
+
+    tmp = Path(tempfile.mkdtemp(prefix="kame-long-call-"))
+    env = {"KAME_SERVER__MAX_DURATION_S": "0", "KAME_FRONTEND__BATCH_SIZE": "1", "KAME_ASR__KIND": args.asr}
+    server = ServerProcess(cache_dir=Path.home() / ".cache" / "kame", log_path=tmp / "server.log", env=env,
+                           port=args.port).start()
+    pid = server.proc.pid
+    base = http_base(server.http_url)
+    print(f"# long_call realtime: {args.minutes:g} min, asr {args.asr}, server pid {pid} (log {tmp / 'server.log'})")
+    seconds = 60 * args.minutes
+    pcm = speech_audio(seconds, 0)
+    samples: list[tuple[float, float, float]] = []
+    try:
+        client = await RealtimeClient.connect(http_base(server.http_url).replace("http", "ws", 1) + "/v1/realtime",
+                                              keep_audio=False)
+        if not await client.wait_for_type("session.created", 60):
+            print("long_call: no session.created", file=sys.stderr)
+            return 2
+        sender = asyncio.create_task(client.send_pcm(pcm, chunk=1920))
+        t0 = time.monotonic()
+        last = step_totals(http_get(base, "/metrics", None)[1])
+        while not sender.done():
+            await asyncio.sleep(args.every)
+            now = step_totals((await asyncio.to_thread(http_get, base, "/metrics", None))[1])
+            n = now[1] - last[1]
+            tick = (now[0] - last[0]) / n if n > 0 else float("nan")
+            last = now
+            samples.append((time.monotonic() - t0, rss_mb(pid), tick))
+        await sender
+        events = client.events if hasattr(client, "events") else []
+        print(f"# session: {len(client.user_transcripts())} user turns, "
+              f"{len(client.assistant_transcripts())} assistant turns, {len(client.errors)} errors, "
+              f"{len(events)} events, closed {client.close_code}")
+        await client.close()
+    finally:
+        server.stop()
+    return 0 if report(samples, args.minutes) else 1
+
+
+def fast_run(args: argparse.Namespace) -> int:
+    """The loop of ``kame run --fast`` on a ``--minutes`` input, sampled per minute of audio."""
+    import os
+
+    os.environ.setdefault("NO_TORCH_COMPILE", "1")
+    from kame.frontend.engine import EngineCore
+    from kame.frontend.models import load_frontend
+    from kame.frontend.runner import run_offline
+    from kame.oracle.answer_text import encode_answer_text
+    from kame.server.config import load_app_config
+
+    cfg = load_app_config("cpu-demo")
+    models = load_frontend(cfg.frontend, "cpu", cache_dir=cfg.cache_dir)
+    core = EngineCore(models, cfg.frontend, batch_size=1)
+    pcm = speech_audio(60 * args.minutes, 0)
+    per_min = 750  # 80 ms frames in a minute
+    samples: list[tuple[float, float, float]] = []
+    times: list[float] = []
+    last = [time.perf_counter()]
+
+    def before_step(step: int, t_s: float) -> None:
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+        if step and step % per_min == 0:
+            window = times[-per_min:]
+            samples.append((t_s, rss_mb(), sum(window) / len(window)))
+
+    print(f"# long_call fast: {args.minutes:g} min of input through run_offline (kame run --fast), cpu-demo")
+    t0 = time.monotonic()
+    run_offline(core, pcm, encode_answer=lambda t: encode_answer_text(t, models.encode_text), seed=0, fast=True,
+                before_step=before_step, keep=False)
+    print(f"# wall {time.monotonic() - t0:.0f} s")
+    return 0 if report(samples, args.minutes) else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", nargs="?", choices=("realtime", "fast"), default="realtime")
+    p.add_argument("--minutes", type=float, default=15.0)
+    p.add_argument("--every", type=float, default=10.0, help="Seconds between samples (realtime).")
+    p.add_argument("--asr", default="whisper", help="asr.kind of the server (realtime).")
+    p.add_argument("--port", type=int, default=None)
+    args = p.parse_args()
+    if args.mode == "fast":
+        return fast_run(args)
+    return asyncio.run(realtime_call(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
