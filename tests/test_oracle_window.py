@@ -181,3 +181,17 @@ def test_thirty_minutes_cut_to_a_small_window(llm_server: LlmServer, sp: spm.Sen
     assert sum(message_tokens(m) for m in messages) + reply <= window
     # and the estimate is conservative: the prompt's characters / 4 (the usual English ratio) fit easily
     assert sum(len(m["content"]) for m in messages) / 4 < window - reply
+
+
+def test_the_history_a_session_keeps_is_bounded() -> None:
+    """Hours of talk: the transcript keeps at most ``history_max_chars`` (a memory bound), the newest."""
+    from kame.oracle.config import OracleConfig
+    from kame.oracle.transcript import Transcript
+
+    tr = Transcript.from_config(OracleConfig())
+    for i in range(20_000):  # ~5 hours of exchanges
+        tr.user_final(f"user turn {i}: " + "words " * 10)
+        tr.add_assistant_words(f"reply {i} it is sunny".split())
+    kept = sum(len(t.text) for t in tr.turns)
+    assert kept <= OracleConfig().history_max_chars < 20_000 * 90
+    assert tr.turns[-1].text.startswith("reply 19999")
