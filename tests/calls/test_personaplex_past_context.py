@@ -59,7 +59,7 @@ def test_prompts_leave_the_window_and_their_influence_stays(tiny_personaplex_ckp
     user = [(0.2 * rng.standard_normal(1920)).astype(np.float32) for _ in range(4 * CONTEXT)]
     seen: dict[int, list[int]] = {0: [], 1: []}
     rows: dict[int, list[tuple[Any, ...]]] = {0: [], 1: []}
-    for i, frame in enumerate(user):
+    for frame in user:
         out = core.tick({0: frame, 1: frame})  # the same caller on both slots
         for slot in (0, 1):
             written = _ring_offsets(models.lm, slot)
