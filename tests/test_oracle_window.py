@@ -27,7 +27,7 @@ from kame.oracle.window import (
     tools_tokens,
 )
 from tests.support.llm_server import LlmServer, Reply
-from tests.test_oracle_loop import RecordingSink, make_loop, make_registry, wait_for
+from tests.support.oracle_loop import RecordingSink, make_loop, make_registry, wait_for
 
 SYSTEM = {"role": "system", "content": "You are brief. " * 20}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city. " * 10,

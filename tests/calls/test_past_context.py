@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_engine import frames, make_core
+from tests.support.engine_frames import frames, make_core
 
 CONTEXT = 100  # the tiny checkpoint's LM context (frames)
 UNGENERATED = -2
