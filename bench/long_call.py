@@ -155,18 +155,20 @@ def fast_run(args: argparse.Namespace) -> int:
     per_min = 750  # 80 ms frames in a minute
     samples: list[Sample] = []
     mark = [time.perf_counter(), time.process_time()]
+    steps = [0]
 
-    def before_step(step: int, t_s: float) -> None:
-        if step and step % per_min == 0:  # one sample a minute of audio: the mean step over it
+    def on_output(out: object) -> None:
+        steps[0] += 1
+        if steps[0] % per_min == 0:  # one sample a minute of audio, inside the run: the mean step over it
             wall, cpu = time.perf_counter(), time.process_time()
-            samples.append((t_s, rss_mb(), (wall - mark[0]) / per_min, (cpu - mark[1]) / per_min))
+            samples.append((steps[0] * FRAME_SIZE / SAMPLE_RATE, rss_mb(), (wall - mark[0]) / per_min,
+                            (cpu - mark[1]) / per_min))
             mark[:] = [wall, cpu]
 
     print(f"# long_call fast: {args.minutes:g} min of input through run_offline (kame run --fast), cpu-demo")
     t0 = time.monotonic()
     run_offline(core, pcm, encode_answer=lambda t: encode_answer_text(t, models.encode_text), seed=0, fast=True,
-                before_step=before_step, keep=False)
-    before_step(len(pcm) // FRAME_SIZE // per_min * per_min, len(pcm) / SAMPLE_RATE)  # the last minute
+                on_output=on_output, keep=False)
     print(f"# wall {time.monotonic() - t0:.0f} s")
     return 0 if report(samples, args.minutes) else 1
 
