@@ -193,5 +193,5 @@ def test_the_history_a_session_keeps_is_bounded() -> None:
         tr.user_final(f"user turn {i}: " + "words " * 10)
         tr.add_assistant_words(f"reply {i} it is sunny".split())
     kept = sum(len(t.text) for t in tr.turns)
-    assert kept <= OracleConfig().history_max_chars < 20_000 * 90
+    assert 0.99 * OracleConfig().history_max_chars <= kept <= OracleConfig().history_max_chars < 20_000 * 90
     assert tr.turns[-1].text.startswith("reply 19999")
