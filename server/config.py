@@ -65,7 +65,12 @@ class ServerConfig(BaseModel):
     idle_timeout_s: float = Field(
         30.0, gt=0, description="A session that sent no audio for this long is closed."
     )
-    max_duration_s: float = Field(600.0, gt=0, description="Longest session; it is closed after this.")
+    max_duration_s: float = Field(
+        3600.0,
+        ge=0,
+        description="Longest session in seconds; it is closed after this (an hour by default, as OpenAI's "
+        "Realtime API). 0: no cap (the Live API's expires_at is then null, and no duration notice is sent).",
+    )
     duration_warning_s: float = Field(
         30.0,
         ge=0,
@@ -78,7 +83,7 @@ class ServerConfig(BaseModel):
         le=3600,
         description="On SIGTERM: how long live sessions may run on after being told the server is ending "
         "(kame.session.ending / a 0x05 notice) before they are closed with 1001; admission stops at once. "
-        "The default keeps the whole shutdown inside Docker's 10 s grace period; on Kubernetes use minutes "
+        "The default keeps the whole shutdown inside Docker's 10 s grace period; on Kubernetes up to an hour "
         "(with terminationGracePeriodSeconds above drain_grace_s + drain_timeout_s + 5).",
     )
     drain_timeout_s: float = Field(

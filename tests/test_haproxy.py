@@ -182,6 +182,12 @@ def test_config_file_is_the_shipped_one(fleet: tuple[HAProxy, list[ServerProcess
     for needle in ("balance leastconn", "http-check send meth GET uri /ready", "timeout tunnel", "option redispatch",
                    "use_backend kame if websocket", "http-check send meth GET uri /health"):
         assert needle in used
+    tunnel = re.search(r"^\s*timeout tunnel (\d+)(m|h)$", used, re.M)
+    assert tunnel is not None
+    from kame.server.config import ServerConfig
+
+    # the longest silence a tunnel may have covers a whole default-length call (an hour)
+    assert int(tunnel.group(1)) * {"m": 60, "h": 3600}[tunnel.group(2)] >= ServerConfig().max_duration_s
 
 
 @pytest.fixture(scope="module")

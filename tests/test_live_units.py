@@ -21,7 +21,7 @@ from kame.oracle.config import OracleConfig
 from kame.oracle.sanitize import spoken_words
 from kame.server.wires.ids import Ids
 from kame.server.wires.live.audio import LiveAudioFormat, LiveAudioIn, LiveAudioOut
-from kame.server.wires.live.config import LiveServerInfo, parse_start, parse_update
+from kame.server.wires.live.config import LiveServerInfo, parse_start, parse_update, session_resource
 from kame.server.wires.live.decode import (
     REFUSED,
     AppendAudio,
@@ -310,6 +310,16 @@ def test_start_resolves_the_config() -> None:
     assert c.model == "gpt-live-1" and c.audio == LiveAudioFormat("audio/pcmu", 8000)
     assert c.expires_at == 1_000_600 and not parsed.infos
     assert parse_start({"model": "m", "audio": {"format": {"type": "audio/pcm"}}}, INFO).config.audio.rate == 24000
+
+
+def test_no_cap_has_no_expiry() -> None:
+    """``server.max_duration_s: 0`` (no cap): ``expires_at`` is 0, still the int the SDK's model declares."""
+    from openai.types.live.session_resource import SessionResource
+
+    parsed = parse_start({"model": "m"}, replace(INFO, admitted_at=1_000_000.0, max_duration_s=0.0))
+    assert parsed.config.expires_at == 0
+    resource = session_resource(parsed.config, INFO)
+    assert resource["expires_at"] == 0 and SessionResource.model_validate(resource).expires_at == 0
 
 
 def test_ignored_fields_each_get_an_info() -> None:

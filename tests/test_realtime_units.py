@@ -316,12 +316,35 @@ def test_session_update_applies_kame_settings_and_instructions() -> None:
         ({"kame": {"oracle_delay_s": float("nan")}}, "invalid_value", "session.kame.oracle_delay_s"),
         ({"kame": {"record": "yes"}}, "invalid_value", "session.kame.record"),
         ({"kame": {"record": True}}, "recording_disabled", "session.kame.record"),
+        ({"truncation": "sometimes"}, "invalid_value", "session.truncation"),
+        ({"truncation": {"type": "retention_ratio", "retention_ratio": 1.5}}, "invalid_value",
+         "session.truncation.retention_ratio"),
+        ({"truncation": {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": {"post_instructions": 0}}},
+         "invalid_value", "session.truncation.token_limits.post_instructions"),
     ],
 )
 def test_session_update_errors_change_nothing(session: Any, code: str, param: str) -> None:
     with pytest.raises(ClientError) as info:
         parse_session_update(session, SessionSettings(), INFO)
     assert (info.value.code, info.value.param) == (code, param)
+
+
+def test_truncation_as_openai_defines_it() -> None:
+    """``truncation`` is applied (not ignored) and reported in the GA shape the SDK's type accepts."""
+    from openai.types.realtime.realtime_session_create_request import RealtimeSessionCreateRequest
+
+    from kame.oracle.window import Truncation
+
+    assert session_object(SessionSettings(), INFO)["truncation"] == "auto"
+    wanted = {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": 8000}}
+    s, ignored = parse_session_update({"truncation": wanted}, SessionSettings(), INFO)
+    assert s.truncation == Truncation("retention_ratio", 0.8, 8000) and not ignored
+    assert s.oracle_part() != SessionSettings().oracle_part()  # reaches the oracle loop
+    shown = session_object(s, INFO)
+    assert shown["truncation"] == wanted
+    RealtimeSessionCreateRequest.model_validate({"type": "realtime", "truncation": shown["truncation"]})
+    d, _ = parse_session_update({"truncation": "disabled"}, s, INFO)
+    assert d.truncation == Truncation("disabled") and session_object(d, INFO)["truncation"] == "disabled"
 
 
 # --------------------------------------------------------------------------- pacing

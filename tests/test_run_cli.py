@@ -70,6 +70,21 @@ def test_kame_run_end_to_end_reproducible(tiny_kame_ckpt: Path, input_wav: Path,
     assert np.abs(a_pcm).max() > 0  # the reply is audio, not silence
 
 
+def test_kame_run_streams_the_reply_to_the_file(tiny_kame_ckpt: Path, input_wav: Path, tmp_path: Path) -> None:
+    """Without --text-out the reply is written as it comes (an hour of input in flat memory): the same file."""
+    def go(name: str, *extra: str) -> tuple[bytes, str]:
+        out = tmp_path / f"{name}.wav"
+        res = kame("run", "--checkpoint", str(tiny_kame_ckpt), "--input", str(input_wav), "--output", str(out),
+                   "--seed", "5", "--fast", *extra)
+        assert res.returncode == 0, res.stderr
+        return out.read_bytes(), res.stdout.split(",")[0]  # "kame run: N steps"
+
+    kept, kept_steps = go("kept", "--text-out", str(tmp_path / "t.jsonl"))
+    streamed, streamed_steps = go("streamed")
+    assert streamed == kept and len(streamed) > 48000 * 2
+    assert streamed_steps == kept_steps == "kame run: 25 steps"
+
+
 def test_kame_run_real_time_pacing(tiny_kame_ckpt: Path, input_wav: Path, tmp_path: Path) -> None:
     t0 = time.monotonic()
     res = kame("run", "--checkpoint", str(tiny_kame_ckpt), "--input", str(input_wav), "--output", str(tmp_path / "o.wav"))

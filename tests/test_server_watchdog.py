@@ -31,3 +31,22 @@ def test_warning_then_maximum_duration() -> None:
 def test_client_that_does_not_read_is_closed_with_policy_code() -> None:
     assert at(30.0, last_audio=29.9, last_send=24.0, pending=True).end == ("slow_client", 1008, "client is not reading")
     assert at(30.0, last_audio=29.9, last_send=24.0, pending=False).end is None  # nothing to send: not slow
+
+
+def test_an_hour_by_default_and_zero_means_no_cap() -> None:
+    assert ServerConfig().max_duration_s == 3600.0
+    uncapped = ServerConfig(idle_timeout_s=10, max_duration_s=0, duration_warning_s=20)
+    week = 7 * 24 * 3600.0
+    v = watch(uncapped, now=week, started=0.0, last_audio=week - 0.1, last_send=week - 0.1, send_pending=False,
+              warned=False)
+    assert v.end is None and v.warn_s is None  # neither closed nor warned, however long
+    assert watch(uncapped, now=week, started=0.0, last_audio=0.0, last_send=week, send_pending=False,
+                 warned=False).end[0] == "idle"  # type: ignore[index]  # the other limits still hold
+
+
+def test_negative_duration_is_refused() -> None:
+    import pydantic
+    import pytest
+
+    with pytest.raises(pydantic.ValidationError):
+        ServerConfig(max_duration_s=-1)

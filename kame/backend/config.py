@@ -136,6 +136,13 @@ class BackendConfig(BaseModel):
         description="Extra JSON fields of each request, e.g. to switch off thinking (merged over the preset's; null deletes).",
     )
     max_tokens: int | None = Field(100, ge=1, description="Cap on the reply length in tokens (null: server default).")
+    context_tokens: int | None = Field(
+        None,
+        ge=256,
+        description="The model's context window in tokens: the conversation sent is the longest that fits it "
+        "with the instructions, tools and max_tokens (null: the preset's, else 8192; set it to the server's "
+        "window, e.g. vLLM's --max-model-len or Ollama's num_ctx).",
+    )
     temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature (null: server default).")
     max_retries: int = Field(
         0, ge=0, le=5, description="Client-side retries of failed requests (0: a newer request comes soon anyway)."

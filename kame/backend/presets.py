@@ -24,6 +24,10 @@ class Preset:
     base_url: str
     api_key_env: tuple[str, ...]
     model: str | None
+    #: The suggested model's context window in tokens (None: unknown, it depends on the served model).
+    context_tokens: int | None = None
+    #: The window is the server's setting (Ollama's num_ctx, llama-server's -c), whatever the model.
+    server_window: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     note: str = ""
@@ -43,6 +47,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 base_url="https://api.openai.com/v1",
                 api_key_env=("OPENAI_API_KEY",),
                 model="gpt-4.1-nano",
+                context_tokens=1_047_576,
                 note="gpt-4.1-nano made KAME's training predictions; gpt-4.1 was the paper's best back-end.",
             ),
             Preset(
@@ -51,6 +56,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 base_url="https://api.anthropic.com/v1/",
                 api_key_env=("ANTHROPIC_API_KEY",),
                 model="claude-haiku-4-5",
+                context_tokens=200_000,
                 note="Extended thinking is off unless extra_body sets thinking; temperature is capped at 1.",
             ),
             Preset(
@@ -59,6 +65,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 base_url="https://generativelanguage.googleapis.com/v1beta/openai/",
                 api_key_env=("GEMINI_API_KEY",),
                 model="gemini-2.5-flash",
+                context_tokens=1_048_576,
                 extra_body=_frozen({"reasoning_effort": "none"}),
                 note="reasoning_effort none switches thinking off (it delays the first token by seconds).",
             ),
@@ -68,6 +75,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 base_url="https://openrouter.ai/api/v1",
                 api_key_env=("OPENROUTER_API_KEY",),
                 model="openai/gpt-4.1-nano",
+                context_tokens=1_047_576,
                 headers=_frozen({"X-Title": "kame"}),
             ),
             Preset(
@@ -85,7 +93,9 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 base_url="http://localhost:11434/v1",
                 api_key_env=(),
                 model="llama3.2",
-                note="No key needed.",
+                context_tokens=4096,
+                server_window=True,
+                note="No key needed. Ollama cuts prompts to its num_ctx (4096 by default): raise both together.",
             ),
             Preset(
                 name="llamacpp",
@@ -93,7 +103,9 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 base_url="http://localhost:8080/v1",
                 api_key_env=("LLAMA_API_KEY",),
                 model=None,
-                note="The key is only needed when llama-server runs with --api-key.",
+                context_tokens=4096,
+                server_window=True,
+                note="The key is only needed when llama-server runs with --api-key; the window is its -c (4096).",
             ),
         )
     }
@@ -128,6 +140,9 @@ def apply_preset(cfg: BackendConfig) -> BackendConfig:
         update["model"] = preset.model
     if cfg.api_key_env is None:
         update["api_key_env"] = list(preset.api_key_env)
+    if cfg.context_tokens is None and preset.context_tokens is not None \
+            and (preset.server_window or cfg.model is None or cfg.model == preset.model):
+        update["context_tokens"] = preset.context_tokens  # the window of the preset's model, not of another one
     return cfg.model_copy(update=update)
 
 

@@ -113,12 +113,18 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if tandem:
         result_pcm, outputs = _run_tandem(args, cfg, core, pcm, injections, encode_answer)
+    elif args.text_out is None:  # the reply goes to the file as it comes: an hour of input in flat memory
+        steps = _run_to_file(args.output, models.sample_rate, pcm.size, lambda on_output: run_offline(
+            core, pcm, injections=injections, encode_answer=encode_answer, seed=cfg.frontend.seed, fast=args.fast,
+            prompt=prompt, on_output=on_output, keep=False))
+        result_pcm, outputs = None, [None] * steps
     else:
         result = run_offline(core, pcm, injections=injections, encode_answer=encode_answer,
                              seed=cfg.frontend.seed, fast=args.fast, prompt=prompt)
         result_pcm, outputs = result.pcm, result.outputs
     wall = time.monotonic() - t0
-    write_wav(args.output, result_pcm, models.sample_rate)
+    if result_pcm is not None:
+        write_wav(args.output, result_pcm, models.sample_rate)
     if args.text_out is not None:
         write_text_file(args.text_out, outputs, models.tokenizer)
     print(f"kame run: {len(outputs)} steps, {pcm.size / models.sample_rate:.2f} s of audio in {wall:.2f} s")
@@ -192,6 +198,32 @@ def _run_compare(args, cfg, device, pcm, injections) -> int:
     written = [str(p) for p in (args.output, args.compare_out) if p is not None]
     print(f"kame run: wrote {', '.join(written)}")
     return 0
+
+
+def _run_to_file(path, sample_rate, samples, run):
+    """``run(on_output)`` with each step's reply frame written to the wav at ``path`` (the reply has the
+    input's ``samples``, as :func:`write_wav` of the whole reply would have it); returns the steps."""
+    import wave
+    from pathlib import Path
+
+    from kame.audio.pcm import float_to_pcm16_bytes
+
+    left, steps = [samples], [0]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+
+        def write(out):
+            n = min(left[0], out.pcm.size)
+            if n > 0:
+                w.writeframes(float_to_pcm16_bytes(out.pcm[:n]))
+                left[0] -= n
+            steps[0] += 1
+
+        run(write)
+    return steps[0]
 
 
 def _run_tandem(args, cfg, core, pcm, injections, encode_answer):

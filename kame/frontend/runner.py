@@ -67,6 +67,7 @@ def run_offline(
     before_step: StepHook | None = None,
     on_output: Callable[[SlotOutput], None] | None = None,
     prompt: PromptPlan | None = None,
+    keep: bool = True,
 ) -> RunResult:
     """Run ``pcm`` (24 kHz mono) through ``slot``; the reply has the input's length.
 
@@ -74,7 +75,8 @@ def run_offline(
     before the first frame (None there: the default voice, no role).
 
     ``before_step(step, t_s)`` runs before each step (the tandem loop hooks in
-    here to apply ASR/LLM results that are due).
+    here to apply ASR/LLM results that are due). ``keep`` False: no output is
+    kept (``on_output`` sees each step), so an hour of input runs in flat memory.
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -101,9 +103,10 @@ def run_offline(
                 core.oracle_reset(slot, ids)
         t_step = time.perf_counter()
         out = core.tick({slot: frame})[slot]
-        result.step_times_s.append(time.perf_counter() - t_step)
-        result.outputs.append(out)
-        out_frames.append(out.pcm)
+        if keep:
+            result.step_times_s.append(time.perf_counter() - t_step)
+            result.outputs.append(out)
+            out_frames.append(out.pcm)
         if on_output is not None:
             on_output(out)
     core.detach(slot)

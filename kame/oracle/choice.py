@@ -12,6 +12,7 @@ from typing import Protocol
 
 from kame.oracle.config import OracleConfig
 from kame.oracle.switch import BargeInPolicy, Policy
+from kame.oracle.window import AUTO, Truncation
 
 
 class Overrides(Protocol):
@@ -27,6 +28,8 @@ class Overrides(Protocol):
     def instructions(self) -> str | None: ...
     @property
     def oracle_delay_s(self) -> float | None: ...
+    @property
+    def truncation(self) -> Truncation: ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class OracleChoice:
     barge_in: BargeInPolicy
     instructions: str | None
     oracle_delay_s: float
+    truncation: Truncation = AUTO
 
     @classmethod
     def resolve(cls, settings: Overrides, config: OracleConfig) -> OracleChoice:
@@ -47,4 +51,5 @@ class OracleChoice:
             barge_in=settings.barge_in or config.barge_in,
             instructions=settings.instructions if settings.instructions is not None else config.instructions,
             oracle_delay_s=config.oracle_delay_s if settings.oracle_delay_s is None else settings.oracle_delay_s,
+            truncation=settings.truncation,
         )

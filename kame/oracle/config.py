@@ -78,8 +78,18 @@ class OracleConfig(BaseModel):
         description="Steps without a piece that end the assistant's current word (null: only the next "
         "word ends it); decides when the assistant 'has spoken' for freeze_when_speaking.",
     )
-    history_max_turns: int = Field(40, ge=1, description="Most conversation turns kept and sent to the LLM.")
-    history_max_chars: int = Field(8000, ge=100, description="Most characters of conversation sent to the LLM.")
+    history_max_turns: int | None = Field(
+        None,
+        ge=1,
+        description="Most conversation turns sent to the LLM (null: no such cap; the conversation sent is the "
+        "longest that fits the back-end's context_tokens, oldest turns dropped first).",
+    )
+    history_max_chars: int = Field(
+        400_000,
+        ge=100,
+        description="Most characters of conversation a session keeps (a memory bound: ~100k tokens, hours of "
+        "talk); what is sent is the part of it that fits the back-end's context_tokens.",
+    )
     language: str = Field("English", description="Language the LLM is asked to reply in.")
     persona: str | None = Field(
         None, description="Operator persona for the LLM (not for Moshi), added to the system prompt."

@@ -60,6 +60,7 @@ from kame.oracle.sanitize import SanitizeOptions, settled_words, spoken_words
 from kame.oracle.session_tools import SessionTools
 from kame.oracle.switch import FeedState, decide_barge_in, decide_switch, only_backchannels
 from kame.oracle.transcript import Transcript, TranscriptView, Turn
+from kame.oracle.window import AUTO, ContextWindow, Truncation, context_tokens_of, reply_tokens_of
 from kame.oracle.word_tokenizer import WordStreamTokenizer
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class SessionOracleSettings:
     barge_in: str = "keep"
     instructions: str | None = None
     oracle_delay_s: float = 0.0
+    truncation: Truncation = AUTO
 
 
 @dataclass
@@ -140,6 +142,7 @@ class OracleLoop:
             oracle_delay_s=config.oracle_delay_s,
         )
         self.transcript = Transcript.from_config(config, piece_of=piece_of)
+        self.window = ContextWindow()  #: what of the conversation fits the back-end's window
         self.debouncer = Debouncer.from_config(config)
         self.feed = FeedState()
         self._feed_tokenizer: WordStreamTokenizer | None = None
@@ -175,7 +178,7 @@ class OracleLoop:
         backend = self.set_backend(choice.backend) if (choice.backend is not None or self.registry is not None) else None
         self.settings = SessionOracleSettings(
             backend=backend, policy=choice.policy, barge_in=choice.barge_in,
-            instructions=choice.instructions, oracle_delay_s=choice.oracle_delay_s,
+            instructions=choice.instructions, oracle_delay_s=choice.oracle_delay_s, truncation=choice.truncation,
         )
 
     # ------------------------------------------------------------------ inputs
@@ -301,19 +304,28 @@ class OracleLoop:
         view = self.transcript.view()
         if context is not None:
             view = TranscriptView(tuple(context), "", view.user_turn_id)
-        messages = build_messages_from_config(
-            view, self.config, instructions=self.settings.instructions if instructions is None else instructions)
         self.counters["requests"] += 1
         use_tools = self.tools is not None and bool(self.tools.specs) and self.registry.tools_allowed(backend)
         if use_tools and self.registry.tools_refused(backend) is not None:
             use_tools = False  # its server refused tools earlier in this process: ask without them
             self._notice_tools_refused(backend)
+        messages = self._fit(backend, build_messages_from_config(
+            view, self.config, instructions=self.settings.instructions if instructions is None else instructions),
+            tools=use_tools)
         self.emit(LlmRequestStarted(request_id=req.id, backend=backend, turn_id=req.turn_id, reason=trigger.reason or "words",
                                     tools=use_tools))
         work = self._consume(req, messages, tools=use_tools)
         req.task = asyncio.get_running_loop().create_task(work, name=f"kame-llm-{req.id}")
         self._current = req
         return req.id
+
+    def _fit(self, backend: str, messages: list[dict[str, str]], *, tools: bool) -> list[dict[str, str]]:
+        """The conversation that fits ``backend``'s context window (the oldest turns dropped first)."""
+        assert self.registry is not None
+        cfg = self.registry.config_of(backend)
+        specs = [s.as_openai() for s in self.tools.specs] if tools and self.tools is not None else []
+        return self.window.fit(messages, context_tokens=context_tokens_of(cfg), reply_tokens=reply_tokens_of(cfg),
+                               tools=specs, truncation=self.settings.truncation)
 
     def _schedule_poll_after_backoff(self) -> None:
         # A trigger during backoff is not lost: the debouncer keeps no pending start for it,

@@ -81,15 +81,16 @@ def build_messages(
     language: str = "English",
     persona: str | None = None,
     instructions: str | None = None,
-    max_turns: int | None = 40,
-    max_chars: int | None = 8000,
+    max_turns: int | None = None,
+    max_chars: int | None = None,
 ) -> list[Message]:
     """OpenAI-style ``[{"role", "content"}, ...]`` for the current state.
 
     Turns become alternating user/assistant messages (consecutive turns of
     one role are merged); the pending partial is appended to the last user
     message after :data:`PENDING_MARK`. The list always ends with a user
-    message (:data:`SILENCE_MARK` if the user has said nothing new).
+    message (:data:`SILENCE_MARK` if the user has said nothing new). What fits the back-end's window is
+    :class:`kame.oracle.window.ContextWindow`'s to decide; ``max_turns``/``max_chars`` only cap further.
     """
     system = system_prompt(max_words=max_words, language=language, persona=persona, instructions=instructions)
     notes = [t.text for t in view.turns if t.role == "system"]
@@ -114,7 +115,7 @@ def build_messages_from_config(
     persona: str | None = None,
     instructions: str | None = None,
 ) -> list[Message]:
-    """:func:`build_messages` with the config's limits; ``persona``/``instructions`` override it."""
+    """:func:`build_messages` with the config's turn cap; ``persona``/``instructions`` override it."""
     return build_messages(
         view,
         max_words=config.max_answer_words,
@@ -122,7 +123,6 @@ def build_messages_from_config(
         persona=config.persona if persona is None else persona,
         instructions=config.instructions if instructions is None else instructions,
         max_turns=config.history_max_turns,
-        max_chars=config.history_max_chars,
     )
 
 

@@ -11,7 +11,7 @@
   existed only while the *user* was the last to finish a word; once the
   assistant finishes a word after the user's last one, training never starts
   a new sequence (the ``freeze_when_speaking`` policy reads this).
-* History is bounded (turns and characters); the oldest turns are dropped.
+* History is bounded (characters: a memory bound; turns if set); the oldest turns are dropped.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class Transcript:
     def __init__(
         self,
         *,
-        max_turns: int | None = 40,
-        max_chars: int | None = 8000,
+        max_turns: int | None = None,
+        max_chars: int | None = 400_000,
         piece_of: Callable[[int], str] | None = None,
         vocab: TextVocab = MOSHI_VOCAB,
         word_end_idle_steps: int | None = 3,
@@ -90,6 +90,7 @@ class Transcript:
         self._max_chars = max_chars
         self._pieces = PieceWords(piece_of, vocab=vocab, idle_steps_end_word=word_end_idle_steps)
         self._turns: list[Turn] = []
+        self._chars = 0  #: characters of the turns' texts (kept up to date: an hour-long call has thousands of turns)
         self._pending = ""
         self._pending_count = 0
         self._open = False
@@ -228,6 +229,7 @@ class Transcript:
         text = _clean(text)
         if text:
             self._turns.append(Turn(role, text, key))
+            self._chars += len(text)
             self._trim()
 
     def forget(self, key: str) -> bool:
@@ -235,6 +237,7 @@ class Transcript:
         kept = [t for t in self._turns if t.key != key]
         removed = len(kept) != len(self._turns)
         self._turns = kept
+        self._chars = sum(len(t.text) for t in kept)
         return removed
 
     def forget_steps(self, start_step: int, end_step: int) -> int:
@@ -251,6 +254,7 @@ class Transcript:
             if keep:
                 out.append(Turn(turn.role, " ".join(w for w, _ in keep), turn.key, tuple(s for _, s in keep)))
         self._turns = out
+        self._chars = sum(len(t.text) for t in out)
         return removed
 
     # ------------------------------------------------------------------ history
@@ -259,23 +263,29 @@ class Transcript:
         if last is not None and last.role == role and last.key == key and role != "system":
             merged = last.steps + steps if last.steps and steps else ()
             self._turns[-1] = Turn(role, f"{last.text} {text}", key, merged)
+            self._chars += 1 + len(text)
         else:
             self._turns.append(Turn(role, text, key, steps))
+            self._chars += len(text)
         self._trim()
 
     def _trim(self) -> None:
         if self._max_turns is not None and len(self._turns) > self._max_turns:
             del self._turns[: len(self._turns) - self._max_turns]
-        if self._max_chars is None:
+            self._chars = sum(len(t.text) for t in self._turns)
+        if self._max_chars is None or self._chars <= self._max_chars:
             return
-        total = sum(len(t.text) for t in self._turns)
-        while len(self._turns) > 1 and total > self._max_chars:
-            total -= len(self._turns.pop(0).text)
-        if total > self._max_chars:
+        drop = 0
+        while drop < len(self._turns) - 1 and self._chars > self._max_chars:
+            self._chars -= len(self._turns[drop].text)
+            drop += 1
+        del self._turns[:drop]  # at once: popping the front one by one is quadratic
+        if self._chars > self._max_chars:
             last = self._turns[0]
             text = tail_words(last.text, self._max_chars)
             steps = last.steps[len(last.steps) - len(text.split()):] if last.steps else ()
             self._turns[0] = Turn(last.role, text, last.key, steps)
+            self._chars = len(text)
 
 
 def tail_words(text: str, max_chars: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any, get_args
 from kame.backend.tools import ToolSpec
 from kame.oracle.choice import OracleChoice
 from kame.oracle.switch import BargeInPolicy, Policy
+from kame.oracle.window import AUTO, Truncation
 from kame.session.delegation_rules import DelegationMode
 from kame.session.responses.settings import ResponsesDelegationSettings
 
@@ -85,6 +86,8 @@ class SessionSettings:
     #: Delegated answers (:class:`Delegation`, ``/v1/live/sessions``): they choose the session's answer source;
     #: None: the session's own LLM when ``llm``, else nobody.
     delegation: Delegation | None = None
+    #: How the conversation sent to the LLM is cut to the back-end's window (``/v1/realtime`` ``truncation``).
+    truncation: Truncation = AUTO
 
     @property
     def client_turns(self) -> bool:
@@ -101,7 +104,7 @@ class SessionSettings:
 
     def oracle_part(self) -> tuple[Any, ...]:
         """What the oracle loop reads (a change of it is applied to the loop)."""
-        return self.backend, self.oracle_policy, self.barge_in, self.instructions, self.oracle_delay_s
+        return self.backend, self.oracle_policy, self.barge_in, self.instructions, self.oracle_delay_s, self.truncation
 
     def tools_part(self) -> tuple[Any, ...]:
         """What the session's tools read (a change of it is applied to them)."""

@@ -23,7 +23,8 @@ class WatchVerdict:
 
 def watch_period(cfg: ServerConfig) -> float:
     """How often to look: often enough for short test timeouts, cheap for long ones."""
-    return max(0.02, min(0.25, cfg.idle_timeout_s / 4, cfg.max_duration_s / 8))
+    cap = cfg.max_duration_s / 8 if cfg.max_duration_s > 0 else 0.25
+    return max(0.02, min(0.25, cfg.idle_timeout_s / 4, cap))
 
 
 def watch(cfg: ServerConfig, *, now: float, started: float, last_audio: float, last_send: float,
@@ -31,11 +32,12 @@ def watch(cfg: ServerConfig, *, now: float, started: float, last_audio: float, l
     age = now - started
     if now - last_audio >= cfg.idle_timeout_s:
         return WatchVerdict(end=("idle", status.WS_1000_NORMAL_CLOSURE, f"idle timeout: no audio for {cfg.idle_timeout_s:g} s"))
-    if age >= cfg.max_duration_s:
+    capped = cfg.max_duration_s > 0  # 0: no cap
+    if capped and age >= cfg.max_duration_s:
         return WatchVerdict(end=("max_duration", status.WS_1000_NORMAL_CLOSURE,
                                  f"maximum session duration reached ({cfg.max_duration_s:g} s)"))
     if send_pending and now - last_send >= cfg.slow_client_timeout_s:
         return WatchVerdict(end=("slow_client", status.WS_1008_POLICY_VIOLATION, "client is not reading"))
-    if not warned and cfg.duration_warning_s > 0 and age >= max(0.0, cfg.max_duration_s - cfg.duration_warning_s):
+    if capped and not warned and cfg.duration_warning_s > 0 and age >= max(0.0, cfg.max_duration_s - cfg.duration_warning_s):
         return WatchVerdict(warn_s=max(0.0, cfg.max_duration_s - age))
     return WatchVerdict()

@@ -125,7 +125,7 @@ class ResponsesAnswerSource:
         prompt = PromptOptions(
             max_words=oracle_config.max_answer_words,
             language=oracle_config.language,
-            max_chars=oracle_config.history_max_chars * 2,
+            max_chars=16_000,  # its own bound, as before: oracle.history_max_chars is now a memory bound
         )
         self.delegator = ResponsesDelegator(
             settings=settings,

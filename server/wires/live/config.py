@@ -54,7 +54,7 @@ class LiveServerInfo:
     usage_interval_s: float = 5.0
     #: The back-ends a Responses delegation may use (None: Responses delegation is not offered).
     responses: BackendCatalog | None = None
-    #: Unix time the session was admitted: ``expires_at`` is this plus ``max_duration_s``.
+    #: Unix time the session was admitted: ``expires_at`` is this plus ``max_duration_s`` (0 when that is 0).
     admitted_at: float = 0.0
     #: A WebRTC session (``POST /v1/live/sessions``): its audio is RTP, negotiated in the SDP, not a format.
     webrtc: bool = False
@@ -95,6 +95,8 @@ class LiveConfig:
     """The resolved session: what ``session.started`` / ``session.updated`` report."""
 
     model: str
+    #: Unix seconds the session is closed at; 0: no cap (``server.max_duration_s: 0``). An int either way:
+    #: the SDK's ``SessionResource.expires_at`` is a required int, so a standard client still parses it.
     expires_at: int
     audio: LiveAudioFormat = DEFAULT_FORMAT
     instructions: str | None = None
@@ -409,7 +411,7 @@ def parse_start(session: Mapping[str, Any], info: LiveServerInfo, event_id: str 
         infos.append(_speculative_ignored(event_id))
     config = LiveConfig(
         model=model.strip()[:128],
-        expires_at=int(info.admitted_at + info.max_duration_s),
+        expires_at=int(info.admitted_at + info.max_duration_s) if info.max_duration_s > 0 else 0,
         audio=fmt,
         instructions=instructions if instructions and instructions.strip() else None,
         history=history,

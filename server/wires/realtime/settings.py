@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kame.oracle.window import Truncation
 from kame.server.wires.realtime.events import AUDIO_FORMAT, SAMPLE_RATE, VOICE, ClientError
 from kame.server.wires.realtime.functions import (
     MAX_OUTPUT_CHARS,
@@ -232,6 +233,8 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
     if kame is not None:
         changes.update(_parse_kame(_object(kame, "session.kame"), info))
     changes.update(_parse_turn_detection(session, current))
+    if "truncation" in session:
+        changes["truncation"] = _parse_truncation(session["truncation"])
     try:
         if "tools" in session:
             changes["functions"] = tuple(parse_tools(session["tools"]))
@@ -253,7 +256,8 @@ def parse_session_update(payload: Any, current: SessionSettings, info: ServerInf
             f"back-ends that may: {', '.join(info.tools_backends) or '(none)'}",
             param="session.tools" if "tools" in session else "session.kame.backend",
         )
-    known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools", "tool_choice"}
+    known = {"type", "instructions", "kame", "audio", "output_modalities", "modalities", "tools", "tool_choice",
+             "truncation"}
     ignored = tuple(sorted(str(k) for k in session if k not in known))
     return replace(current, **changes), ignored
 
@@ -364,6 +368,7 @@ def session_object(settings: SessionSettings, info: ServerInfo, *, kame_events: 
         "tools": session_tools(settings.functions),
         "tool_choice": session_tool_choice(settings.tool_choice or "auto"),
         "max_output_tokens": "inf",
+        "truncation": settings.truncation.as_wire(),
         "kame": {
             "backend": settings.backend or info.default_backend,
             "oracle_policy": settings.oracle_policy or info.default_oracle_policy,
@@ -391,3 +396,33 @@ def session_object(settings: SessionSettings, info: ServerInfo, *, kame_events: 
             },
         },
     }
+
+
+def _parse_truncation(value: Any) -> Truncation:
+    """``session.truncation`` as OpenAI's GA API defines it: ``"auto"``, ``"disabled"`` or
+    ``{"type": "retention_ratio", "retention_ratio": 0..1, "token_limits": {"post_instructions": N}}``."""
+    param = "session.truncation"
+    if value in ("auto", "disabled"):
+        return Truncation(type=value)
+    if not isinstance(value, Mapping) or value.get("type") != "retention_ratio":
+        raise ClientError("invalid_value", 'session.truncation: "auto", "disabled" or {"type": "retention_ratio", ...}',
+                          param=param)
+    unknown = sorted(str(k) for k in value if k not in ("type", "retention_ratio", "token_limits"))
+    if unknown:
+        raise ClientError("unknown_parameter", f"session.truncation.{unknown[0][:32]}: not a truncation field",
+                          param=f"{param}.{unknown[0][:32]}")
+    ratio = value.get("retention_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ClientError("invalid_value", "session.truncation.retention_ratio: a number from 0 to 1",
+                          param=f"{param}.retention_ratio")
+    limits = value.get("token_limits")
+    post: Any = None
+    if limits is not None:
+        if not isinstance(limits, Mapping) or any(k != "post_instructions" for k in limits):
+            raise ClientError("invalid_value", "session.truncation.token_limits: {\"post_instructions\": N}",
+                              param=f"{param}.token_limits")
+        post = limits.get("post_instructions")
+        if post is not None and (isinstance(post, bool) or not isinstance(post, int) or post < 1):
+            raise ClientError("invalid_value", "session.truncation.token_limits.post_instructions: a positive integer",
+                              param=f"{param}.token_limits.post_instructions")
+    return Truncation(type="retention_ratio", retention_ratio=float(ratio), post_instructions=post)

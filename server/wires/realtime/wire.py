@@ -220,6 +220,8 @@ class RealtimeWire(Wire):
         previous = self.conversation.previous_of(item_id)
         self.conversation.forget(item_id)
         self._client_items[item_id] = event.turn
+        while len(self._client_items) > 256:  # an hour-long call commits thousands: remember the latest only
+            self._client_items.pop(next(iter(self._client_items)))
         return ev.transcription_completed(item_id, event.text, 0.0, previous)
 
     def _known_item(self, item_id: str, event_id: str | None) -> dict[str, object]:
