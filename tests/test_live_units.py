@@ -658,3 +658,19 @@ def test_usage_every_interval_and_close_reasons(encode: Callable[[str], list[int
     assert isinstance(idle[1], SessionClosed) and idle[1].reason == "connection_lost"
     assert wire.ending("max_duration", "", 650.0)[0].reason == "expired"  # type: ignore[union-attr]
     assert wire.ending("client_closed", "", 70.0) == []
+
+
+def test_a_long_calls_delegations_stay_bounded() -> None:
+    """An hour of turns (issue 59): the book keeps the last MAX_REMEMBERED delegations, answers the next
+    MAX_FORGOTTEN older ones "superseded", and forgets the rest (an append for one is then unknown)."""
+    from kame.session.delegation_rules import MAX_FORGOTTEN, MAX_REMEMBERED
+
+    book = DelegationBook(backchannel_words=3)
+    n = MAX_REMEMBERED + MAX_FORGOTTEN + 50
+    for i in range(n):
+        book.add(f"dlg_{i}", utterance=i, offset_ms=0, words=3)
+    assert len(book._by_id) == MAX_REMEMBERED and len(book._forgotten) == MAX_FORGOTTEN
+    assert book.judge(f"dlg_{n - 1}").standing == "current"
+    assert book.judge(f"dlg_{n - MAX_REMEMBERED - 1}").standing == "superseded"
+    with pytest.raises(CommandRefused):
+        book.judge("dlg_0")

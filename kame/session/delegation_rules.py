@@ -50,13 +50,18 @@ class Verdict:
         return self.standing != "superseded"
 
 
+#: Forgotten delegation ids still answered "superseded" (older ones: unknown, as if never issued).
+MAX_FORGOTTEN = 4096
+
+
 class DelegationBook:
     """The delegations of one session, and the user turns since each."""
 
     def __init__(self, backchannel_words: int = 3) -> None:
         self.backchannel_words = backchannel_words
         self._by_id: OrderedDict[str, Delegation] = OrderedDict()
-        self._forgotten: set[str] = set()
+        #: ids pushed out of ``_by_id``, themselves bounded (an hour's call has a few hundred turns)
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
         self.latest: Delegation | None = None
         self._turn_words: dict[int, int] = {}  # utterance -> most words heard in it
         self._seq = 0
@@ -67,7 +72,9 @@ class DelegationBook:
         self._by_id[delegation_id] = d
         while len(self._by_id) > MAX_REMEMBERED:
             old, _ = self._by_id.popitem(last=False)
-            self._forgotten.add(old)
+            self._forgotten[old] = None
+            if len(self._forgotten) > MAX_FORGOTTEN:
+                self._forgotten.popitem(last=False)
         self.latest = d
         return d
 

@@ -111,6 +111,8 @@ class _ClientTurn:
         self.finals, self.partial = [], ""
         if self.utterance is not None:
             self.dropped.add(self.utterance)
+            if len(self.dropped) > 64:  # finals that never came: bounded over a long call
+                self.dropped.discard(min(self.dropped))
             self.utterance = None
 
 
