@@ -108,13 +108,27 @@ class LiveClient(EventSession):
 
     @classmethod
     async def connect(cls, base_url: str, *, token: str | None = None, keep_audio: bool = True,
-                      timeout: float = 10.0) -> LiveClient:
-        """``base_url``: the server's http(s):// address; the SDK opens ws(s)://.../v1/live/sessions."""
+                      timeout: float = 10.0, kame_events: bool = False, resume: str | None = None) -> LiveClient:
+        """``base_url``: the server's http(s):// address; the SDK opens ws(s)://.../v1/live/sessions.
+        ``kame_events``: ask for the resume handle (``?kame_events=1``, docs/protocol.md "Resuming a session");
+        ``resume``: a handle from :attr:`resume_handle` of a dropped connection: the same session again."""
         from openai import AsyncOpenAI
 
+        query: dict[str, str] = {}
+        if kame_events or resume:
+            query["kame_events"] = "1"
+        if resume:
+            query["resume"] = resume
         api = AsyncOpenAI(api_key=token or "no-key", base_url=base_url.rstrip("/") + "/v1", max_retries=0)
-        conn = await asyncio.wait_for(api.live.connect().enter(), timeout)
+        conn = await asyncio.wait_for(api.live.connect(extra_query=query).enter(), timeout)
         return cls(conn, keep_audio=keep_audio)
+
+    @property
+    def resume_handle(self) -> str | None:
+        """The session's latest resume handle (``kame.session.resumable``), None when the server gave none."""
+        from kame.client.reconnect import latest_handle
+
+        return latest_handle(ev for _, ev in self.events)
 
     # ------------------------------------------------------------------ receiving
     async def _receive(self) -> None:

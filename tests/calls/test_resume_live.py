@@ -254,3 +254,36 @@ def test_a_standard_live_client_gets_no_resume_messages_and_ends_when_dropped(se
         asyncio.run(main())
     finally:
         link.stop()
+
+
+def test_kames_live_client_resumes_with_its_handle(server: ServerProcess) -> None:
+    """kame's Python Live client (kame.client.live_client, issue 60 point 2): opted in, it keeps the handle the
+    server gave and opens the same session with it after its connection is cut."""
+    from kame.client.live_client import LiveClient
+
+    link = CuttableLink(server.port).start()
+
+    async def main() -> None:
+        await wait_free(server, 2, 10)
+        url = f"http://127.0.0.1:{link.port}"
+        first = await LiveClient.connect(url, token=TOKEN, kame_events=True)
+        started = await first.start({"model": "gpt-live-1"})
+        assert started is not None and started["type"] == "session.started"
+        assert await first.wait_for_type("kame.session.resumable") is not None
+        handle = first.resume_handle
+        assert handle
+        link.cut()
+        await asyncio.sleep(0.5)
+        second = await LiveClient.connect(url, token=TOKEN, resume=handle)
+        again = await second.wait_for_type("session.started")
+        assert again is not None and again["session"]["id"] == started["session"]["id"]
+        assert await second.wait_for_type("kame.session.resumed") is not None
+        assert await second.wait_for_type("kame.session.resumable") is not None
+        assert second.resume_handle not in (None, handle)
+        await second.close()
+        await wait_free(server, 2, GRACE_S + 10)
+
+    try:
+        asyncio.run(main())
+    finally:
+        link.stop()
