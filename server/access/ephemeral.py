@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from kame.backend.tools import ToolSpec
+from kame.oracle.window import Truncation
 from kame.session.settings import SessionSettings
 
 if TYPE_CHECKING:
@@ -120,6 +121,8 @@ def settings_from_json(data: dict[str, Any]) -> SessionSettings:
         values["functions"] = tuple(ToolSpec(**f) for f in values["functions"])
     if values.get("mcp_servers") is not None:
         values["mcp_servers"] = tuple(values["mcp_servers"])
+    if isinstance(values.get("truncation"), dict):
+        values["truncation"] = Truncation(**values["truncation"])
     return SessionSettings(**values)
 
 
