@@ -60,6 +60,7 @@ run_tests() {
 }
 
 phase tests "" run_tests "$@"
+phase eval "the evaluation phase failed (scripts/test_eval.sh)" ./scripts/test_eval.sh
 phase calls "the calls phase failed (scripts/test_calls.sh)" ./scripts/test_calls.sh
 phase gpu-paths "the GPU-only paths run on CPU failed (scripts/test_gpu_paths.sh)" ./scripts/test_gpu_paths.sh
 phase frameworks "the framework tests failed (scripts/test_frameworks.sh)" ./scripts/test_frameworks.sh

@@ -10,7 +10,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # pyproject's addopts leave tests/calls out of the main run; this run is only them
 .venv/bin/python -m pytest -o addopts="-p pytester" -ra --durations=10 tests/calls "$@"
 rc=$?
-# pytest's 5: no tests collected (the phase before its first test landed)
-[ $rc -eq 5 ] && rc=0
 echo "test_calls.sh: tests $(( $(date +%s) - t0 )) s (exit $rc)"
 exit $rc

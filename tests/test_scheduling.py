@@ -53,8 +53,9 @@ def test_the_real_tree_groups_tests_by_the_server_each_asks_for() -> None:
     """A file whose tests use two servers, each test one, no longer ties those servers' groups together
     (test_eval_duplex_e2e.py: the CPU demo for most, the browser server for one)."""
     scope = scope_of_tests(TESTS, [*SHARED, "demo"])
-    duplex = "tests/test_eval_duplex_e2e.py"
-    assert scope(f"{duplex}::test_smoke_chat_turn_taking") == scope("tests/test_eval_e2e.py::test_eval_records_judges_and_summarizes")
+    duplex = "tests/eval_e2e/test_eval_duplex_e2e.py"
+    evals = "tests/eval_e2e/test_eval_e2e.py"
+    assert scope(f"{duplex}::test_smoke_chat_turn_taking") == scope(f"{evals}::test_eval_records_judges_and_summarizes")
     assert scope(f"{duplex}::test_refused_session_is_retried") == scope("tests/test_browser.py::test_voice_conversation_in_chromium")
     assert scope(f"{duplex}::test_smoke_chat_turn_taking") == "servers:demo_server"
     assert scope(f"{duplex}::test_refused_session_is_retried") == "servers:browser_server"

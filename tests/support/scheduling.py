@@ -187,7 +187,10 @@ def scope_of_tests(tests_dir: Path, names: Iterable[str], alone: str | None = No
     printed at its end, would show it).
     """
     pattern = server_fixtures(names)
-    sources = {p.name: p.read_text(encoding="utf-8") for p in sorted(tests_dir.glob("test_*.py"))}
+    # the main run's files and those of the phases in sub-folders (tests/eval_e2e, tests/calls...; not
+    # the frameworks', which run in their own virtualenvs): names are unique
+    sources = {p.name: p.read_text(encoding="utf-8") for p in sorted(tests_dir.rglob("test_*.py"))
+               if "frameworks" not in p.relative_to(tests_dir).parts}
     by_file = {name: servers_by_test(source, pattern) for name, source in sources.items()}
     marked = {name: marked_tests(source, alone) for name, source in sources.items()} if alone else {}
     units = {f"{f}::{t}": fs.of(t) for f, fs in by_file.items() for t in fs.tests}
