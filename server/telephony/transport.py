@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kame.audio.media import FRAME_S, SAMPLE_RATE
+from kame.audio.media import SAMPLE_RATE
 from kame.audio.pcm import StreamResampler, float_to_pcm16_bytes, pcm16_to_float
 from kame.server.runtime.end import SessionEnd
+from kame.server.runtime.frame_clock import every_frame
 from kame.server.runtime.wire import AudioIn, EndIn, Outgoing
 from kame.server.telephony import ipc
 from kame.server.wires.peek import peek
@@ -199,18 +200,7 @@ class SipTransport:
     # ------------------------------------------------------------------ tasks
     async def _clock_loop(self) -> None:
         """One input frame every 80 ms of the server's clock, whatever the child delivered."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        n = 0
-        while True:
-            n += 1
-            target = start + n * FRAME_S
-            now = loop.time()
-            if target > now:
-                await asyncio.sleep(target - now)
-            elif now - target > 1.0:
-                start, n = now, 0
-            self._incoming.put_nowait(AudioIn([self.clock.take()]))
+        await every_frame(lambda: self._incoming.put_nowait(AudioIn([self.clock.take()])))
 
     async def _output_loop(self) -> None:
         """40 ms of reply every 40 ms (silence when none waits), at 8 kHz, to the child's call port."""

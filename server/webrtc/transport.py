@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kame.audio.media import FRAME_S, SAMPLE_RATE
+from kame.audio.media import SAMPLE_RATE
 from kame.audio.pcm import float_to_pcm16
 from kame.server.runtime.end import SessionEnd
+from kame.server.runtime.frame_clock import every_frame
 from kame.server.runtime.wire import FROM_CHANNEL, AudioIn, EndIn, Outgoing
 from kame.server.webrtc.clock import InputClock, OutputBuffer
 from kame.server.webrtc.codec_worker import codec_worker
@@ -493,18 +494,7 @@ class WebRtcTransport:
 
     async def _clock_loop(self) -> None:
         """One input frame every 80 ms of the server's clock, whatever arrived."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        n = 0
-        while True:
-            n += 1
-            target = start + n * FRAME_S
-            now = loop.time()
-            if target > now:
-                await asyncio.sleep(target - now)
-            elif now - target > 1.0:  # the loop stalled for a second: go on from now (the pacer absorbs less)
-                start, n = now, 0
-            self._incoming.put_nowait(AudioIn([self.input_frame()]))
+        await every_frame(lambda: self._incoming.put_nowait(AudioIn([self.input_frame()])))
 
     async def _input_loop(self) -> None:
         """Decoded RTP frames (24 kHz mono, from aiortc's decoder thread) -> placed on the sender's timeline."""
