@@ -24,6 +24,7 @@ from kame.oracle.loop import OracleLoop, SessionOracleSettings
 from kame.oracle.session_tools import SessionTools
 from kame.oracle.switch import FeedState, decide_switch
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript
+from tests.support.oracle_loop import RecordingSink
 
 WEATHER = ToolSpec("get_weather", "Weather of a city.",
                    {"type": "object", "properties": {"city": {"type": "string"}}}, read_only=True)
@@ -34,29 +35,6 @@ POLICIES = ["reset", "keep_if_same_start", "freeze_when_speaking"]
 @pytest.fixture(scope="module")
 def sp(tiny_kame_ckpt: Path) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_file=str(tiny_kame_ckpt / "tokenizer.model"))
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[int]]] = []
-
-    def oracle_reset(self, first_ids: list[int]) -> None:
-        self.calls.append(("reset", list(first_ids)))
-
-    def oracle_push(self, ids: list[int]) -> None:
-        self.calls.append(("push", list(ids)))
-
-    def oracle_clear(self) -> None:
-        self.calls.append(("clear", []))
-
-    def sequences(self) -> list[list[int]]:
-        seqs: list[list[int]] = []
-        for kind, ids in self.calls:
-            if kind == "reset":
-                seqs.append(list(ids))
-            elif kind == "push":
-                seqs[-1].extend(ids)
-        return seqs
 
 
 class Tools:
@@ -90,7 +68,7 @@ def llm(rec: RecordedRequest) -> Reply:
 
 
 def make_loop(server: LlmServer, sp: spm.SentencePieceProcessor, tools: Tools, events: list[tuple[str, dict]],
-              sink: Sink, policy: str = "reset", observed: list[ToolCallEvent] | None = None) -> OracleLoop:
+              sink: RecordingSink, policy: str = "reset", observed: list[ToolCallEvent] | None = None) -> OracleLoop:
     cfg = KameConfig.model_validate({"backends": {"main": {
         "base_url": server.base_url, "model": "m", "api_key_env": "", "allow_tools": True,
         "breaker": {"enabled": False}}}})
@@ -151,9 +129,9 @@ def test_answer_on_tool_result_is_a_new_sequence_after_the_assistant_spoke_and_a
     llm_server.responder = llm
     tools = Tools(delay_s=0.6)
 
-    async def main() -> tuple[Sink, list[tuple[str, dict]]]:
+    async def main() -> tuple[RecordingSink, list[tuple[str, dict]]]:
         events: list[tuple[str, dict]] = []
-        sink = Sink()
+        sink = RecordingSink()
         loop = make_loop(llm_server, sp, tools, events, sink, policy)
         loop.on_user_final("what is the weather in Paris")
         await wait_for(lambda: "tool.call_started" in kinds(events))
@@ -188,9 +166,9 @@ def test_a_real_user_turn_while_tools_run_makes_the_tool_answer_stale(
     llm_server.responder = llm
     tools = Tools(delay_s=0.6)
 
-    async def main() -> tuple[Sink, list[tuple[str, dict]]]:
+    async def main() -> tuple[RecordingSink, list[tuple[str, dict]]]:
         events: list[tuple[str, dict]] = []
-        sink = Sink()
+        sink = RecordingSink()
         loop = make_loop(llm_server, sp, tools, events, sink)
         loop.on_user_final("what is the weather in Paris")
         await wait_for(lambda: "tool.call_started" in kinds(events))
@@ -214,7 +192,7 @@ def test_read_only_call_on_a_partial_survives_its_request_and_is_reused(
 
     async def main() -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
-        loop = make_loop(llm_server, sp, tools, events, Sink(), observed=observed)
+        loop = make_loop(llm_server, sp, tools, events, RecordingSink(), observed=observed)
         loop.on_user_partial("what is the weather")  # partial: read-only tools only
         await wait_for(lambda: "tool.call_started" in kinds(events))
         loop.on_user_partial("what is the weather in Paris")  # supersedes the request while the tool runs
@@ -242,7 +220,7 @@ def test_side_effecting_call_runs_once_after_the_turn_and_its_result_reaches_the
 
     async def main() -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
-        loop = make_loop(llm_server, sp, tools, events, Sink())
+        loop = make_loop(llm_server, sp, tools, events, RecordingSink())
         loop.on_user_partial("please book a table")  # partial: book_table is not offered
         await wait_for(lambda: "llm.done" in kinds(events))
         assert tools.runs == []
