@@ -47,7 +47,7 @@ if [ "$WITH_TEST" = "1" ]; then
   # package (its own driver; no browser download: never `playwright install`).
   [ -x /usr/bin/chromium ] || need+=(chromium)
   # tests/test_kubernetes.py renders deploy/kubernetes with `kubectl kustomize`;
-  # tests/test_haproxy.py and bench/fleet.py run HAProxy in front of kame replicas.
+  # tests/calls/test_haproxy.py and bench/fleet.py run HAProxy in front of kame replicas.
   command -v kubectl >/dev/null || need+=(kubectl)
   [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || need+=(haproxy)
   # tests/test_webrtc_turn.py relays a WebRTC call through coturn on loopback.

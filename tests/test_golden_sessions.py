@@ -94,7 +94,9 @@ def llm() -> Iterator[LlmServer]:
 def server(tiny_kame_ckpt: Path, kame_cache_dir: Path, llm: LlmServer) -> Iterator[GoldenServer]:
     Normaliser.paths = {str(tiny_kame_ckpt): "<checkpoint>"}
     mp = pytest.MonkeyPatch()
-    mp.setattr("kame.asr.factory.create_recognizer", lambda cfg, **kw: ScriptedRecognizer(AsrConfig()))
+    # where the host looks it up (imported at the top of kame.server.host: patching kame.asr.factory would
+    # miss a host module an earlier test of this worker imported)
+    mp.setattr("kame.server.host.create_recognizer", lambda cfg, **kw: ScriptedRecognizer(AsrConfig()))
     try:
         srv = GoldenServer(tiny_kame_ckpt, kame_cache_dir, llm).start()
     finally:
