@@ -95,6 +95,22 @@ class FrontendConfig(BaseModel):
         description="Default voice of a PersonaPlex checkpoint (a name from its voices folder; null: NATF2 "
         "when the checkpoint has it, else the first by name). Sessions may choose another.",
     )
+    refresh_prompts: Literal["never", "at_pause"] = Field(
+        "never",
+        description="PersonaPlex in long calls: never = the prompts (voice, persona) are stepped once, at the start, "
+        "and leave the LM's attention window after context frames (moshi's sliding window, as PersonaPlex does); "
+        "at_pause = once they begin to leave it, the slot steps them again at the next pause (its own text silent "
+        "and the caller quiet for refresh_pause_s), keeping its cache: at most once per context frames, the slot "
+        "silent and not hearing the caller while it does (docs/personaplex.md, \"Long calls\").",
+    )
+    refresh_pause_s: float = Field(
+        1.0, gt=0, le=30, description="With refresh_prompts at_pause: how long both sides must be quiet before the "
+        "prompts are stepped again.",
+    )
+    refresh_quiet_dbfs: float = Field(
+        -45.0, le=0, allow_inf_nan=False, description="With refresh_prompts at_pause: the caller's audio below this "
+        "level (RMS of a frame, dBFS) counts as quiet.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 
     @field_validator("compile", mode="before")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from kame.audio.media import FRAME_S
 from kame.frontend.config import FrontendConfig
 from kame.frontend.host_copy import HostCopy
 from kame.frontend.models import FrontendModels
@@ -45,6 +46,7 @@ from kame.frontend.moshi_gate import (
 from kame.frontend.oracle_fifo import OracleFifo
 from kame.frontend.oracle_input import OracleTextEmbedding, install_oracle_input
 from kame.frontend.personaplex import install_full_depformer
+from kame.frontend.prompt_refresh import PromptRefresh, frame_dbfs
 from kame.frontend.prompts import PromptPlan, PromptSlots
 
 if TYPE_CHECKING:
@@ -68,6 +70,9 @@ class SlotOutput:
     audio_codes: tuple[int, ...] | None = None  # the LM's audio tokens (None while ungenerated)
     stt: SttStep | None = None  # when a shared Kyutai STT listens to this slot
     prompting: bool = False  # a PersonaPlex prompt step: the input frame was not heard, the output is silence
+    #: a PersonaPlex slot stepping its prompts again mid-call (frontend.refresh_prompts): the output is silence and
+    #: the input frame reached Mimi (and a shared STT) but not the LM; the session's frame all the same
+    refreshing: bool = False
 
 
 class EngineStepError(RuntimeError):
@@ -219,6 +224,11 @@ class EngineCore:
         self.prompts: PromptSlots | None = None
         if models.personaplex is not None:
             self.prompts = PromptSlots(models.lm, self.batch_size, self.device)
+        #: PersonaPlex slots whose prompts are stepped again at a pause (frontend.refresh_prompts: at_pause)
+        self.refresh: dict[int, PromptRefresh] = {}
+        #: prompt refreshes started since the engine was built (kame.frontend.prompt_refresh)
+        self.prompt_refreshes = 0
+        self._silent_text = frozenset({int(models.lm.text_padding_token_id), int(models.lm.end_of_text_padding_id)})
         #: Slots fed only the idle oracle token (models.oracle_off_reason): the FIFO is kept but never read.
         self.oracle_off = models.oracle_off_reason is not None
         if models.depformer_steps > int(models.lm.dep_q):
@@ -239,6 +249,8 @@ class EngineCore:
         self._mask_host = torch.zeros(self.batch_size, dtype=torch.bool)
         self._first_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping their first frame
         self._prompt_host = torch.zeros(self.batch_size, dtype=torch.bool)  # slots stepping a prompt frame
+        # slots stepping a refresh of their prompts with a caller's frame: Mimi (and a shared STT) still hear it
+        self._listen_host = torch.zeros(self.batch_size, dtype=torch.bool)
         self._pcm_host = torch.zeros(self.batch_size, 1, self.frame_size, dtype=torch.float32)
         # LM steps of each slot since its reset (moshi's ``offsets``, kept on the host): a slot's output is
         # generated once they pass the acoustic delay, known without reading the tokens back
@@ -289,6 +301,7 @@ class EngineCore:
             state.fifo.clear()
             if self.prompts is not None:
                 self.prompts.clear(slot)
+        self.refresh.clear()
         self._mimi_mask = self._lm_mask = None
         self._lm_steps.zero_()
         self._stt_mask.zero_()
@@ -361,6 +374,12 @@ class EngineCore:
                 prompt = self.models.prompt_plan(None, None)
             assert prompt is not None
             self.prompts.start(slot, prompt)
+            self.refresh.pop(slot, None)
+            if self.cfg.refresh_prompts == "at_pause":
+                self.refresh[slot] = PromptRefresh(
+                    context=int(self.models.lm.context), prompt_frames=prompt.total - 1,
+                    pause_frames=max(1, round(self.cfg.refresh_pause_s / FRAME_S)),
+                )
         elif prompt is not None:
             raise ValueError("this checkpoint takes no system prompts (not a PersonaPlex checkpoint)")
 
@@ -387,6 +406,7 @@ class EngineCore:
         state.fifo.clear()
         if self.prompts is not None:
             self.prompts.clear(slot)
+        self.refresh.pop(slot, None)
         self._stt_mask[slot] = False
         self._stt_lag.pop(slot, None)
         self.set_slot_sampling(slot, None, None)
@@ -498,11 +518,16 @@ class EngineCore:
         self._pcm_host.zero_()
         self._first_host.zero_()
         self._prompt_host.zero_()
+        self._listen_host.zero_()
+        quiet: dict[int, bool] = {}
         for slot in stepped:
             if self.prompting(slot):
                 self._prompt_host[slot] = True
                 self._mask_host[slot] = True
                 self._oracle_host[slot] = self.idle_id
+                frame = frames[slot]
+                if frame is not None and self.prompts is not None and self.prompts.refreshing(slot):
+                    self._listen(slot, frame)
                 continue
             if frames[slot] is None:
                 raise ValueError(f"slot {slot}: no frame")
@@ -512,6 +537,9 @@ class EngineCore:
             if pcm.shape[0] != self.frame_size:
                 raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
             self._pcm_host[slot, 0].copy_(torch.from_numpy(pcm))
+            if slot in self.refresh:
+                rms = float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64))))
+                quiet[slot] = frame_dbfs(rms) < self.cfg.refresh_quiet_dbfs
             self._mask_host[slot] = True
             # A front-end not trained with KAME's oracle stream (PersonaPlex, plain Moshi) is fed the idle token.
             self._oracle_host[slot] = self.idle_id if self.oracle_off else self.slots[slot].fifo.pop()
@@ -526,6 +554,11 @@ class EngineCore:
         results: dict[int, SlotOutput] = {}
         for slot in stepped:
             state = self.slots[slot]
+            if bool(self._listen_host[slot]):  # a refresh of the prompts, mid-call: a silent frame at its cadence
+                results[slot] = SlotOutput(slot=slot, step=state.steps, pcm=np.zeros(self.frame_size, np.float32),
+                                           text_id=None, oracle_id=self.idle_id, stt=stt_out.get(slot), refreshing=True)
+                state.steps += 1
+                continue
             if bool(self._prompt_host[slot]):
                 results[slot] = SlotOutput(slot=slot, step=state.steps, pcm=np.zeros(self.frame_size, np.float32),
                                            text_id=None, oracle_id=self.idle_id, prompting=True)
@@ -543,7 +576,33 @@ class EngineCore:
                 stt=stt_out.get(slot),
             )
             state.steps += 1
+            if slot in quiet:
+                self._maybe_refresh(slot, text, quiet[slot])
         return results
+
+    def _listen(self, slot: int, frame: np.ndarray) -> None:
+        """A caller's frame during a refresh of the slot's prompts: encoded (Mimi's stream and a shared STT go
+        on), not given to the LM, which steps the prompts."""
+        pcm = np.asarray(frame, dtype=np.float32).reshape(-1)
+        if pcm.shape[0] != self.frame_size:
+            raise ValueError(f"slot {slot}: frame has {pcm.shape[0]} samples, expected {self.frame_size}")
+        self._pcm_host[slot, 0].copy_(torch.from_numpy(pcm))
+        self._listen_host[slot] = True
+
+    def _maybe_refresh(self, slot: int, text: int, caller_quiet: bool) -> None:
+        """After a conversation frame: start stepping the prompts again when they are leaving the window and
+        both sides pause (kame.frontend.prompt_refresh)."""
+        agent_silent = text == UNGENERATED or text in self._silent_text
+        if self.refresh[slot].observe(agent_silent, caller_quiet):
+            assert self.prompts is not None
+            self.prompts.restart(slot)
+            self.prompt_refreshes += 1
+            log.info("slot %d: prompts stepped again at a pause (refresh %d of the session)", slot,
+                     self.refresh[slot].refreshes)
+
+    def refreshing(self, slot: int) -> bool:
+        """The slot steps its prompts again (a refresh in a long call): its output is silence meanwhile."""
+        return self.prompts is not None and self.prompts.refreshing(slot)
 
     def _set_mimi_mask(self, mask: torch.Tensor) -> None:
         if self._mimi_mask is None or not torch.equal(self._mimi_mask, mask):
@@ -558,8 +617,9 @@ class EngineCore:
     def _model_step(self) -> tuple[np.ndarray, np.ndarray | None, dict[int, Any]]:
         mask = self._mask_host
         heard = mask & ~self._prompt_host  # slots whose input frame is audio (not a prompt step)
-        if bool(heard.any()):
-            self._set_mimi_mask(heard)
+        encoded = heard | self._listen_host  # a refresh's caller frames go through Mimi too (not to the LM)
+        if bool(encoded.any()):
+            self._set_mimi_mask(encoded)
             codes = self.mimi.encode(self._pcm_host.to(self.device, non_blocking=True))
         else:  # only prompt steps: nothing to encode (their LM input is set by the prompts)
             codes = torch.zeros(self.batch_size, self.mimi.num_codebooks, 1, dtype=torch.long, device=self.device)
@@ -587,7 +647,7 @@ class EngineCore:
         assert out is not None  # support_out_of_sync: never None
         self._lm_steps += mask.long()  # moshi: offsets + 1 where the exec mask is set
         stt_dev: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        stt_mask = heard & self._stt_mask
+        stt_mask = encoded & self._stt_mask
         if self.stt is not None and bool(stt_mask.any()):
             stt_dev = self.stt.step_device(self._stt_codes(codes, stt_mask), stt_mask)
         # moshi's rule (LMGen._step): a row is ungenerated while offsets <= max_delay or masked out

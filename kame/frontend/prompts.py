@@ -100,13 +100,16 @@ def build_plan(
 class _SlotPrompt:
     plan: PromptPlan
     step: int = 0  # the slot's next moshi step (= its LMGen offset)
+    #: the moshi step at which this pass of the prompts began: 0 at the session's start, later for a refresh
+    #: (kame.frontend.prompt_refresh); the plan's frame ``j`` is then stepped at ``base + j``
+    base: int = 0
     held: torch.Tensor | None = field(default=None)  # the user's codes that the next step consumes
     sine: torch.Tensor | None = field(default=None)  # the plan's sine tokens [agent, 1] on the device, made once
 
     @property
     def prompting(self) -> bool:
         """Still stepping prompt frames that take no user audio (moshi steps ``0 .. total - 2``)."""
-        return self.step < self.plan.total - 1
+        return self.step - self.base < self.plan.total - 1
 
 
 class PromptSlots:
@@ -143,6 +146,17 @@ class PromptSlots:
     def start(self, slot: int, plan: PromptPlan) -> None:
         sine = torch.tensor(plan.sine_tokens, dtype=torch.long, device=self.device)[:, None]  # once a session, not a tick
         self.slots[slot] = _SlotPrompt(plan=plan, sine=sine)
+
+    def restart(self, slot: int) -> None:
+        """Step the slot's prompts again from its next step on, after its conversation (a refresh in a long
+        call): the same frames as at its start, at the latest positions; its cache and offsets are kept."""
+        state = self.slots[slot]
+        self.slots[slot] = _SlotPrompt(plan=state.plan, step=state.step, base=state.step, sine=state.sine)
+
+    def refreshing(self, slot: int) -> bool:
+        """Stepping its prompts again, after a conversation (not the session's start)."""
+        state = self.slots.get(slot)
+        return state is not None and state.prompting and state.base > 0
 
     def clear(self, slot: int) -> None:
         self.slots.pop(slot, None)
@@ -186,15 +200,15 @@ class PromptSlots:
             state = self.slots.get(slot)
             if state is None:
                 continue
-            plan, m = state.plan, state.step
-            if plan.embeddings is not None and m < plan.voice_frames - 1:
+            plan, m = state.plan, state.step - state.base  # m: the plan's step; state.step: the cache position
+            if plan.embeddings is not None and 0 <= m < plan.voice_frames - 1:
                 self._emb[slot, 0].copy_(plan.embeddings[m].to(self._emb.device, self._emb.dtype))
                 self._emb_host[slot] = True
                 continue
             for k in range(1 + self.agent):
                 value = self._forced_value(plan, m, k)
                 if value is not None:
-                    writes.append((slot, k, m, value))
+                    writes.append((slot, k, state.step, value))
         self._emb_on.copy_(self._emb_host.view(-1, 1, 1).to(self.device, non_blocking=True))
         self._write(cache, None, writes)
 
@@ -239,9 +253,9 @@ class PromptSlots:
             state = self.slots.get(slot)
             if state is None:
                 continue
-            m = state.step
+            m = state.step - state.base  # the plan's step
             state.step += 1
-            if state.plan.embeddings is not None and m < state.plan.voice_frames - 2:
+            if state.plan.embeddings is not None and 0 <= m < state.plan.voice_frames - 2:
                 continue  # still replaying the voice: positions it reaches are overwritten from its cache
             for k in range(1 + self.agent):
                 position = m + 1 - max_delay + self.delays[k]
@@ -249,7 +263,7 @@ class PromptSlots:
                     continue
                 value = self._forced_value(state.plan, position, k)
                 if value is not None:
-                    writes.append((slot, k, position, value))
+                    writes.append((slot, k, state.base + position, value))
         if out is not None:
             self._write(cache, out, writes)
         if bool(self._emb_host.any()):
