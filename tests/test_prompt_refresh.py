@@ -69,3 +69,14 @@ def test_config_defaults_to_moshis_window_and_reads_the_environment() -> None:
         FrontendConfig(refresh_prompts="always")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         FrontendConfig(refresh_pause_s=0)
+
+
+def test_the_engine_threads_count_reaches_prometheus() -> None:
+    from kame.frontend.engine_thread import TickStats
+    from kame.server.telemetry.metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    metrics.on_tick(TickStats(duration_s=0.01, slots=2, waited_s=0.0))
+    assert "kame_prompt_refreshes_total 0.0" in metrics.render().decode()
+    metrics.on_tick(TickStats(duration_s=0.01, slots=2, waited_s=0.0, prompt_refreshes=2))
+    assert "kame_prompt_refreshes_total 2.0" in metrics.render().decode()

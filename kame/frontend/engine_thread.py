@@ -74,6 +74,7 @@ class TickStats:
     duration_s: float
     slots: int
     waited_s: float  # how long the oldest stepped frame waited before the tick
+    prompt_refreshes: int = 0  # PersonaPlex slots that began stepping their prompts again (frontend.refresh_prompts)
 
 
 @dataclass
@@ -480,6 +481,7 @@ class EngineThread:
             with self._lock:
                 riders = {s: self._io[s] for s in self.core.prompting_slots() if s not in frames and s in self._io}
         t0 = time.perf_counter()
+        refreshes = self.core.prompt_refreshes
         try:
             outputs = self.core.tick({**frames, **dict.fromkeys(riders)})
         except EngineStepError as exc:
@@ -497,7 +499,8 @@ class EngineThread:
             self._deliver(slot, callbacks[slot], out)
         if self.on_tick is not None:
             try:
-                self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited))
+                self.on_tick(TickStats(duration_s=duration, slots=len(frames), waited_s=waited,
+                                       prompt_refreshes=self.core.prompt_refreshes - refreshes))
             except Exception:  # noqa: BLE001
                 log.exception("on_tick callback failed")
 

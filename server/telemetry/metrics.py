@@ -114,6 +114,11 @@ class ServerMetrics:
             ["backend"],
             registry=r,
         )
+        self.prompt_refreshes = Counter(
+            "kame_prompt_refreshes",
+            "PersonaPlex prompts (voice, persona) stepped again mid-call at a pause (frontend.refresh_prompts).",
+            registry=r,
+        )
         self.oracle_resets = Counter("kame_oracle_resets", "Oracle sequences started (new answers fed).", registry=r)
         self.oracle_tokens = Counter("kame_oracle_tokens", "Oracle tokens queued for the front-end.", registry=r)
         self.asr_partial_latency = Histogram(
@@ -159,6 +164,8 @@ class ServerMetrics:
         """``EngineThread(on_tick=...)`` callback (engine thread)."""
         self.step_seconds.observe(stats.duration_s)
         self.step_slots.observe(stats.slots)
+        if stats.prompt_refreshes:
+            self.prompt_refreshes.inc(stats.prompt_refreshes)
 
     def on_event(self, event: PipelineEvent) -> None:
         """Count what a session's pipeline reports."""

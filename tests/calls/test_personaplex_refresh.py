@@ -13,6 +13,9 @@ never pad by itself.
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,10 @@ import numpy as np
 import torch
 
 from kame.frontend.config import FrontendConfig
-from kame.frontend.engine import EngineCore
+from kame.frontend.engine import EngineCore, SlotOutput
+from kame.frontend.engine_thread import EngineThread, PromptRequest
 from kame.frontend.models import FrontendModels, load_frontend
+from kame.server.telemetry.metrics import ServerMetrics
 
 CONTEXT = 100
 PAUSE_FRAMES = 3
@@ -155,3 +160,52 @@ def test_prompts_are_stepped_again_at_a_pause_once_a_window(tiny_personaplex_ckp
     assert not any(off["refreshing"]) and off["count"] == 0  # the default: moshi's sliding window
     assert off["rows"][: starts[0]] == on["rows"][: starts[0]]  # step-identical until the refresh acts
     assert off["rows"][starts[0]:] != on["rows"][starts[0]: starts[0] + 20]
+
+
+def test_the_engine_thread_refreshes_between_frames_at_the_sessions_cadence(tiny_personaplex_ckpt: Path) -> None:
+    """The server's path: frames fed at real time to an :class:`EngineThread`; the refresh runs in the
+    ticks of the session's frames (each answered by one silent frame) and in prompt-only ticks between
+    them, and Prometheus's count hears of it."""
+    cfg = FrontendConfig(checkpoint=str(tiny_personaplex_ckpt), dtype="float32", batch_size=1,
+                         refresh_prompts="at_pause", refresh_pause_s=PAUSE_FRAMES * 0.08)
+    cfg.sampling.use_sampling = False
+    models = load_frontend(cfg, torch.device("cpu"))
+    core = EngineCore(models, cfg)
+    Steer(core, models).silent = True  # the slot says nothing; the caller is quiet: the pause comes when due
+    metrics = ServerMetrics()
+    thread = EngineThread(core, on_tick=metrics.on_tick)
+    outputs: queue.SimpleQueue[SlotOutput] = queue.SimpleQueue()
+    errors: list[str] = []
+    ready = threading.Event()
+    thread.start()
+    try:
+        slot = thread.attach(outputs.put, errors.append, lambda _slot: ready.set(), PromptRequest(VOICE, PERSONA))
+        assert ready.wait(10)
+        seen: list[SlotOutput] = []
+        fed = 0
+        t0 = time.monotonic()
+        while fed < 400:  # bound: ~32 s; ends at the first conversation frame after the refresh
+            time.sleep(max(0.0, t0 + fed * 0.08 - time.monotonic()))
+            thread.feed(slot, np.zeros(1920, np.float32))
+            fed += 1
+            while not outputs.empty():
+                seen.append(outputs.get())
+            kinds = ["r" if o.refreshing else "p" if o.prompting else "c" for o in seen]
+            if "rc" in "".join(kinds):
+                break
+        deadline = time.monotonic() + 10
+        while len(seen) < fed and time.monotonic() < deadline:  # the frames still in the engine
+            seen.append(outputs.get(timeout=max(0.01, deadline - time.monotonic())))
+    finally:
+        thread.stop()
+        core.close()
+    assert errors == []
+    assert len(seen) == fed  # one output a frame fed: the cadence holds through the refresh
+    kinds = "".join("r" if o.refreshing else "p" if o.prompting else "c" for o in seen)
+    first, last = kinds.index("r"), kinds.rindex("r")
+    assert kinds[first: last + 1] == "r" * (last - first + 1)  # one refresh, its frames in a row
+    assert kinds.count("c", 0, first) >= CONTEXT - 51  # not before the prompts begin to leave the window
+    assert all(not seen[i].pcm.any() for i in range(first, last + 1))
+    assert last - first + 1 <= 51  # at most P frames of the session's: prompt-only ticks may shorten it
+    assert thread.prompt_ticks > 0
+    assert "kame_prompt_refreshes_total 1.0" in metrics.render().decode()
