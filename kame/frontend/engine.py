@@ -597,8 +597,10 @@ class EngineCore:
             assert self.prompts is not None
             self.prompts.restart(slot)
             self.prompt_refreshes += 1
-            log.info("slot %d: prompts stepped again at a pause (refresh %d of the session)", slot,
-                     self.refresh[slot].refreshes)
+            clock = self.refresh[slot]
+            log.info("slot %d: prompts stepped again at a pause (refresh %d of the session, %d prompt steps: "
+                     "at most %.1f s of the session's audio)", slot, clock.refreshes, clock.prompt_frames,
+                     clock.prompt_frames * FRAME_S)
 
     def refreshing(self, slot: int) -> bool:
         """The slot steps its prompts again (a refresh in a long call): its output is silence meanwhile."""
