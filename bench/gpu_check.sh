@@ -23,6 +23,7 @@ PACKAGES=(
     typing_extensions pydantic pydantic_core annotated-types typing-inspection
     fastapi opentelemetry-api starlette anyio idna sniffio annotated-doc uvicorn h11 click websockets
     prometheus_client openai httpx2 httpcore2 truststore httpx httpcore certifi distro jiter python-multipart
+    webrtcvad-wheels  # the turn detector (kame.asr.vad), which the server's host module imports at its top
     bitsandbytes  # frontend.weights int8 (moshi's 8-bit layers): the int8 stage, 41 MiB of the folder
 )
 
