@@ -39,7 +39,7 @@ import pytest
 
 from tests.support import gc_pauses, lineless, moshi_client
 from tests.support.llm_server import LlmServer, running_llm_server
-from tests.support.scheduling import scope_of_tests
+from tests.support.scheduling import nice_if_batch_worker, scope_of_tests
 from tests.support.servers import (
     BROWSER,
     LIFECYCLE,
@@ -70,6 +70,14 @@ SUBJECT = "server_process_subject"
 #: Tests whose assertion is timing under a load they make themselves (another worker's load would blur
 #: it): under xdist they run last, on one worker, once the others have finished (tests/support/xdist_alone.py).
 ALONE = "alone"
+#: Tests that start their own server (or a process that runs one) or assert the wall clock without a shared
+#: server: under xdist they run on a real-time worker (tests/support/xdist_alone.py says why).
+REALTIME = "realtime"
+#: The workers of the real-time lane under xdist (the others run the batch units, niced): two cores hold two
+#: real-time loads of the CPU demo.
+REALTIME_WORKERS = int(os.environ.get("PYTEST_KAME_REALTIME_WORKERS", "2"))
+#: How much lower the batch workers' priority is (``nice``): they take the CPU the real-time lane leaves.
+BATCH_NICE = 10
 _STARTS_KEY = "kame_server_starts"
 #: The files that take longest (a run's ``--durations``), collected first. Order only, and only for a run
 #: of one process: under xdist the units go largest (most tests) first, xdist's own order, which measured
@@ -88,6 +96,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{ALONE}: the test asserts timing under a load it makes itself; under xdist it runs "
         "last, on one worker, with nothing else running"
     )
+    config.addinivalue_line(
+        "markers", f"{REALTIME}: the test starts its own server or asserts the wall clock; under xdist it runs on a "
+        "real-time worker, never on a niced batch worker"
+    )
+    batch_worker = nice_if_batch_worker(REALTIME_WORKERS, BATCH_NICE)
+    if batch_worker:
+        os.environ[moshi_client.BATCH_LANE_ENV] = batch_worker
     config.addinivalue_line(
         "markers", f"{SUBJECT}: the test's subject is the server process itself (signals, environment, replicas, CLI); "
         "the servers it starts are not counted against the limit of shared and own servers"
@@ -117,7 +132,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     the tests marked ``alone`` run last, on one worker, with nothing else running (tests/support/xdist_alone.py)."""
     from tests.support.xdist_alone import AloneLastScheduling
 
-    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, [*SHARED, "demo"], ALONE))
+    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, [*SHARED, "demo"], ALONE, REALTIME),
+                               REALTIME_WORKERS)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -185,6 +185,7 @@ def test_global_concurrency_cap_spans_backends(llm_server: LlmServer) -> None:
     assert len(llm_server.chat_requests()) == 1
 
 
+@pytest.mark.realtime  # the cap's spacing against the wall clock
 def test_rate_cap_spaces_requests_and_rejects_beyond_the_wait_bound(llm_server: LlmServer) -> None:
     llm_server.set_default(Reply(text="ok"))
     reg = registry({

@@ -15,6 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+#: the real-time lane under xdist (tests/conftest.py): a bench condition timed against the wall clock
+pytestmark = pytest.mark.realtime
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,7 +11,8 @@ from tests.support.environment import K8S_SERVICE_LINKS
 from tests.support.moshi_client import ServerProcess
 
 #: The servers here are the subject (environment variables, replicas behind HAProxy): not counted.
-pytestmark = pytest.mark.server_process_subject
+#: the real-time lane under xdist (tests/conftest.py): its own server process
+pytestmark = [pytest.mark.server_process_subject, pytest.mark.realtime]
 
 
 def test_serve_starts_with_kubernetes_service_link_variables(kame_cache_dir: Path, tmp_path: Path) -> None:

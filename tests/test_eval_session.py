@@ -26,6 +26,9 @@ from kame.eval.runner import ServerTarget
 from kame.eval.session import DriveConfig, SessionError, drive_question
 from kame.eval.vad import VadConfig, speech_segments, turn_latency
 
+#: the real-time lane under xdist (tests/conftest.py): sessions at real time and latencies measured on their recordings
+pytestmark = pytest.mark.realtime
+
 RATE = SAMPLE_RATE
 FRAME = FRAME_SIZE
 

@@ -52,6 +52,9 @@ from tests.support.golden import (
 )
 from tests.support.llm_server import LlmServer, RecordedRequest, Reply, ToolCallScript, running_llm_server
 
+#: the real-time lane under xdist (tests/conftest.py): whole sessions at real time
+pytestmark = pytest.mark.realtime
+
 #: The Realtime session's first request, which the back-end never answers (the client cancels it).
 STORY = "Tell me a long story."
 #: The answer after the client's function output waits for this: the Realtime scenario's response.create

@@ -29,6 +29,9 @@ from tests.support.moshi_client import ServerProcess
 from tests.support.servers import LIFECYCLE_MAX_S, SECURED_IDLE_S, SECURED_TOKEN
 from tests.support.speech import silence, synthesize
 
+#: the real-time lane under xdist (tests/conftest.py): a drained server of its own besides the shared one
+pytestmark = pytest.mark.realtime
+
 TOKEN = SECURED_TOKEN
 QUESTION = "What is the capital of France?"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

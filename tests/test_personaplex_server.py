@@ -17,6 +17,9 @@ import pytest
 
 from tests.support.inprocess import InProcessServer
 
+#: the real-time lane under xdist (tests/conftest.py): an in-process server's sessions at real time
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture(scope="module")
 def pp_server(kame_cache_dir: Path, tiny_personaplex_ckpt: Path) -> Iterator[InProcessServer]:

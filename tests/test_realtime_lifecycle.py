@@ -15,6 +15,9 @@ from kame.client.realtime_client import RealtimeClient
 from tests.support.moshi_client import MoshiClient, ServerProcess
 from tests.support.servers import LIFECYCLE
 
+#: the real-time lane under xdist (tests/conftest.py): drained servers of its own besides the shared one
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture(scope="module")
 def server(lifecycle_server: ServerProcess) -> ServerProcess:

@@ -195,3 +195,74 @@ def test_alone_marks_are_read_from_the_tree() -> None:
     assert marked_tests(source, "alone") == {"test_x", "TestZ::test_w"}
     assert marked_tests("import pytest\npytestmark = [pytest.mark.alone]\ndef test_v(): ...\n", "alone") == {"test_v"}
     assert marked_tests(source, "slow") == frozenset()
+
+
+_LANES_CONFTEST = '''
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+from tests.support.scheduling import nice_if_batch_worker, scope_of_tests
+
+LOG = Path(__file__).parent / "log.jsonl"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: timing under its own load")
+    config.addinivalue_line("markers", "realtime: holds the wall clock")
+    nice_if_batch_worker(1, 5)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from tests.support.xdist_alone import AloneLastScheduling
+
+    return AloneLastScheduling(config, log, scope_of_tests(Path(__file__).parent, ["shared"], "alone", "realtime"), 1)
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    return "server"
+
+
+@pytest.fixture
+def timed(request):
+    t0 = time.time()
+    yield
+    with LOG.open("a") as f:
+        f.write(json.dumps({"name": request.node.name, "pid": os.getpid(), "nice": os.nice(0), "start": t0,
+                            "end": time.time()}) + "\\n")
+'''
+
+_LANES_SUITE = {
+    "test_s.py": "import time\n" + "".join(f"\ndef test_s{i}(shared_server, timed):\n    time.sleep(0.3)\n" for i in range(3)),
+    "test_r.py": "import time\nimport pytest\n\npytestmark = pytest.mark.realtime\n"
+                 + "".join(f"\ndef test_r{i}(timed):\n    time.sleep(0.3)\n" for i in range(2)),
+    "test_alone.py": "import time\nimport pytest\n\n@pytest.mark.alone\ndef test_alone(timed):\n    time.sleep(0.1)\n",
+    **{f"test_b{k}.py": "import time\n" + "".join(f"\ndef test_b{k}_{i}(timed):\n    time.sleep(0.2)\n" for i in range(2))
+       for k in range(4)},
+}
+
+
+def test_real_time_units_run_on_the_real_time_workers_and_batch_ones_niced(pytester: pytest.Pytester,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real three-worker xdist run with one real-time worker: the shared server's tests, those marked
+    ``realtime`` and the ``alone`` one all run on it at the normal priority, never on a niced batch worker;
+    the batch workers run only batch files, niced, and the real-time worker helps with them once its lane
+    is empty."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS.parent))
+    pytester.makeconftest(_LANES_CONFTEST)
+    for name, source in _LANES_SUITE.items():
+        pytester.makepyfile(**{name[:-3]: source})
+    result = pytester.runpytest_subprocess("-n", "3", "-p", "xdist", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=14)
+    log = [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
+    timed = [e for e in log if e["name"].startswith(("test_s", "test_r", "test_alone"))]
+    batch = [e for e in log if e["name"].startswith("test_b")]
+    realtime_pid = {e["pid"] for e in timed}
+    assert len(realtime_pid) == 1 and {e["nice"] for e in timed} == {0}, timed
+    niced = [e for e in batch if e["pid"] not in realtime_pid]
+    assert niced and {e["nice"] for e in niced} == {5}, batch  # batch workers are niced, and had work
+    assert len({e["pid"] for e in niced}) == 2
+    alone = next(e for e in log if e["name"] == "test_alone")
+    assert alone["start"] >= max(e["end"] for e in log if e is not alone)

@@ -11,6 +11,9 @@ import pytest
 from kame.client.realtime_client import RealtimeClient
 from tests.support.moshi_client import ServerProcess
 
+#: the real-time lane under xdist (tests/conftest.py): its own server process
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, kame_cache_dir: Path):  # type: ignore[no-untyped-def]

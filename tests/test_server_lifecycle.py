@@ -16,6 +16,9 @@ import pytest
 from tests.support.moshi_client import MoshiClient, ServerProcess
 from tests.support.servers import LIFECYCLE, LIFECYCLE_SLOTS
 
+#: the real-time lane under xdist (tests/conftest.py): server processes of its own (signals, drains)
+pytestmark = pytest.mark.realtime
+
 
 @pytest.fixture(scope="module")
 def ended_at_start(lifecycle_server: ServerProcess) -> dict[str, float]:

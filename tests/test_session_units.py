@@ -165,6 +165,7 @@ def test_settings_apply_as_a_whole_or_not_at_all(engine: EngineThread) -> None:
     assert started[0].backend == "slow" and started[0].fields()["reason"] == "final"
 
 
+@pytest.mark.realtime  # the real_time case: frames paced by the wall clock
 @pytest.mark.parametrize("fast", [False, True], ids=["real_time", "fast"])
 def test_an_injected_answer_lands_on_the_frame_of_its_time(engine: EngineThread, fast: bool) -> None:
     """``kame run --oracle TEXT@2.0`` in tandem mode: the answer's start id is fed at step 25 (2.0 s / 80 ms), at

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from kame.server.telemetry.metrics import ServerMetrics
 from kame.server.telemetry.threads import thread_cpu_seconds, thread_group
 
@@ -25,6 +27,7 @@ def _burn(seconds: float) -> None:
         pass
 
 
+@pytest.mark.realtime  # a thread's CPU seconds within a wall-clock window
 def test_a_named_thread_cpu_is_counted_in_its_group_and_exported() -> None:
     before = during = thread_cpu_seconds().get("kame-burner", 0.0)
     t = threading.Thread(target=_burn, args=(0.3,), name="kame-burner-1")

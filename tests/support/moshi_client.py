@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,9 @@ class ServerStart:
 SERVER_STARTS: list[ServerStart] = []
 #: Who is asking for a server right now (set by tests/conftest.py around each test's set-up and call).
 CURRENT_REQUESTER: list[str] = ["(outside pytest)"]
+#: Set in a niced batch worker of the test run (tests/conftest.py): a server started there would run behind
+#: the real-time lane's, so starting one is an error that names the test to mark ``realtime``.
+BATCH_LANE_ENV = "PYTEST_KAME_BATCH_WORKER"
 
 
 class ServerProcess:
@@ -129,6 +133,9 @@ class ServerProcess:
         """Start and wait until ``/ready`` answers 200 (records every /health status seen)."""
         import subprocess
 
+        if os.environ.get(BATCH_LANE_ENV):
+            raise RuntimeError(f"{CURRENT_REQUESTER[-1]} starts a server on a niced batch worker "
+                               f"({os.environ[BATCH_LANE_ENV]}): mark it @pytest.mark.realtime (tests/conftest.py)")
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         t0 = time.monotonic()
         SERVER_STARTS.append(ServerStart(self.label, CURRENT_REQUESTER[-1], float("nan")))

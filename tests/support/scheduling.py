@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -174,13 +175,42 @@ def marked_tests(source: str, marker: str) -> frozenset[str]:
 
 
 ALONE_PREFIX = "alone:"
+#: The scope prefix of a unit marked ``realtime`` that asks for no shared server (those that do are real-time
+#: already: ``servers:``).
+REALTIME_PREFIX = "realtime:"
 
 
-def scope_of_tests(tests_dir: Path, names: Iterable[str], alone: str | None = None) -> Callable[[str], str]:
+def is_realtime(scope: str) -> bool:
+    """A unit that holds a server or the wall clock: it runs on a real-time worker (tests/support/xdist_alone.py)."""
+    return scope.startswith(("servers:", ALONE_PREFIX, REALTIME_PREFIX))
+
+
+def realtime_worker(worker: str, count: int, realtime_workers: int) -> bool:
+    """Whether pytest-xdist worker ``worker`` (``gw3``) of ``count`` is one of the real-time lane's: the first
+    ``realtime_workers``, or all of them when there are no more than that."""
+    return count <= realtime_workers or int(worker.removeprefix("gw") or 0) < realtime_workers
+
+
+def nice_if_batch_worker(realtime_workers: int, nice: int) -> str | None:
+    """In a pytest-xdist worker of the batch lane: lower this process's priority by ``nice`` (what it starts
+    inherits it) and return the worker's name; else None."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or not realtime_workers or realtime_worker(worker, count, realtime_workers):
+        return None
+    os.nice(nice)
+    return worker
+
+
+def scope_of_tests(
+    tests_dir: Path, names: Iterable[str], alone: str | None = None, realtime: str | None = None
+) -> Callable[[str], str]:
     """The xdist scope of a test's node id: ``servers:<group>`` for a test that asks for a shared server,
     where the group is a connected component of servers over *tests* (not files: a file whose tests use
     two servers, each test one, joins neither group to the other), else the test's file. A test marked
-    ``alone`` gets ``alone:`` before that (its own unit, run after all others: tests/support/xdist_alone.py).
+    ``alone`` gets ``alone:`` before that (its own unit, run after all others: tests/support/xdist_alone.py);
+    one marked ``realtime`` (it starts its own server or asserts the wall clock) ``realtime:`` before its
+    file, so that it runs on a real-time worker.
 
     A file split between groups runs its module fixtures once per worker that runs part of it; no module
     fixture of ours starts a server for tests that also ask for a shared one (the run's server count,
@@ -193,6 +223,7 @@ def scope_of_tests(tests_dir: Path, names: Iterable[str], alone: str | None = No
                if "frameworks" not in p.relative_to(tests_dir).parts}
     by_file = {name: servers_by_test(source, pattern) for name, source in sources.items()}
     marked = {name: marked_tests(source, alone) for name, source in sources.items()} if alone else {}
+    timed = {name: marked_tests(source, realtime) for name, source in sources.items()} if realtime else {}
     units = {f"{f}::{t}": fs.of(t) for f, fs in by_file.items() for t in fs.tests}
     groups = server_groups(units)
 
@@ -204,6 +235,8 @@ def scope_of_tests(tests_dir: Path, names: Iterable[str], alone: str | None = No
         if group is None and file in by_file and by_file[file].whole:  # a test the tree missed: the file's
             group = server_groups({file: by_file[file].whole})[file]
         unit = f"servers:{group}" if group else path
-        return ALONE_PREFIX + unit if test in marked.get(file, ()) else unit
+        if test in marked.get(file, ()):
+            return ALONE_PREFIX + unit
+        return REALTIME_PREFIX + unit if test in timed.get(file, ()) and not group else unit
 
     return scope
