@@ -44,9 +44,11 @@ phase lint "ruff or mypy failed (scripts/lint.sh)" ./scripts/lint.sh
 # The tests: in TEST_WORKERS pytest-xdist workers (4 by default; 0: one process, the default when arguments
 # select tests: four workers would each collect the whole suite first). Under xdist the tests that
 # share a server run on one worker, so that it starts once (tests/support/scheduling.py), the others a file
-# at a time; the tests marked `alone` (timing under a load they make themselves) run last, on one worker,
-# once every other worker has finished (tests/support/xdist_alone.py). On the 2-core machine four workers
-# take 340-400 s, one process about 900 s (docs/development.md).
+# at a time, in two lanes: the real-time units (servers, the wall clock) on the first two workers
+# (PYTEST_KAME_REALTIME_WORKERS), the batch units on the others, niced; the tests marked `alone` (timing
+# under a load they make themselves) run last, on one worker, once every other worker has finished
+# (tests/support/xdist_alone.py). On the 2-core machine four workers take 340-360 s, one process about
+# 900 s (docs/development.md).
 run_tests() {
     local workers=${TEST_WORKERS:-4}
     [ $# -gt 0 ] && workers=${TEST_WORKERS:-0}
