@@ -100,7 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{REALTIME}: the test starts its own server or asserts the wall clock; under xdist it runs on a "
         "real-time worker, never on a niced batch worker"
     )
-    batch_worker = nice_if_batch_worker(REALTIME_WORKERS, BATCH_NICE)
+    batch_worker = nice_if_batch_worker(config, REALTIME_WORKERS, BATCH_NICE)
     if batch_worker:
         os.environ[moshi_client.BATCH_LANE_ENV] = batch_worker
     config.addinivalue_line(

@@ -212,7 +212,7 @@ LOG = Path(__file__).parent / "log.jsonl"
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: timing under its own load")
     config.addinivalue_line("markers", "realtime: holds the wall clock")
-    nice_if_batch_worker(1, 5)
+    nice_if_batch_worker(config, 1, 5)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -27,6 +27,7 @@ def question_wav(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]
     return path, speech_end(pcm)
 
 
+@pytest.mark.realtime  # the pipeline's own deadline (30 s + the input's length) starved on a niced worker
 def test_tandem_run_end_to_end(tiny_kame_ckpt: Path, question_wav: tuple[Path, float], llm_server: LlmServer,
                                tmp_path: Path) -> None:
     wav, end_s = question_wav

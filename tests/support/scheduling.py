@@ -191,12 +191,15 @@ def realtime_worker(worker: str, count: int, realtime_workers: int) -> bool:
     return count <= realtime_workers or int(worker.removeprefix("gw") or 0) < realtime_workers
 
 
-def nice_if_batch_worker(realtime_workers: int, nice: int) -> str | None:
+def nice_if_batch_worker(config: object, realtime_workers: int, nice: int) -> str | None:
     """In a pytest-xdist worker of the batch lane: lower this process's priority by ``nice`` (what it starts
-    inherits it) and return the worker's name; else None."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker or not realtime_workers or realtime_worker(worker, count, realtime_workers):
+    inherits it) and return the worker's name; else None. Read from the worker's own input (``workerinput``),
+    not the environment: a pytest run started by a test of a worker inherits its ``PYTEST_XDIST_*``."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or not realtime_workers:
+        return None
+    worker, count = str(workerinput["workerid"]), int(workerinput["workercount"])
+    if realtime_worker(worker, count, realtime_workers):
         return None
     os.nice(nice)
     return worker
