@@ -8,6 +8,7 @@ import json
 import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,17 +170,23 @@ def test_c_alone(timed):
 }
 
 
+def _run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, conftest: str, suite: dict[str, str], *,
+               workers: int, passed: int) -> list[dict[str, Any]]:
+    """Run ``suite`` under ``conftest`` in a real xdist run of ``workers``; the tests' log lines."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS.parent))
+    pytester.makeconftest(conftest)
+    for name, source in suite.items():
+        pytester.makepyfile(**{name[:-3]: source})
+    result = pytester.runpytest_subprocess("-n", str(workers), "-p", "xdist", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=passed)
+    return [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
+
+
 def test_alone_tests_run_last_on_the_worker_that_has_their_server(pytester: pytest.Pytester,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A real two-worker xdist run of a small suite: the ``alone`` tests start only after every other
     test ended, one after another on one worker, the one whose shared server is already up (started once)."""
-    monkeypatch.setenv("PYTHONPATH", str(TESTS.parent))
-    pytester.makeconftest(_SUITE_CONFTEST)
-    for name, source in _SUITE.items():
-        pytester.makepyfile(**{name[:-3]: source})
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=8)
-    log = [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
+    log = _run_suite(pytester, monkeypatch, _SUITE_CONFTEST, _SUITE, workers=2, passed=8)
     by_name = {e["name"]: e for e in log}
     alone = sorted((by_name["test_a_alone"], by_name["test_c_alone"]), key=lambda e: e["start"])
     others = [e for e in log if e["name"].startswith("test_") and "alone" not in e["name"]]
@@ -251,13 +258,7 @@ def test_real_time_units_run_on_the_real_time_workers_and_batch_ones_niced(pytes
     ``realtime`` and the ``alone`` one all run on it at the normal priority, never on a niced batch worker;
     the batch workers run only batch files, niced, and the real-time worker helps with them once its lane
     is empty."""
-    monkeypatch.setenv("PYTHONPATH", str(TESTS.parent))
-    pytester.makeconftest(_LANES_CONFTEST)
-    for name, source in _LANES_SUITE.items():
-        pytester.makepyfile(**{name[:-3]: source})
-    result = pytester.runpytest_subprocess("-n", "3", "-p", "xdist", "-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=14)
-    log = [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
+    log = _run_suite(pytester, monkeypatch, _LANES_CONFTEST, _LANES_SUITE, workers=3, passed=14)
     timed = [e for e in log if e["name"].startswith(("test_s", "test_r", "test_alone"))]
     batch = [e for e in log if e["name"].startswith("test_b")]
     base = os.nice(0)  # this run's own priority (a batch worker of the suite runs this test niced)
